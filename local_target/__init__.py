@@ -1,0 +1,1 @@
+"""Bundled targets for loadgen: a CPU simulator of a continuous-batching engine (``sim``)."""

@@ -1,0 +1,124 @@
+"""Engine configuration: the cost model's coefficients, the scheduler's limits, and the presets.
+
+Every duration is in milliseconds of *modelled* engine time; ``time_scale`` multiplies all of them when the
+engine runs in real time (0.1 runs ten times faster than the modelled hardware).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class FaultConfig(BaseModel):
+    """Faults on demand; everything is off by default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error_rate: float = Field(0.0, ge=0, le=1, description="share of requests answered with HTTP 500")
+    queue_429_over: int | None = Field(None, ge=0, description="answer 429 when more requests than this are waiting")
+    disconnect_rate: float = Field(0.0, ge=0, le=1, description="share of streams cut mid-stream (no [DONE])")
+    malformed_rate: float = Field(0.0, ge=0, le=1, description="share of streams that get one malformed chunk")
+    stall_ms: float = Field(0.0, ge=0, description="an engine-wide stall of this many ms ...")
+    stall_every_s: float = Field(0.0, ge=0, description="... injected into one step this often (0 = never)")
+
+
+class EngineConfig(BaseModel):
+    """A continuous-batching engine: scheduler limits plus a roofline-shaped step-time model.
+
+    step_ms = overhead_ms
+            + compute_ms_per_token × tokens in the step                      (compute-bound: prefill)
+            + attention_ms_per_token2 × Σ prefill token × its context position (grows with prompt length)
+            + weights_read_ms + kv_read_ms_per_token × Σ running context      (bandwidth-bound: decode)
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "sim-llama"
+    max_model_len: int = Field(32768, gt=0)
+    # scheduler
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_num_seqs: int = Field(256, gt=0)
+    chunked_prefill: bool = False
+    kv_cache_tokens: int = Field(400_000, gt=0)
+    # cost model (ms)
+    overhead_ms: float = Field(1.0, ge=0)
+    compute_ms_per_token: float = Field(0.03, ge=0)
+    attention_ms_per_token2: float = Field(1e-5, ge=0)
+    weights_read_ms: float = Field(6.5, ge=0)
+    kv_read_ms_per_token: float = Field(2e-5, ge=0)
+    # output length when the client does not force it (ignore_eos): lognormal, clipped to [min_tokens, max_tokens]
+    natural_output_median: float = Field(200, gt=0)
+    natural_output_sigma: float = Field(0.8, ge=0)
+    # runtime
+    time_scale: float = Field(1.0, gt=0, description="multiplies every modelled duration in real time")
+    max_chunk_tokens: int = Field(1, ge=1, description="coalesce up to K tokens per SSE chunk")
+    spin_ms: float = Field(1.5, ge=0, description="busy-wait this long before a step's end for sub-ms precision")
+    seed: int = 0
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+    @model_validator(mode="after")
+    def _budget_holds_a_prompt(self) -> "EngineConfig":
+        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs with chunked_prefill")
+        return self
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Phi-3 Mini FP16 on a T4 (7.6 GB of weights at ~300 GB/s): decode ~36 ms/token at batch 1,
+    # prefill ~0.6 ms/token (1k-token prompt: ~0.64 ms/token).
+    "t4-phi3-mini": dict(model="phi-3-mini", max_model_len=4096, max_num_batched_tokens=4096, max_num_seqs=64,
+                         kv_cache_tokens=30_000, overhead_ms=3.0, compute_ms_per_token=0.58,
+                         attention_ms_per_token2=2e-5, weights_read_ms=32.0, kv_read_ms_per_token=1.2e-4),
+    # Llama-2-7B FP16 on an A100-80GB: ~46 ms to prefill 1024 tokens, ~7.6 ms per decode step at batch 1.
+    "a100-llama-7b": dict(model="llama-2-7b", max_model_len=32768, max_num_batched_tokens=16384, max_num_seqs=256,
+                          kv_cache_tokens=400_000, overhead_ms=1.0, compute_ms_per_token=0.0325,
+                          attention_ms_per_token2=1e-5, weights_read_ms=6.5, kv_read_ms_per_token=2.5e-5),
+    # Llama-3-8B BF16 on an H100-SXM: published roofline estimate (16 GB at ~3.3 TB/s, ~2× A100 compute);
+    # not calibrated on hardware.
+    "h100-llama-8b": dict(model="llama-3-8b", max_model_len=32768, max_num_batched_tokens=16384, max_num_seqs=512,
+                          kv_cache_tokens=900_000, overhead_ms=0.8, compute_ms_per_token=0.016,
+                          attention_ms_per_token2=5e-6, weights_read_ms=4.9, kv_read_ms_per_token=8e-6),
+}
+DEFAULT_PRESET = "a100-llama-7b"
+
+
+def parse_value(text: str) -> Any:
+    """A command-line override's value, read as YAML (``false``, ``8``, ``0.5``, ``{a: 1}``)."""
+    return yaml.safe_load(text)
+
+
+def build_config(preset: str | None = None, file: Path | None = None,
+                 overrides: dict[str, Any] | None = None) -> EngineConfig:
+    """Preset, then a YAML file, then field overrides (dotted keys reach ``faults.*``); later wins."""
+    name = preset or DEFAULT_PRESET
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
+    data: dict[str, Any] = dict(PRESETS[name])
+    if file is not None:
+        loaded = yaml.safe_load(Path(file).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{file}: expected a mapping of engine fields")
+        _merge(data, loaded)
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    return EngineConfig.model_validate(data)
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value

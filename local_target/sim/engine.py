@@ -1,0 +1,193 @@
+"""Theory of operation: the continuous-batching scheduler, as a pure state machine.
+
+The engine holds ``waiting`` (FCFS queue) and ``running`` (admission order). ``plan_step()`` forms one iteration
+the way vLLM's V1 scheduler does:
+
+1. every running request gets its slice: one decode token, or (chunked prefill) the next chunk of its prompt;
+   if the KV cache cannot hold a running request's next token, the *newest* running request is preempted
+   (recompute: it loses its KV, goes back to the head of the queue and prefills prompt + output again);
+2. waiting requests are admitted FCFS while ``max_num_seqs``, the token budget ``max_num_batched_tokens`` and
+   the free KV allow. With ``chunked_prefill`` a prompt is split to fit the budget; without it a prompt goes in
+   whole (the first prefill of a step is always admitted, as if the budget were ``max_model_len``) — this is
+   the long step that stalls every running decode at once.
+
+``finish_step()`` applies the step at its end: prefills that completed and all decodes each emit one token,
+finished requests leave and free their KV. Time never enters here; ``runtime.py`` owns the clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import EngineConfig
+from .costmodel import PrefillChunk, step_ms
+
+
+@dataclass(eq=False)
+class SimRequest:
+    id: str
+    prompt_tokens: int
+    max_tokens: int
+    stop_after: int  # output length at which the request finishes (== max_tokens unless it stops early)
+    t_arrival_ns: int = 0
+    on_token: Callable[["SimRequest", int], None] = lambda req, index: None
+    on_finish: Callable[["SimRequest", str], None] = lambda req, reason: None
+    generated: int = 0
+    kv_tokens: int = 0
+    prefilled: int = 0
+    prefill_target: int = 0
+    preemptions: int = 0
+    t_first_token_ns: int | None = None
+    t_last_token_ns: int | None = None
+    t_prev_token_ns: int | None = None  # the token before the last one (for inter-token latency)
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.prefill_target = self.prompt_tokens
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefilled >= self.prefill_target
+
+
+@dataclass
+class Step:
+    prefills: list[tuple[SimRequest, PrefillChunk]] = field(default_factory=list)
+    decodes: list[SimRequest] = field(default_factory=list)
+    preempted: list[SimRequest] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.prefills or self.decodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.tokens for _, c in self.prefills) + len(self.decodes)
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.kv_used = 0
+        self.num_preemptions = 0
+
+    @property
+    def kv_free(self) -> int:
+        return self.cfg.kv_cache_tokens - self.kv_used
+
+    def add(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req: SimRequest) -> None:
+        """Drop a request (client went away) wherever it is, freeing its KV."""
+        if req in self.running:
+            self.running.remove(req)
+            self.kv_used -= req.kv_tokens
+            req.kv_tokens = 0
+        elif req in self.waiting:
+            self.waiting.remove(req)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # ---- planning -------------------------------------------------------------------------------------
+    def plan_step(self) -> Step:
+        step = Step()
+        budget = self.cfg.max_num_batched_tokens
+        budget = self._schedule_running(step, budget)
+        self._admit_waiting(step, budget)
+        return step
+
+    def _schedule_running(self, step: Step, budget: int) -> int:
+        for req in list(self.running):
+            if req not in self.running or budget <= 0:
+                continue
+            need = 1 if req.decoding else min(req.prefill_target - req.prefilled, budget)
+            if not self._reserve_kv(req, need, step):
+                continue
+            if req.decoding:
+                step.decodes.append(req)
+            else:
+                step.prefills.append((req, PrefillChunk(need, req.prefilled)))
+            budget -= need
+        return budget
+
+    def _reserve_kv(self, req: SimRequest, need: int, step: Step) -> bool:
+        """Make room for ``need`` more tokens of ``req``, preempting the newest running requests."""
+        while self.kv_free < need:
+            victim = self.running[-1]
+            self._preempt(victim, step)
+            if victim is req:
+                return False
+        self.kv_used += need
+        req.kv_tokens += need
+        return True
+
+    def _preempt(self, victim: SimRequest, step: Step) -> None:
+        self.running.remove(victim)
+        self.kv_used -= victim.kv_tokens
+        victim.kv_tokens = 0
+        victim.prefilled = 0
+        victim.prefill_target = victim.prompt_tokens + victim.generated
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        step.preempted.append(victim)
+
+    def _admit_waiting(self, step: Step, budget: int) -> None:
+        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            remaining = req.prefill_target - req.prefilled
+            if self.cfg.chunked_prefill:
+                need = min(remaining, budget)
+            elif remaining <= budget or not step.prefills:
+                need = remaining
+            else:
+                break
+            if need <= 0 or self.kv_free < need:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            self.kv_used += need
+            req.kv_tokens += need
+            step.prefills.append((req, PrefillChunk(need, req.prefilled)))
+            budget -= need
+
+    def step_duration_ms(self, step: Step) -> float:
+        """Modelled duration of ``step`` in real milliseconds (``time_scale`` applied)."""
+        contexts = [r.kv_tokens for r in step.decodes]
+        return step_ms(self.cfg, [c for _, c in step.prefills], contexts) * self.cfg.time_scale
+
+    # ---- applying -------------------------------------------------------------------------------------
+    def finish_step(self, step: Step, t_end_ns: int) -> list[tuple[SimRequest, int]]:
+        """Apply ``step`` ending at ``t_end_ns``; return the (request, token index) emitted, in order."""
+        emitted: list[tuple[SimRequest, int]] = []
+        for req, chunk in step.prefills:
+            req.prefilled += chunk.tokens
+            if req.decoding:
+                emitted.append((req, self._emit(req, t_end_ns)))
+        for req in step.decodes:
+            if req in self.running:  # an abort during the step removed it
+                emitted.append((req, self._emit(req, t_end_ns)))
+        for req, _ in emitted:
+            if req.generated >= req.stop_after and req in self.running:
+                self._finish(req)
+        return emitted
+
+    def _emit(self, req: SimRequest, t_ns: int) -> int:
+        index = req.generated
+        req.generated += 1
+        if req.t_first_token_ns is None:
+            req.t_first_token_ns = t_ns
+        req.t_prev_token_ns = req.t_last_token_ns
+        req.t_last_token_ns = t_ns
+        return index
+
+    def _finish(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self.kv_used -= req.kv_tokens
+        req.kv_tokens = 0
+        req.finish_reason = "length" if req.generated >= req.max_tokens else "stop"

@@ -1,0 +1,148 @@
+"""Runs the pure ``Engine`` in real time on an asyncio loop.
+
+Step boundaries are absolute deadlines on ``time.monotonic_ns()``: a step that starts at ``t`` ends at
+``t + duration``, and the next step starts at that *modelled* end, so wake-up lateness never accumulates.
+The loop sleeps until ``spin_ms`` before the deadline (asyncio timers are millisecond-grained) and busy-waits
+the rest, which keeps emission within tens of microseconds of the model. If the process falls more than
+``RESYNC_MS`` behind (CPU starved), the next step restarts from now and the trace shows it.
+Requests that arrive during a step wait for the next one, as in a real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Callable
+
+from .config import EngineConfig
+from .engine import Engine, SimRequest, Step
+from .metrics import EngineMetrics
+from .trace import TraceWriter
+
+RESYNC_MS = 5.0
+
+
+class EngineRuntime:
+    def __init__(self, cfg: EngineConfig, trace: TraceWriter | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.cfg = cfg
+        self.engine = Engine(cfg)
+        self.metrics = EngineMetrics()
+        self.trace = trace
+        self.clock = clock
+        self.rng = random.Random(cfg.seed)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._step_no = 0
+        self._next_stall_ns: int | None = None
+        self._writes: list[list[object]] = []  # token writes reported by the server since the last step
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def natural_output_tokens(self) -> int:
+        """Output length of a request that may stop early (no ``ignore_eos``), from the seeded lognormal."""
+        return max(1, round(self.rng.lognormvariate(0.0, self.cfg.natural_output_sigma)
+                            * self.cfg.natural_output_median))
+
+    def submit(self, req: SimRequest) -> None:
+        req.t_arrival_ns = self.clock()
+        self.engine.add(req)
+        self.metrics.prompt_tokens_total += req.prompt_tokens
+        if self.trace:
+            self.trace.write({"type": "request", "id": req.id, "t_arrival_ns": req.t_arrival_ns,
+                              "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens,
+                              "stop_after": req.stop_after})
+        self._wake.set()
+
+    def abort(self, req: SimRequest) -> None:
+        self.engine.abort(req)
+
+    # ---- loop -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self.trace:
+            self.trace.close()
+
+    async def _run(self) -> None:
+        t_start = self.clock()
+        while True:
+            if not self.engine.has_work():
+                if self.trace:
+                    self.trace.flush()
+                self._wake.clear()
+                await self._wake.wait()
+                t_start = self.clock()
+            step = self.engine.plan_step()
+            if not step:  # waiting requests that cannot be admitted (nothing running): wait for a change
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            stall_ms = self._injected_stall_ms(t_start)
+            t_end = t_start + int((self.engine.step_duration_ms(step) + stall_ms) * 1e6)
+            await self._sleep_until(t_end)
+            self._complete(step, t_start, t_end, stall_ms)
+            late_ms = (self.clock() - t_end) / 1e6
+            t_start = self.clock() if late_ms > RESYNC_MS else t_end
+
+    def _injected_stall_ms(self, t_ns: int) -> float:
+        faults = self.cfg.faults
+        if not (faults.stall_ms and faults.stall_every_s):
+            return 0.0
+        period_ns = int(faults.stall_every_s * 1e9)
+        if self._next_stall_ns is None:
+            self._next_stall_ns = t_ns + period_ns
+        if t_ns < self._next_stall_ns:
+            return 0.0
+        self._next_stall_ns += period_ns
+        return faults.stall_ms * self.cfg.time_scale
+
+    async def _sleep_until(self, deadline_ns: int) -> None:
+        coarse_s = (deadline_ns - self.clock()) / 1e9 - self.cfg.spin_ms / 1e3
+        if coarse_s > 0:
+            await asyncio.sleep(coarse_s)
+        while self.clock() < deadline_ns:
+            pass
+
+    def _complete(self, step: Step, t_start: int, t_end: int, stall_ms: float) -> None:
+        emitted = self.engine.finish_step(step, t_end)
+        for req, index in emitted:
+            req.on_token(req, index)
+        for req, _ in emitted:
+            if req.finish_reason is not None:  # finished in this step: each request is emitted once a step
+                req.on_finish(req, req.finish_reason)
+                self._record_finish(req)
+        self.metrics.record_step(self.engine, step, emitted, t_start, t_end)
+        if self.trace:
+            self._trace_step(step, t_start, t_end, stall_ms)
+        self._step_no += 1
+
+    def _record_finish(self, req: SimRequest) -> None:
+        if self.trace:
+            self.trace.write({"type": "finish", "id": req.id, "t_ns": req.t_last_token_ns,
+                              "reason": req.finish_reason, "output_tokens": req.generated,
+                              "preemptions": req.preemptions})
+
+    def _trace_step(self, step: Step, t_start: int, t_end: int, stall_ms: float) -> None:
+        assert self.trace is not None
+        self.trace.write({
+            "type": "step", "step": self._step_no, "t_start_ns": t_start, "t_end_ns": t_end,
+            "prefill": [[r.id, c.tokens, c.start] for r, c in step.prefills],
+            "decode": [r.id for r in step.decodes],
+            "preempted": [r.id for r in step.preempted],
+            "stall_ms": stall_ms,
+            "tokens": self._writes,
+        })
+        self._writes = []
+
+    def note_write(self, req: SimRequest, first_index: int, count: int, t_write_ns: int) -> None:
+        """The server wrote tokens ``first_index..+count`` of ``req`` to its socket at ``t_write_ns``."""
+        if self.trace:
+            self._writes.extend([req.id, first_index + k, t_write_ns] for k in range(count))

@@ -1,0 +1,172 @@
+"""Routes of the simulator's OpenAI-compatible API, and ``serve()`` to run it on a loop."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import h11
+
+from . import openai_api as api
+from .config import EngineConfig
+from .engine import SimRequest
+from .http import Connection
+from .metrics import render
+from .runtime import EngineRuntime
+from .tokenizer import output_token
+from .trace import TraceWriter
+
+
+@dataclass
+class StreamFaults:
+    cut_at: int | None = None  # token index after which the connection is dropped
+    malformed_at: int | None = None  # token index before which a malformed chunk is sent
+
+
+class StreamSink:
+    """Turns a request's emitted tokens into SSE writes on its connection (``max_chunk_tokens`` per chunk)."""
+
+    def __init__(self, conn: Connection, app: "SimApp", prep: api.Prepared, request_id: str,
+                 faults: StreamFaults) -> None:
+        self.conn, self.app, self.prep, self.faults = conn, app, prep, faults
+        self.fmt = api.ChunkFormatter(prep, request_id, int(time.time()))
+        self.max_chunk = app.cfg.max_chunk_tokens
+        self.pending = 0
+
+    def on_token(self, req: SimRequest, index: int) -> None:
+        out = self.fmt.role() if index == 0 and self.prep.kind == "chat" else b""
+        if self.faults.malformed_at == index:
+            out += b'data: {"id": "broken", "choices": [{"delta":\n\n'
+        self.pending += 1
+        last = req.finish_reason is not None and index == req.generated - 1
+        flushed = 0
+        if self.pending >= self.max_chunk or last:
+            flushed, self.pending = self.pending, 0
+            text = "".join(output_token(i) for i in range(index - flushed + 1, index + 1))
+            out += self.fmt.content(text, req.finish_reason if last else None, index + 1)
+        if last:
+            out += self.fmt.final_usage(req.generated) if self.prep.include_usage else b""
+            out += self.fmt.done()
+        if out and not self.conn.write_stream(out):
+            self.app.runtime.abort(req)  # the client went away
+            return
+        if flushed:
+            self.app.runtime.note_write(req, index - flushed + 1, flushed, time.monotonic_ns())
+        if last:
+            self.conn.end_stream()
+        elif self.faults.cut_at == index:
+            self.app.runtime.abort(req)
+            self.conn.abort()
+
+
+class SimApp:
+    def __init__(self, runtime: EngineRuntime) -> None:
+        self.runtime = runtime
+        self.cfg = runtime.cfg
+        self.rng = random.Random(self.cfg.seed + 1)
+        self._ids = itertools.count(1)
+        self.created = int(time.time())
+        self.routes: dict[tuple[str, str], Callable[[Connection, h11.Request, bytes], None]] = {
+            ("GET", "/health"): lambda c, r, b: c.send(200, b"", "text/plain"),
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/v1/chat/completions"): lambda c, r, b: self._generate("chat", c, r, b),
+            ("POST", "/v1/completions"): lambda c, r, b: self._generate("completions", c, r, b),
+        }
+        self.paths = {path for _, path in self.routes}
+
+    def dispatch(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        method, path = request.method.decode(), request.target.decode().split("?", 1)[0]
+        try:
+            handler = self.routes.get((method, path))
+            if handler is None:
+                status = 405 if path in self.paths else 404
+                raise api.ApiError(status, f"{method} {path} is not served here", "NotFoundError")
+            handler(conn, request, body)
+        except api.ApiError as exc:
+            conn.send_json(exc.status, exc.body())
+        except Exception as exc:  # a bug must not kill the connection loop; answer like a server would
+            conn.send_json(500, api.ApiError(500, f"internal error: {exc!r}", "InternalServerError").body())
+
+    def _models(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        conn.send_json(200, {"object": "list", "data": [
+            {"id": self.cfg.model, "object": "model", "created": self.created, "owned_by": "loadgen-sim",
+             "max_model_len": self.cfg.max_model_len}]})
+
+    def _metrics(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        text = render(self.runtime.engine, self.runtime.metrics, self.cfg.model)
+        conn.send(200, text, "text/plain; version=0.0.4; charset=utf-8")
+
+    def _tokenize(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        conn.send_json(200, api.tokenize_response(api.parse_body(body), self.cfg))
+
+    def _generate(self, kind: str, conn: Connection, request: h11.Request, body: bytes) -> None:
+        prep = api.prepare(kind, api.parse_body(body), self.cfg)  # type: ignore[arg-type]
+        self._inject_refusals()
+        request_id = self._request_id(kind, request)
+        req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep))
+        if prep.stream:
+            sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after))
+            req.on_token = sink.on_token
+            conn.start_stream()
+        else:
+            req.on_finish = lambda r, reason: conn.send_json(200, api.full_response(
+                prep, request_id, self.created, "".join(output_token(i) for i in range(r.generated)),
+                reason, r.generated))
+        conn.active = req
+        self.runtime.submit(req)
+
+    def _request_id(self, kind: str, request: h11.Request) -> str:
+        given = dict(request.headers).get(b"x-request-id")
+        suffix = given.decode(errors="replace") if given else f"{next(self._ids):08d}"
+        return ("chatcmpl-" if kind == "chat" else "cmpl-") + suffix
+
+    def _stop_after(self, prep: api.Prepared) -> int:
+        if prep.ignore_eos:
+            return prep.max_tokens
+        return min(prep.max_tokens, max(prep.min_tokens, self.runtime.natural_output_tokens()))
+
+    def _inject_refusals(self) -> None:
+        faults = self.cfg.faults
+        if faults.error_rate and self.rng.random() < faults.error_rate:
+            raise api.ApiError(500, "injected server error", "InternalServerError")
+        if faults.queue_429_over is not None and len(self.runtime.engine.waiting) > faults.queue_429_over:
+            raise api.ApiError(429, "too many requests waiting", "RateLimitError", code="rate_limit_exceeded")
+
+    def _stream_faults(self, stop_after: int) -> StreamFaults:
+        faults, out = self.cfg.faults, StreamFaults()
+        if faults.disconnect_rate and self.rng.random() < faults.disconnect_rate:
+            out.cut_at = self.rng.randrange(stop_after)
+        if faults.malformed_rate and self.rng.random() < faults.malformed_rate:
+            out.malformed_at = self.rng.randrange(stop_after)
+        return out
+
+
+class SimServer:
+    """A running simulator: ``base_url`` (ends in /v1), ``runtime`` (engine, metrics, in-memory trace)."""
+
+    def __init__(self, server: asyncio.Server, runtime: EngineRuntime, host: str, port: int) -> None:
+        self.server, self.runtime, self.host, self.port = server, runtime, host, port
+        self.base_url = f"http://{host}:{port}/v1"
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.runtime.stop()
+
+
+async def serve(cfg: EngineConfig, host: str = "127.0.0.1", port: int = 0, trace_path: Path | None = None,
+                keep_trace: bool = False) -> SimServer:
+    trace = TraceWriter(trace_path, keep_in_memory=keep_trace) if (trace_path or keep_trace) else None
+    runtime = EngineRuntime(cfg, trace)
+    app = SimApp(runtime)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Connection(app), host, port, backlog=4096)
+    runtime.start()
+    bound_port = server.sockets[0].getsockname()[1]
+    return SimServer(server, runtime, host, bound_port)

@@ -1,0 +1,50 @@
+"""Ground truth: every engine step and every emitted token, as JSON lines.
+
+Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this machine read):
+- ``{"type": "request", "id", "t_arrival_ns", "prompt_tokens", "max_tokens", "stop_after"}`` on arrival;
+- ``{"type": "step", "step", "t_start_ns", "t_end_ns", "prefill": [[id, tokens, start], ...], "decode": [id, ...],
+  "preempted": [id, ...], "stall_ms", "tokens": [[id, index, t_write_ns], ...]}`` — ``t_end_ns`` is the modelled
+  emission time of every token the step generated, ``t_write_ns`` when its bytes actually went to the socket
+  (later than ``t_end_ns`` for tokens held back by ``max_chunk_tokens`` coalescing);
+- ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions"}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+
+class TraceWriter:
+    """Buffers lines in memory (``events``) and/or appends them to a file, flushed every ``flush_every`` lines."""
+
+    def __init__(self, path: Path | None = None, keep_in_memory: bool = False, flush_every: int = 64) -> None:
+        self._file: IO[str] | None = open(path, "w", encoding="utf-8") if path else None
+        self.events: list[dict[str, Any]] | None = [] if keep_in_memory else None
+        self._flush_every = flush_every
+        self._pending = 0
+
+    def write(self, event: dict[str, Any]) -> None:
+        if self.events is not None:
+            self.events.append(event)
+        if self._file is not None:
+            self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+            self._pending += 1
+            if self._pending >= self._flush_every:
+                self.flush()
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            self._pending = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
