@@ -32,7 +32,9 @@ class SimRequest:
     max_tokens: int
     stop_after: int  # output length at which the request finishes (== max_tokens unless it stops early)
     t_arrival_ns: int = 0
-    on_token: Callable[["SimRequest", int], None] = lambda req, index: None
+    # on_token(req, index) is called when the step that generates token ``index`` is planned and returns the
+    # action that delivers it at the step's end (or None); on_finish(req, reason) runs after delivery.
+    on_token: Callable[["SimRequest", int], Callable[[], None] | None] = lambda req, index: None
     on_finish: Callable[["SimRequest", str], None] = lambda req, reason: None
     generated: int = 0
     kv_tokens: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import h11
@@ -30,6 +31,7 @@ class Connection(asyncio.Protocol):
         self.body = bytearray()
         self.busy = False  # a request is being answered; further events wait
         self.active: "SimRequest | None" = None  # the engine request this connection is answering
+        self.t_received_ns = 0  # when the current request's first bytes arrived (its arrival time)
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -39,6 +41,8 @@ class Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if not self.busy and self.h11.their_state is h11.IDLE:
+            self.t_received_ns = time.monotonic_ns()
         try:
             self.h11.receive_data(data)
         except h11.RemoteProtocolError:
@@ -98,12 +102,18 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.write(self.h11.send(h11.Response(status_code=200, headers=SSE_HEADERS)))
 
-    def write_stream(self, data: bytes) -> bool:
-        """Write SSE bytes; False when the client is gone."""
+    def frame(self, data: bytes) -> bytes:
+        """Body bytes framed for the wire (chunked encoding); write them later, in order, with ``write_framed``."""
+        return self.h11.send(h11.Data(data=data)) or b""
+
+    def write_framed(self, framed: bytes) -> int | None:
+        """Write framed body bytes; return the write's time (taken just before the syscall: on loopback the
+        peer may read the bytes before ``write`` returns), or None when the client is gone."""
         if self.transport is None or self.transport.is_closing():
-            return False
-        self.transport.write(self.h11.send(h11.Data(data=data)))
-        return True
+            return None
+        t_write_ns = time.monotonic_ns()
+        self.transport.write(framed)
+        return t_write_ns
 
     def end_stream(self) -> None:
         if self.transport is not None:

@@ -11,6 +11,7 @@ Requests that arrive during a step wait for the next one, as in a real engine.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from typing import Callable
@@ -44,8 +45,9 @@ class EngineRuntime:
         return max(1, round(self.rng.lognormvariate(0.0, self.cfg.natural_output_sigma)
                             * self.cfg.natural_output_median))
 
-    def submit(self, req: SimRequest) -> None:
-        req.t_arrival_ns = self.clock()
+    def submit(self, req: SimRequest, t_arrival_ns: int | None = None) -> None:
+        """Queue ``req``; ``t_arrival_ns`` is when its first byte reached the server (default: now)."""
+        req.t_arrival_ns = t_arrival_ns or self.clock()
         self.engine.add(req)
         self.metrics.prompt_tokens_total += req.prompt_tokens
         if self.trace:
@@ -87,8 +89,16 @@ class EngineRuntime:
                 continue
             stall_ms = self._injected_stall_ms(t_start)
             t_end = t_start + int((self.engine.step_duration_ms(step) + stall_ms) * 1e6)
+            # Apply the step and format every chunk now, while the modelled step runs; at its end only the
+            # socket writes remain, so the last stream of a large batch is not late by everyone's formatting.
+            emitted = self.engine.finish_step(step, t_end)
+            deliveries = [d for req, index in emitted if (d := req.on_token(req, index)) is not None]
             await self._sleep_until(t_end)
-            self._complete(step, t_start, t_end, stall_ms)
+            gc.disable()  # a collection here would delay every stream after it
+            for deliver in deliveries:
+                deliver()
+            gc.enable()
+            self._complete(step, emitted, t_start, t_end, stall_ms)
             late_ms = (self.clock() - t_end) / 1e6
             t_start = self.clock() if late_ms > RESYNC_MS else t_end
 
@@ -111,10 +121,8 @@ class EngineRuntime:
         while self.clock() < deadline_ns:
             pass
 
-    def _complete(self, step: Step, t_start: int, t_end: int, stall_ms: float) -> None:
-        emitted = self.engine.finish_step(step, t_end)
-        for req, index in emitted:
-            req.on_token(req, index)
+    def _complete(self, step: Step, emitted: list[tuple[SimRequest, int]], t_start: int, t_end: int,
+                  stall_ms: float) -> None:
         for req, _ in emitted:
             if req.finish_reason is not None:  # finished in this step: each request is emitted once a step
                 req.on_finish(req, req.finish_reason)
@@ -144,5 +152,9 @@ class EngineRuntime:
 
     def note_write(self, req: SimRequest, first_index: int, count: int, t_write_ns: int) -> None:
         """The server wrote tokens ``first_index..+count`` of ``req`` to its socket at ``t_write_ns``."""
-        if self.trace:
+        if self.trace is None:
+            return
+        if count == 1:
+            self._writes.append([req.id, first_index, t_write_ns])
+        else:
             self._writes.extend([req.id, first_index + k, t_write_ns] for k in range(count))

@@ -38,7 +38,8 @@ class StreamSink:
         self.max_chunk = app.cfg.max_chunk_tokens
         self.pending = 0
 
-    def on_token(self, req: SimRequest, index: int) -> None:
+    def on_token(self, req: SimRequest, index: int) -> Callable[[], None] | None:
+        """Format token ``index``'s bytes now; return the action that writes them at the step's end."""
         out = self.fmt.role() if index == 0 and self.prep.kind == "chat" else b""
         if self.faults.malformed_at == index:
             out += b'data: {"id": "broken", "choices": [{"delta":\n\n'
@@ -52,14 +53,22 @@ class StreamSink:
         if last:
             out += self.fmt.final_usage(req.generated) if self.prep.include_usage else b""
             out += self.fmt.done()
-        if out and not self.conn.write_stream(out):
+        cut = self.faults.cut_at == index and not last
+        if not (out or last or cut):
+            return None
+        framed = self.conn.frame(out) if out else b""
+        return lambda: self._deliver(req, framed, index - flushed + 1, flushed, last, cut)
+
+    def _deliver(self, req: SimRequest, framed: bytes, first: int, count: int, last: bool, cut: bool) -> None:
+        t_write_ns = self.conn.write_framed(framed) if framed else 0
+        if t_write_ns is None:
             self.app.runtime.abort(req)  # the client went away
             return
-        if flushed:
-            self.app.runtime.note_write(req, index - flushed + 1, flushed, time.monotonic_ns())
+        if count:
+            self.app.runtime.note_write(req, first, count, t_write_ns)
         if last:
             self.conn.end_stream()
-        elif self.faults.cut_at == index:
+        elif cut:
             self.app.runtime.abort(req)
             self.conn.abort()
 
@@ -120,7 +129,7 @@ class SimApp:
                 prep, request_id, self.created, "".join(output_token(i) for i in range(r.generated)),
                 reason, r.generated))
         conn.active = req
-        self.runtime.submit(req)
+        self.runtime.submit(req, conn.t_received_ns)
 
     def _request_id(self, kind: str, request: h11.Request) -> str:
         given = dict(request.headers).get(b"x-request-id")
