@@ -1,0 +1,138 @@
+"""The streaming core: SSE decoding, OpenAI chunk parsing, token counting, error classification."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loadgen.core import RequestMeta, SseDecoder, StreamTracker
+from loadgen.core.tracker import _scale
+
+
+def _chunk(content=None, role=None, finish=None, usage=None, reasoning=None, cid="chatcmpl-1", choices=True):
+    delta = {}
+    if role:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
+    obj = {"id": cid, "object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if choices else []}
+    if usage:
+        obj["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1]}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _meta(asked_out=3):
+    return RequestMeta(seq=7, class_name="chat", warmup=False, t_intended_ns=1000, prompt_tokens_asked=20,
+                       output_tokens_asked=asked_out)
+
+
+# (bytes of one network read, its receive time)
+PACKETS = [
+    (_chunk(role="assistant", content="") + _chunk(content=" Hello"), 5_000),
+    (_chunk(content=" big world", usage=None), 6_000),
+    (b": keep-alive comment\r\n\r\n" + _chunk(content="!", finish="stop"), 7_500),
+    (_chunk(choices=False, usage=(20, 4)) + b"data: [DONE]\n\n", 8_000),
+]
+
+
+def _run(reads):
+    tracker = StreamTracker(_meta(), t_sent_ns=2_000)
+    for data, t in reads:
+        tracker.feed(data, t)
+    return tracker.finish(9_000)
+
+
+def test_records_of_a_plain_stream():
+    record, chunks = _run(PACKETS)
+    assert [(c.t_ns, c.tokens) for c in chunks] == [(5_000, 1), (6_000, 2), (7_500, 1)]
+    assert record.t_first_token_ns == 5_000 and record.t_last_token_ns == 7_500 and record.t_done_ns == 9_000
+    assert (record.output_tokens, record.output_tokens_source) == (4, "server")
+    assert (record.prompt_tokens, record.prompt_tokens_source) == (20, "server")
+    assert record.finish_reason == "stop" and record.error_kind is None and record.request_id == "chatcmpl-1"
+
+
+def test_identical_records_when_split_at_every_offset():
+    """Each packet split in two at every byte offset (both halves read at the packet's time)."""
+    expected = _run(PACKETS)
+    for p, (data, t) in enumerate(PACKETS):
+        for cut in range(len(data) + 1):
+            reads = PACKETS[:p] + [(data[:cut], t), (data[cut:], t)] + PACKETS[p + 1:]
+            assert _run(reads) == expected, (p, cut)
+
+
+def test_crlf_and_cr_line_endings_split_anywhere():
+    stream = b"data: a\r\n\r\ndata: b\r\rdata: c\ndata: d\n\n"
+    for cut in range(len(stream) + 1):
+        d = SseDecoder()
+        events = d.feed(stream[:cut], 1) + d.feed(stream[cut:], 1)
+        assert [e for _, e in events] == ["a", "b", "c\nd"], cut
+
+
+def test_continuous_usage_gives_exact_tokens_per_chunk():
+    reads = [(_chunk(role="assistant", content="", usage=(9, 0)) + _chunk(content=" a b c", usage=(9, 3)), 10),
+             (_chunk(content=" d", usage=(9, 4)), 20),
+             (_chunk(content=" e f", finish="length", usage=(9, 6)) + b"data: [DONE]\n\n", 30)]
+    record, chunks = _run(reads)
+    assert [c.tokens for c in chunks] == [3, 1, 2] and record.output_tokens == 6
+
+
+def test_local_counts_are_scaled_to_the_server_total():
+    reads = [(_chunk(content="aaa bbb") + _chunk(content="c"), 10),
+             (_chunk(content="dd", finish="stop") + _chunk(choices=False, usage=(5, 6)) + b"data: [DONE]\n\n", 20)]
+    _, chunks = _run(reads)
+    assert sum(c.tokens for c in chunks) == 6 and all(c.tokens >= 1 for c in chunks)
+
+
+def test_without_usage_tokens_are_counted_locally_and_flagged():
+    record, chunks = _run([(_chunk(content="one two") + _chunk(content=", three") + b"data: [DONE]\n\n", 10)])
+    assert [c.tokens for c in chunks] == [2, 2]
+    assert record.output_tokens_source == "local" and record.prompt_tokens_source == "asked"
+    assert record.prompt_tokens == 20
+
+
+def test_reasoning_deltas_count_as_first_token_and_are_flagged():
+    record, chunks = _run([(_chunk(role="assistant", content=""), 10), (_chunk(reasoning="hmm"), 20),
+                           (_chunk(content="yes") + b"data: [DONE]\n\n", 30)])
+    assert record.t_first_token_ns == 20 and record.reasoning and chunks[0].reasoning and not chunks[1].reasoning
+
+
+@pytest.mark.parametrize("reads, kind, message", [
+    ([(_chunk(content="a") + b'data: {"error": {"message": "engine died", "code": 500}}\n\n', 10)],
+     "http_5xx", "engine died"),
+    ([(_chunk(content="a") + b"data: {broken\n\n" + b"data: [DONE]\n\n", 10)], "protocol", "malformed"),
+    ([(_chunk(content="a"), 10)], "protocol", "without [DONE]"),
+    ([(_chunk(content="a") + b"data: {\"id\": 1", 10)], "protocol", "mid-event"),
+])
+def test_stream_errors_are_classified_and_keep_the_chunks(reads, kind, message):
+    record, chunks = _run(reads)
+    assert record.error_kind == kind and message in record.error_message
+    assert len(chunks) == 1  # what arrived is kept
+
+
+@pytest.mark.parametrize("status, kind", [(429, "http_429"), (400, "http_4xx"), (404, "http_4xx"),
+                                          (500, "http_5xx"), (503, "http_5xx")])
+def test_http_error_status(status, kind):
+    tracker = StreamTracker(_meta(), 0)
+    tracker.feed(b'{"error": {"message": "nope", "type": "x"}}', 5)
+    record, chunks = tracker.finish(6, status=status)
+    assert (record.error_kind, record.error_message, record.http_status, chunks) == (kind, "nope", status, [])
+
+
+def test_driver_errors_win_and_has_content():
+    tracker = StreamTracker(_meta(), 0)
+    tracker.feed(_chunk(role="assistant", content=""), 5)
+    assert not tracker.has_content()
+    tracker.feed(_chunk(content="x"), 6)
+    assert tracker.has_content()
+    record, _ = tracker.finish(9, error_kind="timeout_idle", error_message="no bytes for 30 s")
+    assert record.error_kind == "timeout_idle"
+
+
+@pytest.mark.parametrize("weights, total", [([1, 1, 1], 7), ([3, 1], 4), ([5, 5, 1], 20), ([1], 1)])
+def test_scale_keeps_total_and_minimum(weights, total):
+    out = _scale(weights, total)
+    assert sum(out) == total and min(out) >= 1
