@@ -1,0 +1,1 @@
+"""Analysis: pure polars over the raw records (no I/O, no clock)."""

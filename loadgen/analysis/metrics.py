@@ -1,0 +1,115 @@
+"""Per-request and per-token metrics (DESIGN §4) and their summaries, recomputed from raw records.
+
+- ``queue_delay_ms`` = t_sent − t_intended; ``ttft_ms`` = t_first_token − t_intended (coordinated omission
+  corrected); ``ttft_service_ms`` = t_first_token − t_sent; ``e2e_ms`` = t_done − t_intended;
+  ``tpot_ms`` = (t_last_token − t_first_token) / (output_tokens − 1).
+- ``chunk_gap_ms``: between consecutive content chunks of a stream; ``itl_ms``: a gap divided by the tokens
+  its later chunk carried, one sample per token (a chunk of k tokens gives k samples of gap/k).
+Warm-up requests are excluded from every figure; failed requests from latency figures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+STATS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+REQUEST_METRICS = ("ttft_ms", "ttft_service_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
+TOKEN_METRICS = ("itl_ms", "chunk_gap_ms")
+
+
+def with_request_metrics(requests: pl.DataFrame) -> pl.DataFrame:
+    ms = 1e6
+    return requests.with_columns(
+        queue_delay_ms=(pl.col("t_sent_ns") - pl.col("t_intended_ns")) / ms,
+        ttft_ms=(pl.col("t_first_token_ns") - pl.col("t_intended_ns")) / ms,
+        ttft_service_ms=(pl.col("t_first_token_ns") - pl.col("t_sent_ns")) / ms,
+        e2e_ms=(pl.col("t_done_ns") - pl.col("t_intended_ns")) / ms,
+        tpot_ms=pl.when(pl.col("output_tokens") > 1)
+        .then((pl.col("t_last_token_ns") - pl.col("t_first_token_ns")) / ms / (pl.col("output_tokens") - 1)),
+        ok=pl.col("error_kind").is_null(),
+    )
+
+
+def chunk_gaps(requests: pl.DataFrame, chunks: pl.DataFrame) -> pl.DataFrame:
+    """One row per content chunk after a stream's first: seq, class_name, t_ns, tokens, chunk_gap_ms, itl_ms."""
+    meta = requests.select("seq", "worker", "class_name", "warmup")
+    return (chunks.sort("worker", "seq", "t_ns")
+            .with_columns(chunk_gap_ms=(pl.col("t_ns") - pl.col("t_ns").shift(1).over("worker", "seq")) / 1e6)
+            .filter(pl.col("chunk_gap_ms").is_not_null())
+            .with_columns(itl_ms=pl.col("chunk_gap_ms") / pl.col("tokens"))
+            .join(meta, on=["worker", "seq"], how="left"))
+
+
+def itl_samples(gaps: pl.DataFrame) -> pl.Series:
+    """Per-token ITL: each chunk's itl repeated once per token it carried."""
+    if gaps.is_empty():
+        return pl.Series("itl_ms", [], dtype=pl.Float64)
+    return gaps.select(pl.col("itl_ms").repeat_by(pl.col("tokens")).explode()).to_series()
+
+
+def describe(values: pl.Series) -> dict[str, float | int | None]:
+    values = values.drop_nulls()
+    n = len(values)
+    if n == 0:
+        return {k: (0 if k == "count" else None) for k in STATS}
+    out: dict[str, float | int | None] = {"count": n, "mean": float(values.mean())}  # type: ignore[arg-type]
+    for key, q in QUANTILES.items():
+        out[key] = float(values.quantile(q, interpolation="linear"))  # type: ignore[arg-type]
+    out["max"] = float(values.max())  # type: ignore[arg-type]
+    return out
+
+
+def measured(requests: pl.DataFrame) -> pl.DataFrame:
+    return requests.filter(~pl.col("warmup"))
+
+
+def metric_table(requests: pl.DataFrame, gaps: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    ok = requests.filter(pl.col("ok"))
+    out = {name: describe(ok[name]) for name in REQUEST_METRICS if name != "queue_delay_ms"}
+    out["queue_delay_ms"] = describe(requests["queue_delay_ms"])  # the generator's lag, whatever the outcome
+    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
+    out["itl_ms"] = describe(itl_samples(ok_gaps))
+    out["chunk_gap_ms"] = describe(ok_gaps["chunk_gap_ms"])
+    return {k: out[k] for k in ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms",
+                                "queue_delay_ms")}
+
+
+def window_s(requests: pl.DataFrame) -> float:
+    """The measured window: first intended send to last completion of the measured requests."""
+    if requests.is_empty():
+        return 0.0
+    return max(1e-9, (requests["t_done_ns"].max() - requests["t_intended_ns"].min()) / 1e9)  # type: ignore[operator]
+
+
+def request_counts(requests: pl.DataFrame) -> dict[str, Any]:
+    kinds = requests.filter(pl.col("error_kind").is_not_null()).group_by("error_kind").len()
+    by_kind = {row["error_kind"]: row["len"] for row in kinds.iter_rows(named=True)}
+    cancelled = by_kind.get("cancelled", 0)
+    failed = sum(n for k, n in by_kind.items() if k != "cancelled")
+    completed = requests.height - failed - cancelled
+    return {"completed": completed, "failed": failed, "cancelled": cancelled,
+            "error_rate": failed / (completed + failed) if completed + failed else 0.0,
+            "errors_by_kind": dict(sorted(by_kind.items()))}
+
+
+def is_good(requests: pl.DataFrame, ttft_ms: float | None, tpot_ms: float | None,
+            e2e_ms: float | None) -> pl.Series:
+    """Per request: finished without error within every per-request limit given (DistServe's goodput)."""
+    cond = pl.col("ok")
+    for name, limit in (("ttft_ms", ttft_ms), ("tpot_ms", tpot_ms), ("e2e_ms", e2e_ms)):
+        if limit is not None:
+            cond = cond & (pl.col(name).fill_null(0.0) <= limit)
+    return requests.select(cond.alias("good")).to_series()
+
+
+def throughput(requests: pl.DataFrame, good: pl.Series) -> dict[str, float]:
+    window = window_s(requests)
+    if window == 0:
+        return {"requests_per_s": 0.0, "output_tokens_per_s": 0.0, "goodput_requests_per_s": 0.0}
+    ok = requests.filter(pl.col("ok"))
+    return {"requests_per_s": ok.height / window,
+            "output_tokens_per_s": float(ok["output_tokens"].sum()) / window,
+            "goodput_requests_per_s": int(good.sum()) / window}

@@ -1,0 +1,65 @@
+"""The run's summary (DESIGN §7 ``summary.json`` shape), overall and per class, from raw records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from ..scenario import Scenario
+from . import metrics as m
+from .slo import evaluate, verdict
+
+
+def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    req = m.with_request_metrics(requests)
+    gaps = m.chunk_gaps(req, chunks)
+    measured = m.measured(req)
+    measured_gaps = gaps.filter(~pl.col("warmup"))
+    g = scenario.slo.goodput
+    good = m.is_good(measured, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
+    counts = m.request_counts(measured)
+    metric_table = m.metric_table(measured, measured_gaps)
+    tput = m.throughput(measured, good)
+    objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
+                          tput["goodput_requests_per_s"])
+    lag = metric_table["queue_delay_ms"]["p99"]
+    result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
+    return {
+        "verdict": result,
+        "reasons": reasons,
+        "requests": {"planned": planned, "sent": requests.height, "warmup": requests.height - measured.height,
+                     **counts},
+        "metrics": metric_table,
+        "throughput": tput,
+        "slo": [o.as_dict() for o in objectives],
+        "classes": _per_class(measured, measured_gaps, scenario),
+        "lengths": _lengths(measured),
+        "window_s": m.window_s(measured),
+        **(extra or {}),
+    }
+
+
+def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario) -> dict[str, Any]:
+    out = {}
+    for cls in scenario.workload.classes:
+        req = measured.filter(pl.col("class_name") == cls.name)
+        g = gaps.filter(pl.col("class_name") == cls.name)
+        good = m.is_good(req, None, None, None)
+        out[cls.name] = {"requests": m.request_counts(req), "metrics": m.metric_table(req, g),
+                         "throughput": m.throughput(req, good)}
+    return out
+
+
+def _lengths(measured: pl.DataFrame) -> dict[str, Any]:
+    """Asked vs achieved prompt and output lengths (achieved from the server's usage where it reported it)."""
+    ok = measured.filter(pl.col("ok"))
+    out: dict[str, Any] = {}
+    for kind in ("prompt", "output"):
+        asked, got = ok[f"{kind}_tokens_asked"], ok[f"{kind}_tokens"]
+        diff = (got - asked).abs() if ok.height else pl.Series([], dtype=pl.Int64)
+        out[kind] = {"exact": int((diff == 0).sum()), "requests": ok.height,
+                     "max_abs_diff": int(diff.max()) if ok.height else 0,  # type: ignore[arg-type]
+                     "source": sorted(set(ok[f"{kind}_tokens_source"].to_list()))}
+    return out

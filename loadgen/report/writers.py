@@ -1,0 +1,93 @@
+"""summary.json, summary.md (fits $GITHUB_STEP_SUMMARY) and junit.xml (one test case per SLO objective)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
+COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
+ICON = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+    return str(value)
+
+
+def md_escape(text: str) -> str:
+    """Text from the scenario or the server, made inert in Markdown/HTML."""
+    out = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "\\`*_{}[]|#":
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def summary_markdown(summary: dict[str, Any], name: str) -> str:
+    req, tput = summary["requests"], summary["throughput"]
+    lines = [f"## loadgen: {md_escape(name)} — {ICON[summary['verdict']]}", ""]
+    lines += [f"- {md_escape(r)}" for r in summary.get("reasons", [])]
+    lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
+              f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
+              f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
+              f"goodput {tput['goodput_requests_per_s']:.2f} req/s.", ""]
+    if summary["slo"]:
+        lines += ["| SLO | value | threshold | samples | result |", "| --- | ---: | ---: | ---: | --- |"]
+        for o in summary["slo"]:
+            result = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
+            lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {o['comparison']} {fmt(o['threshold'])} "
+                         f"| {o['samples']} | {result} |")
+        lines.append("")
+    lines += ["| metric (ms) | " + " | ".join(COLS) + " |", "| --- |" + " ---: |" * len(COLS)]
+    for row in ROWS:
+        stats = summary["metrics"][row]
+        lines.append(f"| {row} | " + " | ".join(fmt(stats[c]) for c in COLS) + " |")
+    errors = req.get("errors_by_kind") or {}
+    if errors:
+        lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
+    lines += ["", _lengths_line(summary.get("lengths", {})), ""]
+    return "\n".join(lines)
+
+
+def _lengths_line(lengths: dict[str, Any]) -> str:
+    parts = []
+    for kind in ("prompt", "output"):
+        if kind in lengths:
+            x = lengths[kind]
+            parts.append(f"{kind} {x['exact']}/{x['requests']} exact (max diff {x['max_abs_diff']})")
+    return "Asked vs achieved lengths: " + "; ".join(parts) if parts else ""
+
+
+def junit_xml(summary: dict[str, Any], name: str) -> bytes:
+    objectives = summary["slo"]
+    suite = ET.Element("testsuite", name=f"loadgen.{name}", tests=str(len(objectives)),
+                       failures=str(sum(o["passed"] is False for o in objectives)),
+                       skipped=str(sum(o["passed"] is None for o in objectives)), errors="0",
+                       time=f"{summary.get('window_s', 0):.3f}")
+    for o in objectives:
+        case = ET.SubElement(suite, "testcase", classname=f"loadgen.{name}.slo", name=o["objective"], time="0")
+        detail = (f"{o['objective']} = {fmt(o['value'])}, threshold {o['comparison']} {fmt(o['threshold'])}, "
+                  f"{o['samples']} samples")
+        if o["passed"] is False:
+            ET.SubElement(case, "failure", message=detail, type="SLOViolation").text = detail
+        elif o["passed"] is None:
+            ET.SubElement(case, "skipped", message=f"inconclusive: {o['note']}")
+    root = ET.Element("testsuites", name="loadgen")
+    root.append(suite)
+    ET.indent(root)
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
+
+
+def write_all(run_dir: Path, summary: dict[str, Any], name: str) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (run_dir / "summary.md").write_text(summary_markdown(summary, name))
+    (run_dir / "junit.xml").write_bytes(junit_xml(summary, name))

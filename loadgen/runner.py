@@ -1,0 +1,211 @@
+"""``loadgen run``: target → plan → prompts → engine → records → summary → reports, in that order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import __version__
+from .analysis.summary import summarize
+from .drivers.asyncio_engine import AsyncioEngine, EngineConfig
+from .report import write_all
+from .report.console import print_summary
+from .scenario import Scenario
+from .schedule import Plan, PlannedRequest, build_plan
+from .secrets import redact_headers
+from .sinks import RecordSink, load_records
+from .target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
+from .workload import Prompt, PromptFactory, build_prompts, request_body
+
+FLUSH_EVERY_S = 1.0
+
+
+@dataclass
+class RunOptions:
+    out: Path | None = None
+    reports_dir: Path = Path("reports")
+    api_key_env: str | None = None
+    progress: bool = True
+
+
+def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
+    if opts.out is not None:
+        opts.out.mkdir(parents=True, exist_ok=True)
+        return opts.out
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = opts.reports_dir / f"{stamp}-{scenario.name}"
+    n = 1
+    while run_dir.exists():
+        n += 1
+        run_dir = opts.reports_dir / f"{stamp}-{scenario.name}-{n}"
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tuple[int, Path | None]:
+    """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent."""
+    headers, redact = auth_headers(scenario, opts.api_key_env)  # may raise TargetError
+    plan = build_plan(scenario)
+    run_dir = make_run_dir(scenario, opts)
+    sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
+    try:
+        base_url = sim.base_url if sim else scenario.target.base_url
+        run = _Run(scenario, plan, run_dir, console, opts)
+        summary = _event_loop_run(run.execute(base_url, headers, redact, sim))
+    except TargetError:
+        if opts.out is None and not any(run_dir.glob("*.parquet")):
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing was sent: leave no empty run behind
+        raise
+    finally:
+        if sim is not None:
+            sim.stop()
+    print_summary(console, summary, str(run_dir))
+    return {"pass": 0, "fail": 1, "inconclusive": 3}[summary["verdict"]], run_dir
+
+
+def _event_loop_run(coro: Any) -> Any:
+    try:
+        import uvloop
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+class _Run:
+    def __init__(self, scenario: Scenario, plan: Plan, run_dir: Path, console: Console, opts: RunOptions) -> None:
+        self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
+        self.sink = RecordSink(run_dir)
+        self.interrupted = False
+
+    async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
+        load = self.scenario.load
+        limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
+        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            target = await resolve(self.scenario, client, base_url, headers, redact)
+            target.sim = sim
+            factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
+            await factory.prepare_classes()
+            prompts = await self._prepare_prompts(factory)
+            self._write_run_json(target, started=True)
+            engine = self._engine(target, client, factory, prompts)
+            await self._drive(engine)
+        self.sink.close()
+        return self._summarize(target)
+
+    async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
+        if self.plan.requests is None:
+            return {}
+        with self._progress() as progress:
+            task = progress.add_task("preparing prompts", total=len(self.plan.requests))
+            return await build_prompts(factory, self.plan.requests, progress=lambda n: progress.advance(task, n))
+
+    def _engine(self, target: ResolvedTarget, client: httpx.AsyncClient, factory: PromptFactory,
+                prompts: dict[int, Prompt]) -> AsyncioEngine:
+        s, load = self.scenario, self.scenario.load
+        path = "/chat/completions" if s.target.api == "chat" else "/completions"
+
+        async def body_for(req: PlannedRequest) -> dict[str, Any]:
+            prompt = prompts.get(req.seq) or await factory.build(req)
+            return request_body(s, target.model, self.plan.class_of(req.class_name), prompt, req.output_tokens,
+                                target.continuous_usage)
+
+        def on_record(record: Any, chunks: Any) -> None:
+            record.error_message = target.redact(record.error_message)
+            self.sink.add(record, chunks)
+
+        cfg = EngineConfig(url=target.base_url + path, headers=target.headers,
+                           ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
+                           max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
+                           concurrency=load.concurrency)
+        return AsyncioEngine(cfg, self.plan, body_for, on_record, client)
+
+    async def _drive(self, engine: AsyncioEngine) -> None:
+        loop = asyncio.get_running_loop()
+
+        def interrupt() -> None:
+            self.interrupted = True
+            engine.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt)
+        try:
+            with self._progress() as progress:
+                run_task = asyncio.create_task(engine.run())
+                await self._tick(run_task, engine, progress)
+                await run_task
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: Progress) -> None:
+        task = progress.add_task("running", total=self.plan.size)
+        last_flush = time.monotonic()
+        while not run_task.done():
+            await asyncio.wait([run_task], timeout=0.25)
+            st = engine.stats
+            done = st.completed + st.failed + st.cancelled
+            progress.update(task, completed=done, description=(
+                f"running  in flight {len(st.in_flight):>4}  failed {st.failed:>4}  tokens {st.output_tokens:>8}"))
+            if time.monotonic() - last_flush >= FLUSH_EVERY_S and self.sink.pending():
+                last_flush = time.monotonic()
+                await asyncio.to_thread(self.sink.flush)
+
+    def _progress(self) -> Progress:
+        return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=Console(stderr=True), disable=not self.opts.progress,
+                        transient=False)
+
+    def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
+        requests, chunks = load_records(self.run_dir)
+        extra = {"interrupted": self.interrupted, "notes": target.notes, "model": target.model}
+        summary = summarize(self.scenario, requests, chunks, self.plan.size, extra)
+        if self.interrupted and summary["verdict"] == "pass":
+            summary["verdict"] = "inconclusive"
+            summary["reasons"].append("the run was interrupted before its plan ended")
+        write_all(self.run_dir, summary, self.scenario.name)
+        self._write_run_json(target, started=False)
+        return summary
+
+    def _write_run_json(self, target: ResolvedTarget, started: bool) -> None:
+        scenario = self.scenario.model_dump(mode="json")
+        scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
+        info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
+                "host": socket.gethostname(), "seed": self.scenario.seed, "engine": "asyncio",
+                "target": {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
+                           "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize},
+                "notes": target.notes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "finished": not started, "interrupted": self.interrupted, "scenario": scenario}
+        (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str, Any]:
+    """``loadgen report DIR``: recompute the summary and every file from the Parquet records."""
+    info = json.loads((run_dir / "run.json").read_text())
+    scenario = scenario or Scenario.model_validate(info["scenario"])
+    requests, chunks = load_records(run_dir)
+    previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
+             "model": info.get("target", {}).get("model")}
+    planned = previous.get("requests", {}).get("planned")
+    summary = summarize(scenario, requests, chunks, planned, extra)
+    if summary["interrupted"] and summary["verdict"] == "pass":
+        summary["verdict"] = "inconclusive"
+        summary["reasons"].append("the run was interrupted before its plan ended")
+    write_all(run_dir, summary, scenario.name)
+    return summary
+
+
+__all__ = ["RunOptions", "run_scenario", "rebuild_reports", "TargetError"]

@@ -1,0 +1,166 @@
+"""Resolve the run's target before anything is sent: start the embedded simulator if asked, build auth
+headers, check the endpoint answers, resolve ``model: auto``, find a token counter. Every failure here is a
+``TargetError`` (one line, exit 2)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .scenario import Scenario
+from .secrets import Redactor
+from .workload import (LinearFit, LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter,
+                       UsageCalibratedCounter, WORDS)
+
+
+class TargetError(RuntimeError):
+    """The target cannot be used; the message is one line naming what is wrong."""
+
+
+@dataclass
+class ResolvedTarget:
+    base_url: str  # ends in /v1
+    model: str
+    headers: dict[str, str]
+    redact: Redactor
+    continuous_usage: bool
+    has_tokenize: bool
+    sim: Any = None  # the embedded SimProcess, stopped by the runner
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> str:
+        return self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
+
+
+def auth_headers(scenario: Scenario, api_key_env: str | None) -> tuple[dict[str, str], Redactor]:
+    headers = {"accept-encoding": "identity", **scenario.target.headers}
+    secrets = [v for k, v in scenario.target.headers.items() if k.lower() == "authorization"]
+    env = api_key_env or scenario.target.api_key_env
+    if env:
+        key = os.environ.get(env)
+        if not key:
+            raise TargetError(f"target.api_key_env: environment variable {env} is not set")
+        headers["authorization"] = f"Bearer {key}"
+        secrets.append(key)
+    return headers, Redactor(secrets)
+
+
+def start_embedded(scenario: Scenario, trace_path: Path | None) -> Any:
+    from local_target.sim import SimulatorStartError, build_config, start_simulator
+
+    sim_cfg = dict(scenario.target.simulator)
+    preset = sim_cfg.pop("preset", None)
+    try:
+        return start_simulator(build_config(preset, overrides=sim_cfg), trace_path=trace_path)
+    except SimulatorStartError as exc:
+        raise TargetError(f"embedded simulator: {exc}") from None
+
+
+async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
+                  redact: Redactor) -> ResolvedTarget:
+    models = await _get_json(client, f"{base_url}/models", headers, redact)
+    served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    model = scenario.target.model
+    if model == "auto":
+        if not served:
+            raise TargetError(f"{base_url}/models lists no model; set target.model")
+        model = served[0]
+    elif served and model not in served:
+        raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {', '.join(served)}")
+    target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats, False)
+    await _probe_generation(scenario, client, target)
+    target.has_tokenize = await _has_tokenize(client, target)
+    return target
+
+
+async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str], redact: Redactor) -> Any:
+    try:
+        resp = await client.get(url, headers=headers)
+    except httpx.HTTPError as exc:
+        raise TargetError(f"cannot reach {url}: {redact(str(exc)) or type(exc).__name__}") from None
+    if resp.status_code in (401, 403):
+        raise TargetError(f"{url}: HTTP {resp.status_code}: authentication failed (check target.api_key_env)")
+    if resp.status_code != 200:
+        raise TargetError(f"{url}: HTTP {resp.status_code}: {redact(resp.text[:200])}")
+    try:
+        return resp.json()
+    except ValueError:
+        raise TargetError(f"{url}: the answer is not JSON; is this an OpenAI-compatible /v1 URL?") from None
+
+
+async def _probe_generation(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> None:
+    """One tiny streamed request: the model answers, and the server takes continuous_usage_stats."""
+    path = "/chat/completions" if scenario.target.api == "chat" else "/completions"
+    body: dict[str, Any] = {"model": target.model, "max_tokens": 1, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if scenario.target.api == "chat"
+                else {"prompt": "hi"})
+    if target.continuous_usage:
+        body["stream_options"]["continuous_usage_stats"] = True
+    resp = await _post(client, target.base_url + path, body, target)
+    if resp.status_code == 400 and target.continuous_usage and "usage" in resp.text:
+        target.continuous_usage = False
+        target.notes.append("the server refused continuous_usage_stats; tokens per chunk are counted locally")
+        del body["stream_options"]["continuous_usage_stats"]
+        resp = await _post(client, target.base_url + path, body, target)
+    if resp.status_code != 200:
+        raise TargetError(f"{target.base_url}{path}: HTTP {resp.status_code} for model {target.model!r}: "
+                          f"{target.redact(resp.text[:200])}")
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], target: ResolvedTarget) -> httpx.Response:
+    try:
+        return await client.post(url, json=body, headers=target.headers)
+    except httpx.HTTPError as exc:
+        raise TargetError(f"cannot reach {url}: {target.redact(str(exc)) or type(exc).__name__}") from None
+
+
+async def _has_tokenize(client: httpx.AsyncClient, target: ResolvedTarget) -> bool:
+    try:
+        resp = await client.post(target.root + "/tokenize", json={"model": target.model, "prompt": "hi"},
+                                 headers=target.headers)
+        return resp.status_code == 200 and "count" in resp.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> TokenCounter:
+    """Exact where possible: the server's /tokenize, else a local tokenizer file; else calibrated on usage."""
+    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await client.post(target.root + path, json=body, headers=target.headers)
+        resp.raise_for_status()
+        return resp.json()
+
+    if target.has_tokenize:
+        return TokenizeEndpointCounter(post, target.model, scenario.target.api)
+    if scenario.target.tokenizer is not None:
+        local = LocalTokenizerCounter(str(scenario.target.tokenizer))
+        reported = await _usage_prompt_tokens(scenario, client, target, "hi there")
+        local.template_overhead = reported - local.count_text("hi there")
+        target.notes.append(f"prompt lengths from {scenario.target.tokenizer} (+{local.template_overhead} "
+                            "template tokens)")
+        return local
+    small = await _usage_prompt_tokens(scenario, client, target, "req 0:")
+    large = await _usage_prompt_tokens(scenario, client, target, "req 0: " + " ".join(WORDS[:200]))
+    target.notes.append("no /tokenize and no tokenizer file: prompt lengths are approximate "
+                        "(achieved lengths are recorded from usage)")
+    return UsageCalibratedCounter(LinearFit(small - 2, (large - small) / 200))
+
+
+async def _usage_prompt_tokens(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget,
+                               text: str) -> int:
+    path = "/chat/completions" if scenario.target.api == "chat" else "/completions"
+    body: dict[str, Any] = {"model": target.model, "max_tokens": 1}
+    body.update({"messages": [{"role": "user", "content": text}]} if scenario.target.api == "chat"
+                else {"prompt": text})
+    resp = await _post(client, target.base_url + path, body, target)
+    try:
+        return int(resp.json()["usage"]["prompt_tokens"])
+    except (ValueError, KeyError, TypeError):
+        raise TargetError(f"{target.base_url}{path}: no usage.prompt_tokens in the answer; "
+                          "give target.tokenizer for prompt lengths") from None

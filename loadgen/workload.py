@@ -1,0 +1,201 @@
+"""Prompts of an asked token length, and request bodies. Counting is injected (``TokenCounter``), so this
+module stays pure apart from awaiting the counter.
+
+A prompt is ``[shared system prompt] + unique tag + filler words``. The tag (random per request, seeded)
+defeats accidental prefix-cache hits; ``shared_prefix_tokens`` puts the same system prompt in front of every
+request of a class. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
+measured on the target, then each request is checked and nudged until the counter agrees (exact where the
+counter is exact: the server's ``/tokenize`` or a local tokenizer file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Protocol
+
+from .schedule import PlannedRequest
+from .scenario import RequestClass, Scenario
+
+WORDS = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue "
+         "side kind head house service friend father power hour game line end member law car city community "
+         "name president team minute idea kid body information back parent face others level office door "
+         "health person art war history party result change morning reason research girl guy moment air "
+         "teacher force education").split()
+MAX_NUDGES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    system: str | None  # the shared system prompt, if any
+    user: str  # tag + filler
+    tokens: int | None  # what the counter says the target will see (None: not checked)
+
+
+class TokenCounter(Protocol):
+    exact: bool
+
+    async def count(self, system: str | None, user: str) -> int: ...
+
+
+def filler(words: int, rng: random.Random) -> str:
+    return " ".join(rng.choices(WORDS, k=words))
+
+
+def request_tag(seed: int, seq: int) -> str:
+    return f"req {random.Random(f'tag:{seed}:{seq}').getrandbits(40):010x}:"
+
+
+@dataclass
+class LinearFit:
+    base_tokens: float
+    tokens_per_word: float
+
+    def words_for(self, tokens: int) -> int:
+        return max(0, round((tokens - self.base_tokens) / self.tokens_per_word))
+
+
+async def fit(counter: TokenCounter, system: str | None, probe_words: int = 400) -> LinearFit:
+    rng = random.Random(0)
+    tag = request_tag(0, 0)
+    small = await counter.count(system, tag)
+    large = await counter.count(system, f"{tag} {filler(probe_words, rng)}")
+    return LinearFit(small, max(0.1, (large - small) / probe_words))
+
+
+class PromptFactory:
+    def __init__(self, scenario: Scenario, counter: TokenCounter) -> None:
+        self.scenario = scenario
+        self.counter = counter
+        self._fits: dict[str, LinearFit] = {}
+        self._systems: dict[str, str | None] = {}
+
+    async def prepare_classes(self) -> None:
+        """Build each class's shared system prompt and fit words→tokens on the target."""
+        for cls in self.scenario.workload.classes:
+            self._systems[cls.name] = await self._system_prompt(cls)
+            self._fits[cls.name] = await fit(self.counter, self._systems[cls.name])
+
+    async def _system_prompt(self, cls: RequestClass) -> str | None:
+        if cls.shared_prefix_tokens <= 0:
+            return None
+        per_word = (await fit(self.counter, None)).tokens_per_word
+        rng = random.Random(f"system:{self.scenario.seed}:{cls.name}")
+        return filler(max(1, round(cls.shared_prefix_tokens / per_word)), rng)
+
+    async def build(self, req: PlannedRequest) -> Prompt:
+        system, fit_ = self._systems[req.class_name], self._fits[req.class_name]
+        rng = random.Random(f"filler:{self.scenario.seed}:{req.seq}")
+        tag = request_tag(self.scenario.seed, req.seq)
+        n = fit_.words_for(req.prompt_tokens)
+        words = rng.choices(WORDS, k=n + 64)
+        for attempt in range(1, MAX_NUDGES + 1):
+            user = " ".join([tag, *_take(words, n, rng)])
+            count = await self.counter.count(system, user)
+            if count == req.prompt_tokens or not self.counter.exact or attempt == MAX_NUDGES:
+                return Prompt(system, user, count)
+            n = max(0, n + _step(req.prompt_tokens - count, fit_.tokens_per_word))
+        raise AssertionError("unreachable")
+
+
+def _take(words: list[str], n: int, rng: random.Random) -> list[str]:
+    while len(words) < n:
+        words.append(rng.choice(WORDS))
+    return words[:n]
+
+
+def _step(missing_tokens: int, tokens_per_word: float) -> int:
+    step = round(missing_tokens / tokens_per_word)
+    return step if step else (1 if missing_tokens > 0 else -1)
+
+
+async def build_prompts(factory: PromptFactory, requests: list[PlannedRequest], concurrency: int = 16,
+                        progress: Callable[[int], None] | None = None) -> dict[int, Prompt]:
+    """Prompts for every planned request, checked against the counter with bounded concurrency."""
+    out: dict[int, Prompt] = {}
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(req: PlannedRequest) -> None:
+        async with sem:
+            out[req.seq] = await factory.build(req)
+            if progress:
+                progress(1)
+    await asyncio.gather(*(one(r) for r in requests))
+    return out
+
+
+def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prompt, output_tokens: int,
+                 continuous_usage: bool) -> dict[str, Any]:
+    target = scenario.target
+    body: dict[str, Any] = {"model": model, "max_tokens": output_tokens, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if continuous_usage:
+        body["stream_options"]["continuous_usage_stats"] = True
+    if cls.ignore_eos:
+        body.update(ignore_eos=True, min_tokens=output_tokens)
+    if target.api == "chat":
+        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+        body["messages"] = messages + [{"role": "user", "content": prompt.user}]
+    else:
+        body["prompt"] = f"{prompt.system}\n{prompt.user}" if prompt.system else prompt.user
+    body.update(target.extra_body)
+    return body
+
+
+# ---- counters ------------------------------------------------------------------------------------------
+PostJson = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class TokenizeEndpointCounter:
+    """Exact: the target's own ``POST /tokenize`` (vLLM, the simulator), with the chat template applied."""
+
+    exact = True
+
+    def __init__(self, post: PostJson, model: str, api: str) -> None:
+        self.post, self.model, self.api = post, model, api
+
+    async def count(self, system: str | None, user: str) -> int:
+        if self.api == "chat":
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": user}]
+            body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        else:
+            body = {"model": self.model, "prompt": f"{system}\n{user}" if system else user}
+        return int((await self.post("/tokenize", body))["count"])
+
+
+class LocalTokenizerCounter:
+    """Exact for the text: a local ``tokenizer.json`` (Hugging Face ``tokenizers``) plus the template's
+    constant overhead, measured once from the server's ``usage``."""
+
+    exact = True
+
+    def __init__(self, path: str, template_overhead: int = 0) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.template_overhead = template_overhead
+
+    def count_text(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    async def count(self, system: str | None, user: str) -> int:
+        text = f"{system}\n{user}" if system else user
+        return self.count_text(text) + self.template_overhead
+
+
+class UsageCalibratedCounter:
+    """Approximate: a linear fit from two probe requests' ``usage.prompt_tokens`` (no tokenizer at hand).
+    Achieved lengths are still recorded per request from the server's usage."""
+
+    exact = False
+
+    def __init__(self, fit_: LinearFit) -> None:
+        self.fit = fit_
+
+    async def count(self, system: str | None, user: str) -> int:
+        words = len(user.split()) + (len(system.split()) if system else 0)
+        return round(self.fit.base_tokens + self.fit.tokens_per_word * words)
