@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from . import __version__
 from .analysis.summary import summarize
 from .drivers.asyncio_engine import AsyncioEngine, EngineConfig
+from .drivers.lean_transport import LeanTransport
 from .report import write_all
 from .report.console import print_summary
 from .scenario import Scenario
@@ -94,7 +95,8 @@ class _Run:
         load = self.scenario.load
         limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
         timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        transport = LeanTransport() if base_url.startswith("http://") else None  # https: httpx's own
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport) as client:
             target = await resolve(self.scenario, client, base_url, headers, redact)
             target.sim = sim
             factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))

@@ -338,9 +338,10 @@ def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scena
         root = yaml.compose(text)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ScenarioError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        opened = f" ({exc.context} at line {context.line + 1})" if context and context != mark else ""
+        raise ScenarioError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}{opened}") from None
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping with name, load and workload")
     data = _expand(data)

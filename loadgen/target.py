@@ -4,6 +4,7 @@ headers, check the endpoint answers, resolve ``model: auto``, find a token count
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,11 +114,20 @@ async def _probe_generation(scenario: Scenario, client: httpx.AsyncClient, targe
                           f"{target.redact(resp.text[:200])}")
 
 
+PROBE_ATTEMPTS = 5
+
+
 async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], target: ResolvedTarget) -> httpx.Response:
-    try:
-        return await client.post(url, json=body, headers=target.headers)
-    except httpx.HTTPError as exc:
-        raise TargetError(f"cannot reach {url}: {target.redact(str(exc)) or type(exc).__name__}") from None
+    """POST a probe; 5xx and 429 are retried (a flaky server is the run's to measure, not a config error)."""
+    for attempt in range(1, PROBE_ATTEMPTS + 1):
+        try:
+            resp = await client.post(url, json=body, headers=target.headers)
+        except httpx.HTTPError as exc:
+            raise TargetError(f"cannot reach {url}: {target.redact(str(exc)) or type(exc).__name__}") from None
+        if resp.status_code < 500 and resp.status_code != 429 or attempt == PROBE_ATTEMPTS:
+            return resp
+        await asyncio.sleep(0.2 * attempt)  # back off before retrying a transient server error
+    raise AssertionError("unreachable")
 
 
 async def _has_tokenize(client: httpx.AsyncClient, target: ResolvedTarget) -> bool:

@@ -24,6 +24,7 @@ import httpx
 from ..core import RequestMeta, StreamTracker
 from ..core.records import ChunkRecord, RequestRecord
 from ..schedule import Plan, PlannedRequest
+from .lean_transport import CONTEXT_KEY, StreamContext
 
 SPIN_MS = 1.0
 WATCHDOG_PERIOD_S = 0.1
@@ -127,11 +128,14 @@ class AsyncioEngine:
         try:
             body = await self.body_for(req)
             async with self._sem:
-                tracker.t_sent_ns = time.monotonic_ns()
+                ctx = StreamContext(feed=tracker.feed)  # the lean transport stamps the send and feeds reads
+                tracker.t_sent_ns = time.monotonic_ns()  # fallback for other transports (https)
                 self.stats.sent += 1
-                async with self.client.stream("POST", self.cfg.url, json=body, headers=self.cfg.headers) as resp:
+                async with self.client.stream("POST", self.cfg.url, json=body, headers=self.cfg.headers,
+                                              extensions={CONTEXT_KEY: ctx}) as resp:
+                    tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
                     status = resp.status_code
-                    async for data in resp.aiter_raw():
+                    async for data in resp.aiter_raw():  # empty with the lean transport
                         tracker.feed(data, time.monotonic_ns())
         except asyncio.CancelledError:
             kind, message = self._timeouts.pop(req.seq, ("cancelled", "run stopped before the response ended"))

@@ -1,0 +1,166 @@
+"""``loadgen run`` end to end against the embedded simulator (child process, loopback)."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from tests.run_helpers import ROOT, records, run_cli, summary, trace_per_request
+
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--set", "load.warmup_s=0",
+            "--no-progress"]
+
+
+def test_low_load_timings_match_the_simulator_trace(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *LOW_LOAD)
+    assert res.returncode == 0, res.stderr
+    requests, chunks = records(out)
+    trace = trace_per_request(out)
+    ttft_diffs, itl_diffs = [], []
+    for row in requests.iter_rows(named=True):
+        truth = trace[row["request_id"]]
+        emitted = [truth["tokens"][i][0] for i in sorted(truth["tokens"])]
+        trace_ttft_ms = (emitted[0] - truth["arrival"]) / 1e6
+        ttft_diffs.append((row["t_first_token_ns"] - row["t_sent_ns"]) / 1e6 - trace_ttft_ms)
+        times = chunks.filter(pl.col("seq") == row["seq"])["t_ns"].to_list()
+        client_itl = statistics.median((b - a) / 1e6 for a, b in zip(times, times[1:]))
+        trace_itl = statistics.median((b - a) / 1e6 for a, b in zip(emitted, emitted[1:]))
+        itl_diffs.append(client_itl - trace_itl)
+    assert len(ttft_diffs) >= 20
+    assert abs(statistics.median(ttft_diffs)) <= 1.0
+    assert max(abs(d) for d in itl_diffs) <= 1.0  # every request's median ITL within 1 ms of the truth
+    assert summary(out)["lengths"]["prompt"]["exact"] == requests.height  # asked == achieved via /tokenize
+
+
+def test_coalesced_chunks_split_chunk_gap_from_itl(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "4",
+                  "--set", "target.simulator.max_chunk_tokens=4", "--set", "target.continuous_usage_stats=false",
+                  *LOW_LOAD)
+    assert res.returncode == 0, res.stderr
+    s = summary(out)["metrics"]
+    _, chunks = records(out)
+    assert chunks["tokens"].max() == 4 and chunks["tokens"].min() >= 1
+    assert s["chunk_gap_ms"]["p50"] == pytest.approx(4 * s["itl_ms"]["p50"], rel=0.05)
+    assert s["itl_ms"]["p50"] == pytest.approx(7.6, abs=0.5)  # the preset's decode step, not 4x it
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "scenarios/smoke.yaml", "--set", "load.rate_per_s=-3"], "load.rate_per_s"),
+    (["run", "scenarios/smoke.yaml", "--base-url", "http://127.0.0.1:9/v1"], "cannot reach http://127.0.0.1:9"),
+    (["run", "scenarios/smoke.yaml", "--model", "no-such-model"], "'no-such-model' is not served"),
+    (["run", "scenarios/smoke.yaml", "--api-key-env", "LOADGEN_UNSET_VAR"], "LOADGEN_UNSET_VAR is not set"),
+    (["run", "scenarios/nope.yaml"], "cannot read"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
+    res = run_cli(*args, "--out", str(tmp_path / "run"), "--no-progress")
+    assert res.returncode == 2
+    assert message in res.stderr and "Traceback" not in res.stderr + res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert not list((tmp_path / "run").glob("*.parquet"))  # nothing was sent
+
+
+def test_server_errors_mid_run_are_counted_not_raised(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "5", *LOW_LOAD,
+                  "--set", "target.simulator.time_scale=0.3",
+                  "--set", "target.simulator.faults={error_rate: 0.2, disconnect_rate: 0.2, malformed_rate: 0.2}")
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr + res.stdout
+    s = summary(out)
+    kinds = s["requests"]["errors_by_kind"]
+    assert kinds.get("http_5xx", 0) > 0 and kinds.get("protocol", 0) > 0
+    assert s["requests"]["failed"] == sum(kinds.values()) and s["requests"]["completed"] > 0
+
+
+def test_ctrl_c_leaves_readable_records_and_a_summary(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out),
+                             "--duration", "60", "--set", "load.warmup_s=0", "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("requests.part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling for the first flushed batch, not timing anything
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr and proc.returncode in (0, 1, 3)
+    requests, _ = records(out)
+    s = summary(out)
+    assert s["interrupted"] and s["verdict"] != "pass" and s["requests"]["completed"] > 0
+    assert requests.height == s["requests"]["sent"] and requests.height < 200
+
+
+def test_api_key_never_reaches_files_or_console(tmp_path):
+    secret = "sk-loadgen-test-5f3c1a9e77"
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "2", "--api-key-env",
+                  "LOADGEN_TEST_KEY", "--set", "target.headers={X-Api-Key: " + secret + "}", *LOW_LOAD,
+                  env={"LOADGEN_TEST_KEY": secret})
+    assert res.returncode in (0, 3), res.stderr  # 2 s is too short for some percentiles: inconclusive is fine
+    assert secret not in res.stdout + res.stderr
+    for path in out.iterdir():
+        assert secret.encode() not in path.read_bytes(), path.name
+
+
+def test_closed_loop_keeps_concurrency(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--set",
+                  "load={arrival: concurrency, concurrency: 3, requests: 15}", "--set",
+                  "target.simulator.time_scale=0.3")
+    assert res.returncode == 0, res.stderr
+    requests, _ = records(out)
+    assert requests.height == 15
+    events = sorted([(t, 1) for t in requests["t_sent_ns"]] + [(t, -1) for t in requests["t_done_ns"]])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak == 3
+
+
+def test_generator_lag_makes_the_run_inconclusive(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD,
+                  "--set", "load.rate_per_s=30", "--set", "load.max_in_flight=1")
+    assert res.returncode == 3
+    s = summary(out)
+    assert s["verdict"] == "inconclusive" and "lagged" in s["reasons"][0]
+
+
+def test_idle_timeout_is_recorded(tmp_path):
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD,
+                  "--set", "target.idle_timeout_s=0.5",
+                  "--set", "target.simulator.faults={stall_ms: 1500, stall_every_s: 1}")
+    assert res.returncode in (0, 1), res.stderr
+    assert summary(out)["requests"]["errors_by_kind"].get("timeout_idle", 0) > 0
+
+
+def test_report_rebuilds_the_same_summary(tmp_path):
+    out = tmp_path / "run"
+    assert run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD).returncode == 0
+    before = summary(out)
+    (out / "summary.json").unlink()
+    (out / "summary.md").unlink()
+    res = run_cli("report", str(out))
+    assert res.returncode == 0 and summary(out)["metrics"] == before["metrics"]
+    assert (out / "summary.md").exists() and (out / "junit.xml").exists()
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_every_scenario_runs(tmp_path, path):
+    """Each bundled scenario (the README's main job among them), shortened."""
+    out = tmp_path / "run"
+    res = run_cli("run", str(path), "--out", str(out), "--duration", "4", "--set", "load.warmup_s=1", "--no-progress")
+    assert res.returncode in (0, 1, 3), res.stderr
+    assert {"requests.parquet", "chunks.parquet", "run.json", "summary.json", "summary.md", "junit.xml"} <= {
+        p.name for p in out.iterdir()}
+    assert "verdict:" in res.stdout
