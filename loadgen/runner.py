@@ -90,12 +90,15 @@ class _Run:
         self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
         self.sink = RecordSink(run_dir)
         self.interrupted = False
+        self.lean_transport = False
+        self.generator: dict[str, Any] = {}
 
     async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
         load = self.scenario.load
         limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
         timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
         transport = LeanTransport() if base_url.startswith("http://") else None  # https: httpx's own
+        self.lean_transport = transport is not None
         async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport) as client:
             target = await resolve(self.scenario, client, base_url, headers, redact)
             target.sim = sim
@@ -106,6 +109,9 @@ class _Run:
             engine = self._engine(target, client, factory, prompts)
             await self._drive(engine)
         self.sink.close()
+        st = engine.stats
+        self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
+                          "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
         return self._summarize(target)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
@@ -129,10 +135,11 @@ class _Run:
             record.error_message = target.redact(record.error_message)
             self.sink.add(record, chunks)
 
-        cfg = EngineConfig(url=target.base_url + path, headers=target.headers,
+        cfg = EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
                            ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
                            max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
-                           concurrency=load.concurrency)
+                           concurrency=load.concurrency,
+                           send_ahead_ms=1.0 if self.lean_transport else 0.0)
         return AsyncioEngine(cfg, self.plan, body_for, on_record, client)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
@@ -172,7 +179,8 @@ class _Run:
 
     def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
         requests, chunks = load_records(self.run_dir)
-        extra = {"interrupted": self.interrupted, "notes": target.notes, "model": target.model}
+        extra = {"interrupted": self.interrupted, "notes": target.notes, "model": target.model,
+                 "generator": self.generator}
         summary = summarize(self.scenario, requests, chunks, self.plan.size, extra)
         if self.interrupted and summary["verdict"] == "pass":
             summary["verdict"] = "inconclusive"
@@ -200,7 +208,7 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str
     requests, chunks = load_records(run_dir)
     previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
-             "model": info.get("target", {}).get("model")}
+             "model": info.get("target", {}).get("model"), "generator": previous.get("generator", {})}
     planned = previous.get("requests", {}).get("planned")
     summary = summarize(scenario, requests, chunks, planned, extra)
     if summary["interrupted"] and summary["verdict"] == "pass":
