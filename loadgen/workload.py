@@ -5,12 +5,15 @@ A prompt is ``[shared system prompt] + unique tag + filler words``. The tag (ran
 defeats accidental prefix-cache hits; ``shared_prefix_tokens`` puts the same system prompt in front of every
 request of a class. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
 measured on the target, then each request is checked and nudged until the counter agrees (exact where the
-counter is exact: the server's ``/tokenize`` or a local tokenizer file).
+counter is exact: the server's ``/tokenize`` or a local tokenizer file): whole words first, then single-token
+padding words (``a``) for the last few tokens, which whole words of 1–3 tokens cannot hit. A length shorter
+than the request's unique tag cannot be met: such a prompt is the tag alone, and its real length is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
@@ -25,7 +28,8 @@ WORDS = ("time year people way day man thing woman life child world school state
          "name president team minute idea kid body information back parent face others level office door "
          "health person art war history party result change morning reason research girl guy moment air "
          "teacher force education").split()
-MAX_NUDGES = 6
+MAX_NUDGES = 8
+PAD_WORD = "a"  # one token in every tokenizer we know of; fine-tunes the last few tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +94,24 @@ class PromptFactory:
         system, fit_ = self._systems[req.class_name], self._fits[req.class_name]
         rng = random.Random(f"filler:{self.scenario.seed}:{req.seq}")
         tag = request_tag(self.scenario.seed, req.seq)
-        n = fit_.words_for(req.prompt_tokens)
+        target, per_word = req.prompt_tokens, fit_.tokens_per_word
+        n, pad = fit_.words_for(target), 0
         words = rng.choices(WORDS, k=n + 64)
         for attempt in range(1, MAX_NUDGES + 1):
-            user = " ".join([tag, *_take(words, n, rng)])
+            user = " ".join([tag, *_take(words, n, rng), *[PAD_WORD] * pad])
             count = await self.counter.count(system, user)
-            if count == req.prompt_tokens or not self.counter.exact or attempt == MAX_NUDGES:
+            missing = target - count
+            shortest = missing < 0 and n == 0 and pad == 0
+            if missing == 0 or not self.counter.exact or attempt == MAX_NUDGES or shortest:
                 return Prompt(system, user, count)
-            n = max(0, n + _step(req.prompt_tokens - count, fit_.tokens_per_word))
+            if missing < 0 and pad > 0:
+                pad = max(0, pad + missing)  # drop padding before words
+            elif missing < 0:
+                n = max(0, n + min(-1, round(missing / per_word)))  # too long: fewer words, pad back up
+            elif missing <= 2 * math.ceil(per_word):
+                pad += missing
+            else:
+                n += max(1, round(missing / per_word))
         raise AssertionError("unreachable")
 
 
@@ -105,11 +119,6 @@ def _take(words: list[str], n: int, rng: random.Random) -> list[str]:
     while len(words) < n:
         words.append(rng.choice(WORDS))
     return words[:n]
-
-
-def _step(missing_tokens: int, tokens_per_word: float) -> int:
-    step = round(missing_tokens / tokens_per_word)
-    return step if step else (1 if missing_tokens > 0 else -1)
 
 
 async def build_prompts(factory: PromptFactory, requests: list[PlannedRequest], concurrency: int = 16,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -12,21 +13,28 @@ from .writers import COLS, ROWS, fmt
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 
 
+def compact(value: Any) -> str:
+    """Numbers that fit an 80-column table: whole from 100 up, one decimal from 10, two below."""
+    if not isinstance(value, float):
+        return fmt(value)
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
 def print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> None:
-    table = Table(title="latency (ms)", title_justify="left")
-    table.add_column("metric", no_wrap=True, min_width=15)
+    table = Table(title="latency (ms)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("metric", no_wrap=True)
     for c in COLS:
-        table.add_column(c, justify="right")
+        table.add_column(c, justify="right", no_wrap=True)
     for row in ROWS:
-        table.add_row(row, *(fmt(summary["metrics"][row][c]) for c in COLS))
+        table.add_row(row, *(compact(summary["metrics"][row][c]) for c in COLS))
     console.print(table)
     if summary["slo"]:
-        slo = Table(title="SLOs", title_justify="left")
+        slo = Table(title="SLOs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("objective", "value", "threshold", "samples", "result"):
             slo.add_column(col, justify="left" if col in ("objective", "result") else "right")
         for o in summary["slo"]:
             result = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
-            slo.add_row(o["objective"], fmt(o["value"]), f"{o['comparison']} {fmt(o['threshold'])}",
+            slo.add_row(o["objective"], compact(o["value"]), f"{o['comparison']} {fmt(o['threshold'])}",
                         str(o["samples"]), result)
         console.print(slo)
     req, tput = summary["requests"], summary["throughput"]
