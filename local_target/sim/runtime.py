@@ -5,7 +5,8 @@ Step boundaries are absolute deadlines on ``time.monotonic_ns()``: a step that s
 The loop sleeps until ``spin_ms`` before the deadline (asyncio timers are millisecond-grained) and busy-waits
 the rest, which keeps emission within tens of microseconds of the model. If the process falls more than
 ``RESYNC_MS`` behind (CPU starved), the next step restarts from now and the trace shows it.
-Requests that arrive during a step wait for the next one, as in a real engine.
+Requests that arrive during a step wait for the next one, as in a real engine; an idle engine starts its step
+at the arrival (first byte) of the request that woke it.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ class EngineRuntime:
                     self.trace.flush()
                 self._wake.clear()
                 await self._wake.wait()
-                t_start = self.clock()
+                # an idle engine starts at the request's arrival: parsing and tokenizing it happen inside the
+                # modelled step, so TTFT at low load is the model's, whatever the body's size
+                t_start = max(t_start, self.engine.waiting[0].t_arrival_ns) if self.engine.waiting else self.clock()
             step = self.engine.plan_step()
             if not step:  # waiting requests that cannot be admitted (nothing running): wait for a change
                 self._wake.clear()
