@@ -118,9 +118,10 @@ class EngineRuntime:
         return faults.stall_ms * self.cfg.time_scale
 
     async def _sleep_until(self, deadline_ns: int) -> None:
+        # Always yield at least once: with steps shorter than spin_ms (a small time_scale) the loop would
+        # otherwise spin from step to step and never read a new request off the network.
         coarse_s = (deadline_ns - self.clock()) / 1e9 - self.cfg.spin_ms / 1e3
-        if coarse_s > 0:
-            await asyncio.sleep(coarse_s)
+        await asyncio.sleep(max(coarse_s, 0.0))
         while self.clock() < deadline_ns:
             pass
 
