@@ -180,22 +180,35 @@ class _Run:
     def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
         requests, chunks = load_records(self.run_dir)
         extra = {"interrupted": self.interrupted, "notes": target.notes, "model": target.model,
-                 "generator": self.generator}
-        summary = summarize(self.scenario, requests, chunks, self.plan.size, extra)
+                 "generator": self.generator, "target": self._target_info(target)}
+        summary, tables = summarize(self.scenario, requests, chunks, self.plan.size, extra)
         if self.interrupted and summary["verdict"] == "pass":
             summary["verdict"] = "inconclusive"
             summary["reasons"].append("the run was interrupted before its plan ended")
-        write_all(self.run_dir, summary, self.scenario.name)
+        write_all(self.run_dir, summary, self.scenario.name, tables)
         self._write_run_json(target, started=False)
         return summary
+
+    def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
+        info: dict[str, Any] = {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
+                                "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize}
+        if target.sim is not None:
+            from local_target.sim import build_config
+
+            sim = dict(self.scenario.target.simulator)
+            preset = sim.pop("preset", None)
+            cfg = build_config(preset, overrides=sim)
+            info["simulator"] = {"preset": preset or "a100-llama-7b", **cfg.model_dump(include={
+                "chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "kv_cache_tokens", "time_scale",
+                "max_chunk_tokens"})}
+        return info
 
     def _write_run_json(self, target: ResolvedTarget, started: bool) -> None:
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
         info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
                 "host": socket.gethostname(), "seed": self.scenario.seed, "engine": "asyncio",
-                "target": {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
-                           "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize},
+                "target": self._target_info(target),
                 "notes": target.notes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "finished": not started, "interrupted": self.interrupted, "scenario": scenario}
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -208,13 +221,14 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str
     requests, chunks = load_records(run_dir)
     previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
-             "model": info.get("target", {}).get("model"), "generator": previous.get("generator", {})}
+             "model": info.get("target", {}).get("model"), "generator": previous.get("generator", {}),
+             "target": info.get("target", {})}
     planned = previous.get("requests", {}).get("planned")
-    summary = summarize(scenario, requests, chunks, planned, extra)
+    summary, tables = summarize(scenario, requests, chunks, planned, extra)
     if summary["interrupted"] and summary["verdict"] == "pass":
         summary["verdict"] = "inconclusive"
         summary["reasons"].append("the run was interrupted before its plan ended")
-    write_all(run_dir, summary, scenario.name)
+    write_all(run_dir, summary, scenario.name, tables)
     return summary
 
 

@@ -12,8 +12,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import polars as pl
+
 from ..scenario import Slo
-from .metrics import QUANTILES
+from .metrics import QUANTILES, describe
 
 EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3}
 
@@ -84,3 +86,51 @@ def verdict(objectives: list[Objective], lag_p99_ms: float | None, max_lag_ms: f
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
+
+
+def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame,
+                     stalls: dict[str, Any]) -> list[Objective]:
+    """Objectives that see stalls: worst gap per request, stall rates, fluidity, prompt-aware TTFT."""
+    ok = measured.filter(pl.col("ok"))
+    out = _ttft_prompt_aware(slo, ok)
+    if slo.itl_ms is not None and slo.itl_ms.max_per_request is not None:
+        worst = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi").group_by(
+            "worker", "seq").agg(pl.col("chunk_gap_ms").max())["chunk_gap_ms"]
+        stats = describe(worst)
+        out.append(_upper("itl_ms.max_per_request", stats["p99"], slo.itl_ms.max_per_request, stats["count"],
+                          min_samples("p99")))
+    tokens = int(ok["output_tokens"].sum()) if ok.height else 0
+    for key, value in (("max_per_1k_tokens", stalls["per_1k_tokens"]),
+                       ("max_prefill_induced_per_1k_tokens", stalls["prefill_induced_per_1k_tokens"])):
+        limit = getattr(slo.stalls, key)
+        if limit is not None:
+            out.append(_upper(f"stalls.{key}", value, limit, tokens, 1000))
+    if slo.fluidity is not None and slo.fluidity.min is not None:
+        f = stalls.get("fluidity", {})
+        index, n = f.get("index"), f.get("tokens", 0)
+        out.append(Objective("fluidity.min", slo.fluidity.min, index, n,
+                             None if index is None else index >= slo.fluidity.min, ">="))
+    return out
+
+
+def _ttft_prompt_aware(slo: Slo, ok: pl.DataFrame) -> list[Objective]:
+    t = slo.ttft_ms
+    if t is None:
+        return []
+    out = []
+    if t.base is not None and t.per_prompt_token is not None:
+        limit = t.base + t.per_prompt_token * pl.col("prompt_tokens")
+        over = ok.select((pl.col("ttft_ms") > limit).mean()).item() if ok.height else None
+        needed = math.ceil(1 / t.max_violation_ratio) if t.max_violation_ratio else 1
+        o = _upper("ttft_ms.prompt_aware", over, t.max_violation_ratio, ok.height, needed)
+        o.note = o.note or f"share of requests over {t.base:g} + {t.per_prompt_token:g} ms/prompt token"
+        out.append(o)
+    low = 0
+    for bucket in t.buckets or []:
+        sub = ok.filter((pl.col("prompt_tokens") > low) & (pl.col("prompt_tokens") <= bucket.max_prompt_tokens))
+        stats = describe(sub["ttft_ms"])
+        for stat, limit in bucket.items():
+            out.append(_upper(f"ttft_ms[{low + 1}-{bucket.max_prompt_tokens} prompt tokens].{stat}", stats[stat],
+                              limit, stats["count"], min_samples(stat)))
+        low = bucket.max_prompt_tokens
+    return out

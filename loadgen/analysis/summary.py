@@ -8,11 +8,13 @@ import polars as pl
 
 from ..scenario import Scenario
 from . import metrics as m
-from .slo import evaluate, verdict
+from . import spikes
+from .slo import evaluate, stall_objectives, verdict
 
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    """The summary (summary.json) and the derived tables written beside it (``stalls``)."""
     req = m.with_request_metrics(requests)
     gaps = m.chunk_gaps(req, chunks)
     measured = m.measured(req)
@@ -22,8 +24,11 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     counts = m.request_counts(measured)
     metric_table = m.metric_table(measured, measured_gaps)
     tput = m.throughput(measured, good)
+    spike = spikes.analyze(req, measured, measured_gaps, chunks,
+                           spikes.config_from(scenario.slo, scenario.load.max_in_flight))
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"])
+    objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
     return {
@@ -34,21 +39,24 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "metrics": metric_table,
         "throughput": tput,
         "slo": [o.as_dict() for o in objectives],
-        "classes": _per_class(measured, measured_gaps, scenario),
+        "stalls": spike.summary,
+        "stall_headline": spikes.headline(spike.summary, spike.stalls, req),
+        "classes": _per_class(measured, measured_gaps, scenario, spike.per_class),
         "lengths": _lengths(measured),
         "window_s": m.window_s(measured),
         **(extra or {}),
-    }
+    }, {"stalls": spike.stalls}
 
 
-def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario) -> dict[str, Any]:
+def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario,
+               stalls: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
         g = gaps.filter(pl.col("class_name") == cls.name)
         good = m.is_good(req, None, None, None)
         out[cls.name] = {"requests": m.request_counts(req), "metrics": m.metric_table(req, g),
-                         "throughput": m.throughput(req, good)}
+                         "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {})}
     return out
 
 

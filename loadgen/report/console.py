@@ -41,6 +41,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> No
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
                   f"{tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} tok/s, "
                   f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
+    if summary.get("stall_headline"):
+        console.print(summary["stall_headline"], highlight=False, markup=False)
     verdict = summary["verdict"]
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in summary.get("reasons", []):

@@ -36,6 +36,7 @@ def summary_markdown(summary: dict[str, Any], name: str) -> str:
     req, tput = summary["requests"], summary["throughput"]
     lines = [f"## loadgen: {md_escape(name)} — {ICON[summary['verdict']]}", ""]
     lines += [f"- {md_escape(r)}" for r in summary.get("reasons", [])]
+    lines += ["", target_line(summary.get("target") or {})]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
@@ -55,7 +56,21 @@ def summary_markdown(summary: dict[str, Any], name: str) -> str:
     if errors:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
     lines += ["", _lengths_line(summary.get("lengths", {})), ""]
+    lines += stalls_markdown(summary)
     return "\n".join(lines)
+
+
+def target_line(target: dict[str, Any]) -> str:
+    if not target:
+        return ""
+    model = md_escape(str(target.get("model")))
+    sim = target.get("simulator")
+    if sim:
+        chunked = f"chunked prefill on, budget {sim['max_num_batched_tokens']} tokens" if sim["chunked_prefill"] \
+            else "chunked prefill off"
+        return (f"Target: the embedded simulator (preset {md_escape(sim['preset'])}, {chunked}, "
+                f"KV cache {sim['kv_cache_tokens']} tokens, time scale {sim['time_scale']:g}), model {model}.")
+    return f"Target: {md_escape(str(target.get('base_url')))}, model {model}."
 
 
 def _lengths_line(lengths: dict[str, Any]) -> str:
@@ -87,7 +102,31 @@ def junit_xml(summary: dict[str, Any], name: str) -> bytes:
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
 
 
-def write_all(run_dir: Path, summary: dict[str, Any], name: str) -> None:
+def stalls_markdown(summary: dict[str, Any]) -> list[str]:
+    st = summary.get("stalls")
+    if not st:
+        return []
+    lines = ["### Tail spikes", "", md_escape(summary.get("stall_headline", "")), "",
+             f"Stalls: {st['count']} ({st['per_1k_tokens']:.2f} per 1k tokens), prefill-induced "
+             f"{st['prefill_induced']} ({st['prefill_induced_per_1k_tokens']:.2f} per 1k tokens); "
+             f"spike events {st['events']}; tail gaps (>= p99) prefill-induced: "
+             f"{fmt(st['tail_prefill_induced_share'])}; stall threshold "
+             f"max({st['spike_factor']:g} × baseline, {st['min_gap_ms']:g} ms); long prompt >= "
+             f"{st['long_prompt_tokens']} tokens.", ""]
+    if st.get("worst_events"):
+        lines += ["| at (s) | victims | worst gap (ms) | cause | culprits (prompt tokens) |",
+                  "| ---: | ---: | ---: | --- | --- |"]
+        for e in st["worst_events"]:
+            culprits = ", ".join(f"#{c['seq']} ({c['prompt_tokens']})" for c in e["culprits"]) or "–"
+            lines.append(f"| {e['at_s']:.1f} | {e['victims']} | {e['max_gap_ms']:.0f} | {e['cause']} | {culprits} |")
+        lines.append("")
+    return lines
+
+
+def write_all(run_dir: Path, summary: dict[str, Any], name: str,
+              tables: dict[str, Any] | None = None) -> None:
+    for table, frame in (tables or {}).items():
+        frame.write_parquet(run_dir / f"{table}.parquet")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (run_dir / "summary.md").write_text(summary_markdown(summary, name))
     (run_dir / "junit.xml").write_bytes(junit_xml(summary, name))

@@ -1,0 +1,414 @@
+"""Theory of operation: prefill-induced tail spikes (DESIGN §5), pure polars over a run's records.
+
+1. Baseline: the median ``itl_ms`` per class. A **stall** is a chunk gap whose excess over what its tokens
+   should have taken (``gap − (tokens − 1) × baseline``) is above ``max(spike_factor × baseline, floor)``;
+   the floor is ``stalls.min_gap_ms`` or else the scenario's ``itl_ms`` p99 limit.
+2. **Prefill windows**: ``[t_first − est_prefill(prompt_tokens), t_first]``, never before ``t_sent``.
+   ``est_prefill`` is the lower envelope of ``ttft_service_ms`` against prompt length, fitted on this run
+   (least squares through the fastest request of each length bin: queueing is not prefill).
+3. **Attribution**: a *culprit* of a stall is another request with a long prompt (``>= long_prompt_tokens``,
+   default the run's p90) whose prefill finished as the stalled gap ended (an unchunked prefill ends with the
+   very step that ends the victim's gap) or whose window alone covers ``overlap_share`` of it (a prefill
+   chunked over many steps). The stall is prefill-induced when its culprits' windows together cover
+   ``overlap_share`` of the gap (several medium prompts can share one long step). Culprits (largest overlap
+   first) and overlaps are kept per stall. Otherwise the stall is labelled by what coincides: ``burst``
+   (sends during the gap far above the run's rate), ``max_in_flight`` (the cap was reached), or ``unknown``.
+4. **Spike events**: stalls ending within ``group_ms`` of each other are one engine step (many victims).
+5. **Figures**: counts per 1k output tokens, the share of tail gaps (>= p99) that are prefill-induced, the
+   lift P(stall | long prefill overlaps) / P(stall | none) over all gaps, stalled ms per request, top culprits
+   by prompt length, and Metron's fluidity index; overall and per class.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class SpikeConfig:
+    spike_factor: float = 4.0
+    min_gap_ms: float = 0.0  # the floor of the stall threshold
+    long_prompt_tokens: int | None = None  # None: the run's p90 prompt length
+    overlap_share: float = 0.5
+    group_ms: float = 5.0
+    burst_factor: float = 4.0
+    max_in_flight: int | None = None
+    fluidity_target_itl_ms: float | None = None
+
+
+# ---- prefill estimate ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PrefillFit:
+    """ttft_service_ms ≈ a + b·P + c·P² on the lower envelope (P = prompt tokens)."""
+
+    a: float
+    b: float
+    c: float
+    points: int
+
+    def ms(self, prompt_tokens: pl.Expr) -> pl.Expr:
+        return (self.a + self.b * prompt_tokens + self.c * prompt_tokens * prompt_tokens).clip(lower_bound=0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"a_ms": self.a, "b_ms_per_token": self.b, "c_ms_per_token2": self.c, "envelope_points": self.points}
+
+
+def prefill_evidence(requests: pl.DataFrame, gaps: pl.DataFrame | None, slack_ms: float) -> pl.DataFrame:
+    """Per request: ``ttft_service_ms``, lowered to the step duration seen by streams stalled with it."""
+    ok = requests.filter(pl.col("ok") & pl.col("ttft_service_ms").is_not_null())
+    if gaps is None or gaps.is_empty() or ok.is_empty():
+        return ok
+    slack_ns = int(slack_ms * NS_PER_MS)
+    firsts = ok.select(pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_first_token_ns")
+    steps = (gaps.select("worker", "seq", "t_ns", "chunk_gap_ms", "tokens").filter(pl.col("tokens") == 1)
+             .join_where(firsts, pl.col("t_ns") >= pl.col("t_first_token_ns") - slack_ns,
+                         pl.col("t_ns") <= pl.col("t_first_token_ns") + slack_ns)
+             .filter((pl.col("seq") != pl.col("r_seq")) | (pl.col("worker") != pl.col("r_worker")))
+             .group_by("r_worker", "r_seq").agg(step_ms=pl.col("chunk_gap_ms").min()))
+    return (ok.join(steps, left_on=["worker", "seq"], right_on=["r_worker", "r_seq"], how="left")
+            .with_columns(ttft_service_ms=pl.min_horizontal("ttft_service_ms", "step_ms")).drop("step_ms"))
+
+
+def fit_prefill(requests: pl.DataFrame, gaps: pl.DataFrame | None = None, bins: int = 16,
+                slack_ms: float = 5.0) -> PrefillFit:
+    ok = prefill_evidence(requests, gaps, slack_ms).sort("prompt_tokens")
+    if ok.is_empty():
+        return PrefillFit(0.0, 0.0, 0.0, 0)
+    lo, hi = ok["prompt_tokens"].min(), ok["prompt_tokens"].max()
+    width = max((hi - lo) / bins, 1e-9)  # type: ignore[operator]
+    quantile_bin = pl.int_range(pl.len()) * bins // pl.len()  # dense where most prompts are
+    width_bin = ((pl.col("prompt_tokens") - lo) / width).floor().clip(upper_bound=bins - 1) + bins  # long tail
+    points = pl.concat([_envelope(ok, quantile_bin), _envelope(ok, width_bin)]).unique().sort("prompt_tokens")
+    xs, ys = points["prompt_tokens"].cast(pl.Float64).to_list(), points["ttft_service_ms"].to_list()
+    a, b, c = _nonnegative_quadratic(xs, ys)
+    return PrefillFit(a, b, c, len(xs))
+
+
+def _envelope(ok: pl.DataFrame, bin_expr: pl.Expr) -> pl.DataFrame:
+    """The fastest request of each bin (prompt length, ttft_service_ms)."""
+    return (ok.with_columns(bin=bin_expr).group_by("bin")
+            .agg(pl.col("prompt_tokens").sort_by("ttft_service_ms").first(), pl.col("ttft_service_ms").min())
+            .select("prompt_tokens", "ttft_service_ms"))
+
+
+def _nonnegative_quadratic(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Best least-squares a + b·x + c·x² with a, b, c >= 0 (prefill never gets cheaper with length): with
+    three terms, trying every subset of them is the whole active-set search."""
+    best: tuple[float, tuple[float, float, float]] | None = None
+    for terms in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+        if len(set(xs)) < len(terms):
+            continue
+        coef = _lstsq(xs, ys, terms)
+        if any(v < 0 for v in coef):
+            continue
+        full = [0.0, 0.0, 0.0]
+        for t, v in zip(terms, coef):
+            full[t] = v
+        err = sum((y - (full[0] + full[1] * x + full[2] * x * x)) ** 2 for x, y in zip(xs, ys))
+        if best is None or err < best[0]:
+            best = (err, (full[0], full[1], full[2]))
+    return best[1] if best else (min(ys), 0.0, 0.0)
+
+
+def _lstsq(xs: list[float], ys: list[float], powers: tuple[int, ...]) -> list[float]:
+    """Least-squares coefficients of ``Σ c_k x^powers[k]`` (normal equations, x scaled for stability)."""
+    scale = max(max(xs), 1.0)
+    cols = [[(x / scale) ** p for x in xs] for p in powers]
+    n = len(powers)
+    m = [[sum(a * b for a, b in zip(cols[i], cols[j])) for j in range(n)] for i in range(n)]
+    r = [sum(a * y for a, y in zip(cols[i], ys)) for i in range(n)]
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        piv = max(range(col, n), key=lambda k: abs(m[k][col]))
+        m[col], m[piv], r[col], r[piv] = m[piv], m[col], r[piv], r[col]
+        if abs(m[col][col]) < 1e-12:
+            return [-1.0] * n  # singular: reported as invalid (negative)
+        for k in range(col + 1, n):
+            f = m[k][col] / m[col][col]
+            m[k] = [a - f * b for a, b in zip(m[k], m[col])]
+            r[k] -= f * r[col]
+    sol = [0.0] * n
+    for i in reversed(range(n)):
+        sol[i] = (r[i] - sum(m[i][j] * sol[j] for j in range(i + 1, n))) / m[i][i]
+    return [c / scale ** p for c, p in zip(sol, powers)]
+
+
+def prefill_windows(requests: pl.DataFrame, fit: PrefillFit, long_prompt_tokens: int) -> pl.DataFrame:
+    est_ns = (fit.ms(pl.col("prompt_tokens").cast(pl.Float64)) * NS_PER_MS).cast(pl.Int64)
+    return (requests.filter(pl.col("t_first_token_ns").is_not_null())
+            .select("worker", "seq", "prompt_tokens",
+                    w_start_ns=pl.max_horizontal(pl.col("t_first_token_ns") - est_ns, pl.col("t_sent_ns")),
+                    w_end_ns=pl.col("t_first_token_ns"))
+            .filter(pl.col("prompt_tokens") >= long_prompt_tokens))
+
+
+# ---- stalls ----------------------------------------------------------------------------------------------
+def baselines(gaps: pl.DataFrame) -> dict[str, float]:
+    """Median per-token ITL per class (per-token: a chunk of k tokens weighs k)."""
+    out = {}
+    for (name,), g in gaps.group_by("class_name"):
+        per_token = g.select(pl.col("itl_ms").repeat_by("tokens").explode()).to_series()
+        out[name] = float(per_token.median()) if len(per_token) else 0.0  # type: ignore[arg-type]
+    return out
+
+
+def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig) -> pl.DataFrame:
+    base = pl.col("class_name").replace_strict(baseline, default=0.0, return_dtype=pl.Float64)
+    threshold = pl.max_horizontal(cfg.spike_factor * base, pl.lit(cfg.min_gap_ms))
+    return (gaps.with_columns(baseline_itl_ms=base, threshold_ms=threshold,
+                              excess_ms=pl.col("chunk_gap_ms") - pl.col("tokens") * base)
+            .filter(pl.col("chunk_gap_ms") - (pl.col("tokens") - 1) * pl.col("baseline_itl_ms")
+                    > pl.col("threshold_ms"))
+            .with_columns(t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS).cast(pl.Int64))
+            .select("worker", "seq", "class_name", "t_start_ns", pl.col("t_ns").alias("t_end_ns"), "tokens",
+                    "chunk_gap_ms", "excess_ms", "baseline_itl_ms", "threshold_ms"))
+
+
+def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, slack_ms: float) -> pl.DataFrame:
+    """(interval, window of another request) pairs where that prefill finished with the interval (within
+    ``slack_ms``: delivery order inside one engine step) or its window alone covers ``share`` of it."""
+    w = windows.select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
+                       pl.col("prompt_tokens").alias("c_prompt_tokens"), "w_start_ns", "w_end_ns")
+    pairs = intervals.join_where(w, pl.col("w_start_ns") < pl.col("t_end_ns"),
+                                 pl.col("w_end_ns") > pl.col("t_start_ns"))
+    overlap_ms = (pl.min_horizontal("t_end_ns", "w_end_ns") - pl.max_horizontal("t_start_ns", "w_start_ns")) / 1e6
+    gap_ms = (pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6
+    slack_ns = int(slack_ms * NS_PER_MS)
+    ends_with_gap = (pl.col("w_end_ns") - pl.col("t_end_ns")).abs() <= slack_ns
+    return (pairs.with_columns(overlap_ms=overlap_ms)
+            .filter(~((pl.col("c_seq") == pl.col("seq")) & (pl.col("c_worker") == pl.col("worker"))))
+            .filter(ends_with_gap | (pl.col("overlap_ms") >= share * gap_ms)))
+
+
+def covered(pairs: pl.DataFrame, keys: list[str], share: float) -> pl.DataFrame:
+    """Per interval: do its culprits' windows together cover ``share`` of it? (They all reach the interval's
+    end region, so their hull is their union.)"""
+    hull_ms = (pl.min_horizontal(pl.col("t_end_ns").first(), pl.col("w_end_ns").max())
+               - pl.max_horizontal(pl.col("t_start_ns").first(), pl.col("w_start_ns").min())) / 1e6
+    gap_ms = (pl.col("t_end_ns").first() - pl.col("t_start_ns").first()) / 1e6
+    return pairs.group_by(keys).agg(covered=hull_ms >= share * gap_ms)
+
+
+def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFrame,
+              cfg: SpikeConfig) -> pl.DataFrame:
+    keys = ["worker", "seq", "t_end_ns"]
+    pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.group_ms)
+    culprits = (pairs.sort("overlap_ms", descending=True)
+                .group_by(keys).agg(culprits=pl.col("c_seq"), culprit_prompt_tokens=pl.col("c_prompt_tokens"),
+                                    overlap_ms=pl.col("overlap_ms"))
+                .join(covered(pairs, keys, cfg.overlap_share), on=keys))
+    out = stalls.join(culprits, on=keys, how="left").with_columns(
+        prefill_induced=pl.col("covered").fill_null(False)).drop("covered")
+    out = out.with_columns(  # culprits of a stall that is not prefill-induced are only neighbours: drop them
+        [pl.when(pl.col("prefill_induced")).then(pl.col(c)).otherwise(None).alias(c)
+         for c in ("culprits", "culprit_prompt_tokens", "overlap_ms")])
+    return out.with_columns(cause=pl.Series(_other_causes(out, requests, cfg), dtype=pl.String)).sort("t_end_ns")
+
+
+def _other_causes(stalls: pl.DataFrame, requests: pl.DataFrame, cfg: SpikeConfig) -> list[str]:
+    sends = sorted(requests["t_sent_ns"].to_list())
+    dones = sorted(requests["t_done_ns"].to_list())
+    firsts = sorted(requests["t_first_token_ns"].drop_nulls().to_list())
+    slack_ns = int(cfg.group_ms * NS_PER_MS)
+    span_s = max((sends[-1] - sends[0]) / 1e9, 1e-9) if len(sends) > 1 else 1.0
+    rate_per_s = len(sends) / span_s
+    out = []
+    for row in stalls.select("t_start_ns", "t_end_ns", "prefill_induced").iter_rows():
+        t0, t1, induced = row
+        if induced:
+            out.append("prefill")
+            continue
+        sent = bisect.bisect_right(sends, t1) - bisect.bisect_left(sends, t0)
+        in_flight = bisect.bisect_right(sends, t0) - bisect.bisect_right(dones, t0)
+        admitted = bisect.bisect_right(firsts, t1 + slack_ns) - bisect.bisect_left(firsts, t1 - slack_ns)
+        if admitted >= 3:
+            out.append("prefill_burst")
+        elif sent >= max(3, cfg.burst_factor * rate_per_s * (t1 - t0) / 1e9):
+            out.append("burst")
+        elif cfg.max_in_flight is not None and in_flight >= cfg.max_in_flight:
+            out.append("max_in_flight")
+        else:
+            out.append("unknown")
+    return out
+
+
+def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
+    if stalls.is_empty():
+        return pl.DataFrame(schema={"event": pl.Int64, "t_start_ns": pl.Int64, "t_end_ns": pl.Int64,
+                                    "victims": pl.UInt32, "max_gap_ms": pl.Float64, "prefill_induced": pl.Boolean,
+                                    "culprits": pl.List(pl.Int64), "cause": pl.String})
+    s = stalls.sort("t_end_ns").with_columns(
+        event=(pl.col("t_end_ns").diff().fill_null(0) > group_ms * NS_PER_MS).cum_sum().cast(pl.Int64))
+    return (s.group_by("event", maintain_order=True)
+            .agg(t_start_ns=pl.col("t_start_ns").min(), t_end_ns=pl.col("t_end_ns").max(), victims=pl.len(),
+                 max_gap_ms=pl.col("chunk_gap_ms").max(), prefill_induced=pl.col("prefill_induced").any(),
+                 culprits=pl.col("culprits").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
+                 cause=pl.col("cause").mode().first()))
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+def lift(gaps: pl.DataFrame, stalls: pl.DataFrame, windows: pl.DataFrame, share: float,
+         slack_ms: float) -> float | None:
+    """P(stall | a long prefill covers the gap) / P(stall | none); None when the baseline rate is zero."""
+    intervals = gaps.select("worker", "seq", t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS)
+                            .cast(pl.Int64), t_end_ns=pl.col("t_ns"))
+    keys = ["worker", "seq", "t_end_ns"]
+    hit = covered(culprit_pairs(intervals, windows, share, slack_ms), keys, share).filter(pl.col("covered"))
+    flagged = intervals.join(hit, on=keys, how="left").join(
+        stalls.select(*keys, stall=pl.lit(True)), on=keys, how="left")
+    flagged = flagged.with_columns(pl.col("covered").fill_null(False), pl.col("stall").fill_null(False))
+    p = flagged.group_by("covered").agg(rate=pl.col("stall").mean())
+    rates = dict(zip(p["covered"].to_list(), p["rate"].to_list()))
+    with_, without = rates.get(True), rates.get(False)
+    if with_ is None or not without:
+        return None
+    return with_ / without
+
+
+def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:
+    """Metron's fluidity index: the share of tokens after the first that met ``t_first + i·target`` deadlines,
+    slack carried forward; after a miss the schedule restarts from that token (one stall, one miss)."""
+    ok = requests.filter(pl.col("ok")).select("worker", "seq")
+    by_req = (chunks.join(ok, on=["worker", "seq"], how="semi").sort("worker", "seq", "t_ns")
+              .group_by("worker", "seq", maintain_order=True).agg("t_ns", "tokens"))
+    step = int(target_itl_ms * NS_PER_MS)
+    met = total = 0
+    for times, tokens in by_req.select("t_ns", "tokens").iter_rows():
+        deadline = times[0] + step
+        for i, (t, n) in enumerate(zip(times, tokens)):
+            for _ in range(n if i else n - 1):
+                total += 1
+                if t <= deadline:
+                    met += 1
+                    deadline += step
+                else:
+                    deadline = t + step
+    return {"target_itl_ms": target_itl_ms, "index": met / total if total else None, "tokens": total}
+
+
+def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requests: pl.DataFrame,
+            windows: pl.DataFrame, cfg: SpikeConfig) -> dict[str, Any]:
+    ok = requests.filter(pl.col("ok"))
+    ktok = max(float(ok["output_tokens"].sum()) / 1000, 1e-9)
+    induced = stalls.filter(pl.col("prefill_induced"))
+    p99 = gaps["chunk_gap_ms"].quantile(0.99) if gaps.height else None
+    tail = gaps.filter(pl.col("chunk_gap_ms") >= p99) if p99 is not None else gaps.head(0)
+    tail_induced = tail.join(induced.select("worker", "seq", pl.col("t_end_ns").alias("t_ns")),
+                             on=["worker", "seq", "t_ns"], how="semi").height
+    stalled = stalls.group_by("worker", "seq").agg(ms=pl.col("excess_ms").sum())
+    per_req = ok.select("worker", "seq").join(stalled, on=["worker", "seq"], how="left")["ms"].fill_null(0.0)
+    return {
+        "count": stalls.height, "prefill_induced": induced.height,
+        "per_1k_tokens": stalls.height / ktok, "prefill_induced_per_1k_tokens": induced.height / ktok,
+        "events": events.height, "events_per_1k_tokens": events.height / ktok,
+        "prefill_induced_events_per_1k_tokens": events.filter(pl.col("prefill_induced")).height / ktok,
+        "lift": lift(gaps, stalls, windows, cfg.overlap_share, cfg.group_ms),
+        "tail_gaps": tail.height, "tail_prefill_induced_share": tail_induced / tail.height if tail.height else None,
+        "stalled_ms_per_request": {"mean": float(per_req.mean()) if len(per_req) else 0.0,  # type: ignore[arg-type]
+                                   "max": float(per_req.max()) if len(per_req) else 0.0},  # type: ignore[arg-type]
+        "by_cause": dict(sorted(stalls.group_by("cause").len().iter_rows())) if stalls.height else {},
+        "worst_gap_ms": float(stalls["chunk_gap_ms"].max()) if stalls.height else None,  # type: ignore[arg-type]
+    }
+
+
+# ---- the whole analysis ------------------------------------------------------------------------------------
+@dataclass
+class SpikeAnalysis:
+    stalls: pl.DataFrame  # one row per stall (stalls.parquet)
+    events: pl.DataFrame
+    summary: dict[str, Any]
+    per_class: dict[str, dict[str, Any]]
+
+
+def config_from(slo: Any, max_in_flight: int | None) -> SpikeConfig:
+    st = slo.stalls
+    floor = st.min_gap_ms
+    if floor is None and slo.itl_ms is not None:
+        floor = next((v for k, v in ((k, getattr(slo.itl_ms, k)) for k in ("p99", "p999", "max", "p95", "p90"))
+                      if v is not None), None)
+    return SpikeConfig(spike_factor=st.spike_factor, min_gap_ms=floor or 0.0, long_prompt_tokens=st.long_prompt_tokens,
+                       overlap_share=st.overlap_share, group_ms=st.group_ms, max_in_flight=max_in_flight,
+                       fluidity_target_itl_ms=slo.fluidity.target_itl_ms if slo.fluidity else None)
+
+
+def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFrame, chunks: pl.DataFrame,
+            cfg: SpikeConfig) -> SpikeAnalysis:
+    """``all_requests`` (warm-up included: its prefills can stall measured streams), the ``measured`` ones, and
+    the measured requests' chunk ``gaps``; all with metric columns (analysis.metrics)."""
+    ok = measured.filter(pl.col("ok"))
+    fit = fit_prefill(ok, gaps, slack_ms=cfg.group_ms)
+    prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
+    long_tokens = cfg.long_prompt_tokens or int(prompt_p90 or 1)
+    windows = prefill_windows(all_requests, fit, long_tokens)
+    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
+    base = baselines(ok_gaps)
+    stalls = attribute(find_stalls(ok_gaps, base, cfg), windows, all_requests, cfg)
+    events = group_events(stalls, cfg.group_ms)
+    stalls = _with_event_ids(stalls, cfg.group_ms)
+    summary = figures(stalls, events, ok_gaps, ok, windows, cfg)
+    summary.update(baseline_itl_ms=base, long_prompt_tokens=long_tokens, spike_factor=cfg.spike_factor,
+                   min_gap_ms=cfg.min_gap_ms, prefill_fit=fit.as_dict(),
+                   top_culprits=top_culprits(stalls, all_requests), worst_events=worst_events(events, all_requests,
+                                                                                            ok))
+    if cfg.fluidity_target_itl_ms:
+        summary["fluidity"] = fluidity(ok, chunks, cfg.fluidity_target_itl_ms)
+    per_class = {}
+    for name in sorted(set(ok["class_name"].to_list())):
+        c_ok = ok.filter(pl.col("class_name") == name)
+        c_stalls = stalls.filter(pl.col("class_name") == name)
+        per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms),
+                                  ok_gaps.filter(pl.col("class_name") == name), c_ok, windows, cfg)
+    return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def _with_event_ids(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
+    if stalls.is_empty():
+        return stalls.with_columns(event=pl.lit(None, dtype=pl.Int64))
+    return stalls.sort("t_end_ns").with_columns(
+        event=(pl.col("t_end_ns").diff().fill_null(0) > group_ms * NS_PER_MS).cum_sum().cast(pl.Int64))
+
+
+def top_culprits(stalls: pl.DataFrame, requests: pl.DataFrame, n: int = 10) -> list[dict[str, Any]]:
+    induced = stalls.filter(pl.col("prefill_induced"))
+    if induced.is_empty():
+        return []
+    rows = (induced.select(pl.col("culprits").alias("seq"), "excess_ms").explode("seq")
+            .group_by("seq").agg(stalls=pl.len(), stalled_ms=pl.col("excess_ms").sum())
+            .join(requests.select("seq", "prompt_tokens", "class_name"), on="seq", how="left")
+            .sort(["prompt_tokens", "stalled_ms"], descending=True).head(n))
+    return rows.to_dicts()
+
+
+def worst_events(events: pl.DataFrame, requests: pl.DataFrame, measured: pl.DataFrame,
+                 n: int = 10) -> list[dict[str, Any]]:
+    if events.is_empty():
+        return []
+    t0 = measured["t_intended_ns"].min() if measured.height else 0
+    prompts = dict(zip(requests["seq"].to_list(), requests["prompt_tokens"].to_list()))
+    out = []
+    for e in events.sort("max_gap_ms", descending=True).head(n).iter_rows(named=True):
+        out.append({"at_s": (e["t_end_ns"] - t0) / 1e9, "victims": e["victims"], "max_gap_ms": e["max_gap_ms"],
+                    "cause": e["cause"], "culprits": [{"seq": c, "prompt_tokens": prompts.get(c)}
+                                                      for c in e["culprits"]]})
+    return out
+
+
+def headline(stalls_summary: dict[str, Any], stalls: pl.DataFrame, requests: pl.DataFrame) -> str:
+    """'N stalls, M of them prefill-induced (lift ×K), worst gap X ms caused by request R (P prompt tokens)'."""
+    n, m = stalls_summary["count"], stalls_summary["prefill_induced"]
+    if n == 0:
+        return "no stalls"
+    lift_ = stalls_summary["lift"]
+    lift_text = f"lift ×{lift_:.1f}" if lift_ is not None else "lift n/a"
+    worst = stalls.sort("chunk_gap_ms", descending=True).row(0, named=True)
+    text = f"{n} stalls, {m} of them prefill-induced ({lift_text}), worst gap {worst['chunk_gap_ms']:.0f} ms"
+    if worst["prefill_induced"]:
+        culprit = worst["culprits"][0]
+        prompt = requests.filter(pl.col("seq") == culprit)["prompt_tokens"].to_list()
+        return text + f" caused by request {culprit} ({prompt[0] if prompt else '?'} prompt tokens)"
+    return text + f" (cause: {worst['cause']})"

@@ -1,0 +1,146 @@
+"""Stall attribution on hand-made timelines (ms), and the pieces it is built from."""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+import pytest
+
+from loadgen.analysis import metrics as m
+from loadgen.analysis import spikes
+from loadgen.analysis.slo import stall_objectives
+from loadgen.core import ChunkRecord, RequestRecord
+from loadgen.scenario import Slo
+from loadgen.sinks import chunks_frame, requests_frame
+
+MS = 1_000_000
+FIT = spikes.PrefillFit(0.0, 0.03, 0.0, 0)  # prefill = 0.03 ms per prompt token
+CFG = spikes.SpikeConfig(spike_factor=4, min_gap_ms=0, long_prompt_tokens=5000, group_ms=5)
+
+
+def _req(seq, prompt, sent, times, error=None):
+    record = RequestRecord(seq=seq, class_name="a", warmup=False, t_intended_ns=sent * MS, t_sent_ns=sent * MS,
+                           t_first_token_ns=int(times[0] * MS) if times else None,
+                           t_last_token_ns=int(times[-1] * MS) if times else None,
+                           t_done_ns=int((times[-1] if times else sent) * MS) + MS, prompt_tokens_asked=prompt,
+                           prompt_tokens=prompt, prompt_tokens_source="server", output_tokens_asked=len(times),
+                           output_tokens=len(times), output_tokens_source="server", chunks=len(times),
+                           error_kind=error)
+    return record, [ChunkRecord(seq, int(t * MS), 1) for t in times]
+
+
+def _victim(seq, stall_from, stall_to, start=0, end=600):
+    """Tokens every 10 ms from ``start``, none between ``stall_from`` and ``stall_to``."""
+    return _req(seq, 100, start - 5, [t for t in range(start, end, 10) if not stall_from < t < stall_to])
+
+
+def _analyse(*items, fit=FIT, cfg=CFG):
+    req = m.with_request_metrics(requests_frame([r for r, _ in items]))
+    chunks = chunks_frame([c for _, cs in items for c in cs])
+    gaps = m.chunk_gaps(req, chunks)
+    base = spikes.baselines(gaps.join(req.filter(pl.col("ok")).select("worker", "seq"), on=["worker", "seq"],
+                                      how="semi"))
+    stalls = spikes.find_stalls(gaps.join(req.filter(pl.col("ok")).select("worker", "seq"),
+                                          on=["worker", "seq"], how="semi"), base, cfg)
+    windows = spikes.prefill_windows(req, fit, cfg.long_prompt_tokens)
+    return spikes.attribute(stalls, windows, req, cfg)
+
+
+def _result(stalls):
+    return sorted((r["seq"], r["prefill_induced"], tuple(r["culprits"] or ()), r["cause"])
+                  for r in stalls.iter_rows(named=True))
+
+
+CASES = {
+    "one culprit, many victims": (
+        [_victim(1, 100, 400), _victim(2, 100, 400), _victim(3, 100, 400),
+         _req(9, 10000, 95, [400, 410])],  # 10000 tokens → 300 ms window [100, 400]
+        [(1, True, (9,), "prefill"), (2, True, (9,), "prefill"), (3, True, (9,), "prefill")]),
+    "several culprits in one step": (
+        [_victim(1, 100, 400), _req(8, 6000, 90, [400]), _req(9, 9000, 95, [400, 405])],
+        [(1, True, (9, 8), "prefill")]),
+    "window touching the gap's start is no culprit": (
+        [_victim(1, 400, 700, end=800), _req(9, 10000, 95, [400, 410])],
+        [(1, False, (), "unknown")]),
+    "window far from the gap's end, covering too little": (
+        [_victim(1, 100, 400), _req(9, 6000, 40, [220, 230])],  # window [40, 220]: 120 of a 300 ms gap
+        [(1, False, (), "unknown")]),
+    "queueing without prefill": (
+        [_victim(1, 100, 400), _req(9, 10000, 100, [800])],  # queued: its prefill window is [500, 800]
+        [(1, False, (), "unknown")]),
+    "a chunked prefill covering several gaps": (
+        [_req(1, 100, 0, [0, 10, 20, 150, 280, 290]), _req(9, 10000, 15, [320])],  # window [20, 320]
+        [(1, True, (9,), "prefill"), (1, True, (9,), "prefill")]),
+    "short prompts never blame": (
+        [_victim(1, 100, 400), _req(9, 200, 95, [400])],
+        [(1, False, (), "unknown")]),
+    "many prefills admitted at once": (
+        [_victim(1, 100, 400)] + [_req(10 + i, 300, 95, [400]) for i in range(4)],
+        [(1, False, (), "prefill_burst")]),
+    "a request with no tokens and one with a single token": (
+        [_victim(1, 100, 400), _req(9, 10000, 95, [], error="http_5xx"), _req(7, 10000, 95, [400])],
+        [(1, True, (7,), "prefill")]),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_attribution(name):
+    items, expected = CASES[name]
+    assert _result(_analyse(*items)) == sorted(expected)
+
+
+def test_one_engine_step_is_one_spike_event():
+    stalls = _analyse(_victim(1, 100, 400), _victim(2, 100, 400), _victim(3, 200, 700, end=800),
+                      _req(9, 10000, 95, [400]), _req(8, 16000, 390, [700]))
+    events = spikes.group_events(stalls, group_ms=5)
+    assert events.select("victims", "culprits").to_dicts() == [{"victims": 2, "culprits": [9]},
+                                                               {"victims": 1, "culprits": [8]}]
+
+
+def test_coalesced_chunks_are_not_stalls():
+    items = [_req(1, 100, 0, list(range(0, 200, 10))), (None, None)]
+    record, _ = items[0]
+    chunks = [ChunkRecord(1, t * MS, 1) for t in range(0, 100, 10)] + [ChunkRecord(1, 140 * MS, 4)]
+    stalls = _analyse((record, chunks))
+    assert stalls.is_empty()  # 40 ms for 4 tokens at a 10 ms baseline is on time
+
+
+def test_prefill_fit_recovers_the_lower_envelope():
+    rng = random.Random(1)
+    rows = []
+    for seq in range(400):
+        p = rng.choice([rng.randint(50, 2000), rng.randint(8000, 16000)])
+        truth = 8 + 0.0325 * p + 5e-6 * p * p
+        queued = rng.random() < 0.6
+        rows.append(_req(seq, p, 0, [truth + (rng.uniform(5, 500) if queued else rng.uniform(0, 1)), 2000]))
+    fit = spikes.fit_prefill(m.with_request_metrics(requests_frame([r for r, _ in rows])))
+    for p in (100, 1000, 8000, 16000):
+        expected = 8 + 0.0325 * p + 5e-6 * p * p
+        got = fit.a + fit.b * p + fit.c * p * p
+        assert got == pytest.approx(expected, rel=0.1, abs=3), p
+
+
+@pytest.mark.parametrize("times, target, expected", [
+    ([0, 10, 20, 100, 110], 10, 0.75),   # one stall is one miss: the schedule restarts after it
+    ([0, 5, 10, 15, 40], 10, 1.0),       # early tokens bank slack: 40 <= 0 + 4 × 10
+    ([0, 30, 60], 10, 0.0),
+])
+def test_fluidity_index(times, target, expected):
+    record, chunks = _req(1, 10, 0, times)
+    req = m.with_request_metrics(requests_frame([record]))
+    assert spikes.fluidity(req, chunks_frame(chunks), target)["index"] == pytest.approx(expected)
+
+
+def test_stall_objectives():
+    items = [_victim(s, 100, 400) for s in range(1, 4)] + [_req(9, 10000, 95, [400, 410])]
+    req = m.with_request_metrics(requests_frame([r for r, _ in items]))
+    gaps = m.chunk_gaps(req, chunks_frame([c for _, cs in items for c in cs]))
+    slo = Slo.model_validate({"ttft_ms": {"base": 10, "per_prompt_token": 0.05, "max_violation_ratio": 0.5},
+                              "itl_ms": {"max_per_request": 250},
+                              "stalls": {"max_per_1k_tokens": 100, "max_prefill_induced_per_1k_tokens": 1}})
+    out = {o.objective: (o.value, o.passed) for o in stall_objectives(
+        slo, req, gaps, {"per_1k_tokens": 20.0, "prefill_induced_per_1k_tokens": 20.0})}
+    assert out["ttft_ms.prompt_aware"] == (0.0, True)  # 5 ms for 100 tokens, 305 ms for 10000: within limits
+    assert out["itl_ms.max_per_request"][1] is None     # 4 requests: too few for a p99 over requests
+    assert out["stalls.max_per_1k_tokens"] == (20.0, None)  # too few tokens for a rate per 1k
