@@ -31,7 +31,9 @@ async def main(errors_path: Path) -> None:
         prep = api.prepare("chat", await request.json(), cfg)
         queue: asyncio.Queue[tuple[int, int, bool]] = asyncio.Queue()
         req = SimRequest("x", prep.prompt_tokens, prep.max_tokens, prep.max_tokens)
-        req.on_token = lambda r, i: queue.put_nowait((i, r.t_last_token_ns, r.finish_reason is not None))
+        # the engine asks for a delivery action when it plans the step and runs it at the step's end
+        req.on_token = lambda r, i: (lambda item=(i, r.t_last_token_ns, r.finish_reason is not None):
+                                     queue.put_nowait(item))
         fmt = api.ChunkFormatter(prep, "chatcmpl-x", 0)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
