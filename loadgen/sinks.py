@@ -44,7 +44,6 @@ class RecordSink:
         self._chunks = _empty(CHUNK_COLUMNS)
         self._parts = 0
         self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
-        self.count = 0
 
     def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
         with self._lock:
@@ -56,7 +55,6 @@ class RecordSink:
             cols["tokens"].extend([c.tokens for c in chunks])
             cols["reasoning"].extend([c.reasoning for c in chunks])
             cols["worker"].extend([record.worker] * len(chunks))
-        self.count += 1
 
     def pending(self) -> int:
         return len(self._requests["seq"])
