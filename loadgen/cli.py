@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from .analysis.slo import EXIT_CODES
 from .scenario import ScenarioError, load_scenario
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -87,7 +88,7 @@ def report(run_dir: Path = typer.Argument(..., help="a run directory (reports/<r
     except (FileNotFoundError, ScenarioError) as exc:
         raise _fail(str(exc)) from None
     print_summary(console, summary, str(run_dir))
-    raise typer.Exit({"pass": 0, "fail": 1, "inconclusive": 3}[summary["verdict"]])
+    raise typer.Exit(EXIT_CODES[summary["verdict"]])
 
 
 def main() -> None:

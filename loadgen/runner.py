@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from . import __version__
+from .analysis.slo import EXIT_CODES
 from .analysis.summary import summarize
 from .drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from .drivers.lean_transport import LeanTransport
@@ -38,7 +39,6 @@ FLUSH_EVERY_S = 1.0
 class RunOptions:
     out: Path | None = None
     reports_dir: Path = Path("reports")
-    api_key_env: str | None = None
     progress: bool = True
 
 
@@ -58,7 +58,7 @@ def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
 
 def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tuple[int, Path | None]:
     """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent."""
-    headers, redact = auth_headers(scenario, opts.api_key_env)  # may raise TargetError
+    headers, redact = auth_headers(scenario)  # may raise TargetError
     plan = build_plan(scenario)
     run_dir = make_run_dir(scenario, opts)
     sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
@@ -74,7 +74,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
         if sim is not None:
             sim.stop()
     print_summary(console, summary, str(run_dir))
-    return {"pass": 0, "fail": 1, "inconclusive": 3}[summary["verdict"]], run_dir
+    return EXIT_CODES[summary["verdict"]], run_dir
 
 
 def _event_loop_run(coro: Any) -> Any:
@@ -92,6 +92,7 @@ class _Run:
         self.interrupted = False
         self.lean_transport = False
         self.generator: dict[str, Any] = {}
+        self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
         load = self.scenario.load
@@ -105,7 +106,7 @@ class _Run:
             factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
             await factory.prepare_classes()
             prompts = await self._prepare_prompts(factory)
-            self._write_run_json(target, started=True)
+            self._write_run_json(target, finished=False)
             engine = self._engine(target, client, factory, prompts)
             await self._drive(engine)
         self.sink.close()
@@ -178,16 +179,8 @@ class _Run:
                         transient=False)
 
     def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
-        requests, chunks = load_records(self.run_dir)
-        extra = {"interrupted": self.interrupted, "notes": target.notes, "model": target.model,
-                 "generator": self.generator, "target": self._target_info(target)}
-        summary, tables = summarize(self.scenario, requests, chunks, self.plan.size, extra)
-        if self.interrupted and summary["verdict"] == "pass":
-            summary["verdict"] = "inconclusive"
-            summary["reasons"].append("the run was interrupted before its plan ended")
-        write_all(self.run_dir, summary, self.scenario.name, tables)
-        self._write_run_json(target, started=False)
-        return summary
+        self._write_run_json(target, finished=True)
+        return rebuild_reports(self.run_dir, self.scenario)
 
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
         info: dict[str, Any] = {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
@@ -203,31 +196,29 @@ class _Run:
                 "max_chunk_tokens"})}
         return info
 
-    def _write_run_json(self, target: ResolvedTarget, started: bool) -> None:
+    def _write_run_json(self, target: ResolvedTarget, finished: bool) -> None:
+        """run.json: everything besides the records that ``loadgen report`` needs to rebuild the views."""
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
         info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
                 "host": socket.gethostname(), "seed": self.scenario.seed, "engine": "asyncio",
                 "target": self._target_info(target),
-                "notes": target.notes, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "finished": not started, "interrupted": self.interrupted, "scenario": scenario}
+                "notes": target.notes, "started_at": self.started_at, "finished": finished,
+                "interrupted": self.interrupted, "planned": self.plan.size, "generator": self.generator,
+                "scenario": scenario}
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str, Any]:
-    """``loadgen report DIR``: recompute the summary and every file from the Parquet records."""
+    """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
+    ``loadgen report DIR`` at any time after)."""
     info = json.loads((run_dir / "run.json").read_text())
     scenario = scenario or Scenario.model_validate(info["scenario"])
     requests, chunks = load_records(run_dir)
-    previous = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
-             "model": info.get("target", {}).get("model"), "generator": previous.get("generator", {}),
+             "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
              "target": info.get("target", {})}
-    planned = previous.get("requests", {}).get("planned")
-    summary, tables = summarize(scenario, requests, chunks, planned, extra)
-    if summary["interrupted"] and summary["verdict"] == "pass":
-        summary["verdict"] = "inconclusive"
-        summary["reasons"].append("the run was interrupted before its plan ended")
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra)
     write_all(run_dir, summary, scenario.name, tables)
     return summary
 

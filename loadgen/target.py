@@ -14,8 +14,7 @@ import httpx
 
 from .scenario import Scenario
 from .secrets import Redactor
-from .workload import (LinearFit, LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter,
-                       UsageCalibratedCounter, WORDS)
+from .workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
 class TargetError(RuntimeError):
@@ -38,10 +37,10 @@ class ResolvedTarget:
         return self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
 
 
-def auth_headers(scenario: Scenario, api_key_env: str | None) -> tuple[dict[str, str], Redactor]:
+def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
     headers = {"accept-encoding": "identity", **scenario.target.headers}
     secrets = [v for k, v in scenario.target.headers.items() if k.lower() == "authorization"]
-    env = api_key_env or scenario.target.api_key_env
+    env = scenario.target.api_key_env
     if env:
         key = os.environ.get(env)
         if not key:
@@ -155,11 +154,22 @@ async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: R
         target.notes.append(f"prompt lengths from {scenario.target.tokenizer} (+{local.template_overhead} "
                             "template tokens)")
         return local
-    small = await _usage_prompt_tokens(scenario, client, target, "req 0:")
-    large = await _usage_prompt_tokens(scenario, client, target, "req 0: " + " ".join(WORDS[:200]))
     target.notes.append("no /tokenize and no tokenizer file: prompt lengths are approximate "
                         "(achieved lengths are recorded from usage)")
-    return UsageCalibratedCounter(LinearFit(small - 2, (large - small) / 200))
+    return await calibrate(_UsageProbeCounter(scenario, client, target))
+
+
+class _UsageProbeCounter:
+    """Counts a prompt by sending it (max_tokens 1) and reading ``usage.prompt_tokens``: for calibration."""
+
+    exact = True
+
+    def __init__(self, scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> None:
+        self.scenario, self.client, self.target = scenario, client, target
+
+    async def count(self, system: str | None, user: str) -> int:
+        text = f"{system}\n{user}" if system else user
+        return await _usage_prompt_tokens(self.scenario, self.client, self.target, text)
 
 
 async def _usage_prompt_tokens(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget,

@@ -53,6 +53,9 @@ def request_tag(seed: int, seq: int) -> str:
     return f"req {random.Random(f'tag:{seed}:{seq}').getrandbits(40):010x}:"
 
 
+TAG_WORDS = len(request_tag(0, 0).split())
+
+
 @dataclass
 class LinearFit:
     base_tokens: float
@@ -197,8 +200,9 @@ class LocalTokenizerCounter:
 
 
 class UsageCalibratedCounter:
-    """Approximate: a linear fit from two probe requests' ``usage.prompt_tokens`` (no tokenizer at hand).
-    Achieved lengths are still recorded per request from the server's usage."""
+    """Approximate: ``base + tokens_per_word × words`` (every word of the prompt, the tag's too), fitted by
+    ``calibrate`` from two probe requests' ``usage.prompt_tokens`` (no tokenizer at hand). Achieved lengths are
+    still recorded per request from the server's usage."""
 
     exact = False
 
@@ -208,3 +212,12 @@ class UsageCalibratedCounter:
     async def count(self, system: str | None, user: str) -> int:
         words = len(user.split()) + (len(system.split()) if system else 0)
         return round(self.fit.base_tokens + self.fit.tokens_per_word * words)
+
+
+async def calibrate(probe: TokenCounter) -> UsageCalibratedCounter:
+    """A calibrated counter from an exact but costly ``probe`` (a request per count): ``fit`` measures the tag
+    alone and the words after it; the calibrated counter counts the tag's words too, so its base is less
+    the tag's words."""
+    measured = await fit(probe, None)
+    return UsageCalibratedCounter(LinearFit(measured.base_tokens - TAG_WORDS * measured.tokens_per_word,
+                                            measured.tokens_per_word))

@@ -99,8 +99,7 @@ def test_one_engine_step_is_one_spike_event():
 
 
 def test_coalesced_chunks_are_not_stalls():
-    items = [_req(1, 100, 0, list(range(0, 200, 10))), (None, None)]
-    record, _ = items[0]
+    record, _ = _req(1, 100, 0, list(range(0, 200, 10)))
     chunks = [ChunkRecord(1, t * MS, 1) for t in range(0, 100, 10)] + [ChunkRecord(1, 140 * MS, 4)]
     stalls = _analyse((record, chunks))
     assert stalls.is_empty()  # 40 ms for 4 tokens at a 10 ms baseline is on time

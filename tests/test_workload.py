@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from loadgen.scenario import Scenario
 from loadgen.schedule import PlannedRequest
 from loadgen.workload import (LinearFit, LocalTokenizerCounter, PromptFactory, UsageCalibratedCounter, WORDS,
-                              request_body)
+                              calibrate, filler, request_body, request_tag)
 
 
 def _scenario(**cls) -> Scenario:
@@ -77,3 +78,15 @@ def test_usage_calibrated_counter_is_approximate():
     counter = UsageCalibratedCounter(LinearFit(base_tokens=10, tokens_per_word=1.3))
     assert not counter.exact
     assert asyncio.run(counter.count(None, "one two three four")) == round(10 + 1.3 * 4)
+
+
+def test_calibration_from_usage_probes_matches_a_subword_tokenizer(tokenizer_file):
+    """A server without /tokenize, emulated by a BPE of ~1.5 tokens a word: the calibrated counter agrees with
+    the server at the tag alone and stays close on long prompts (it is a fit, not a tokenizer)."""
+    server = LocalTokenizerCounter(str(tokenizer_file), template_overhead=7)
+    counter = asyncio.run(calibrate(server))
+    tag = request_tag(0, 0)
+    assert asyncio.run(counter.count(None, tag)) == asyncio.run(server.count(None, tag))
+    factory_prompt = " ".join([request_tag(3, 9), filler(300, random.Random(9))])  # as the factory builds them
+    truth = asyncio.run(server.count(None, factory_prompt))
+    assert asyncio.run(counter.count(None, factory_prompt)) == pytest.approx(truth, rel=0.05)

@@ -19,8 +19,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     gaps = m.chunk_gaps(req, chunks)
     measured = m.measured(req)
     measured_gaps = gaps.filter(~pl.col("warmup"))
-    g = scenario.slo.goodput
-    good = m.is_good(measured, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
+    good = _good(measured, scenario)
     counts = m.request_counts(measured)
     metric_table = m.metric_table(measured, measured_gaps)
     tput = m.throughput(measured, good)
@@ -31,6 +30,9 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
+    if (extra or {}).get("interrupted") and result == "pass":
+        result = "inconclusive"
+        reasons.append("the run was interrupted before its plan ended")
     return {
         "verdict": result,
         "reasons": reasons,
@@ -48,13 +50,19 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     }, {"stalls": spike.stalls}
 
 
+def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:
+    """Per request: met every goodput limit of the scenario (just: finished without error, if none)."""
+    g = scenario.slo.goodput
+    return m.is_good(requests, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
+
+
 def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario,
                stalls: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
         g = gaps.filter(pl.col("class_name") == cls.name)
-        good = m.is_good(req, None, None, None)
+        good = _good(req, scenario)
         out[cls.name] = {"requests": m.request_counts(req), "metrics": m.metric_table(req, g),
                          "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {})}
     return out

@@ -44,14 +44,18 @@ def error_kind_for_status(status: int) -> str:
     return "protocol"
 
 
+ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters anyway
+
+
 class StreamTracker:
-    __slots__ = ("meta", "t_sent_ns", "pieces", "_decoder", "_chunks", "_exact", "_last_count", "_summary",
-                 "_error")
+    __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
+                 "_summary", "_error")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int) -> None:
         self.meta = meta
         self.t_sent_ns = t_sent_ns
-        self.pieces: list[tuple[int, bytes]] = []  # raw reads: an error body, and the time of the last read
+        self.last_read_ns = 0  # for idle timeouts
+        self._head = bytearray()  # the body's first bytes: the message of a non-200 answer
         self._decoder = SseDecoder()
         self._chunks: list[ChunkRecord] = []
         self._exact = True  # every content chunk so far carried a running completion_tokens
@@ -60,7 +64,9 @@ class StreamTracker:
         self._error: tuple[str, str] | None = None
 
     def feed(self, data: bytes, now_ns: int) -> None:
-        self.pieces.append((now_ns, data))
+        self.last_read_ns = now_ns
+        if len(self._head) < ERROR_BODY_BYTES:
+            self._head += data[:ERROR_BODY_BYTES - len(self._head)]
         for t_event, event in self._decoder.feed(data, now_ns):
             self._event(t_event, event)
 
@@ -94,7 +100,7 @@ class StreamTracker:
                error_message: str | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
         """The records of this request; ``error_kind`` is the driver's (connect, timeouts, cancelled)."""
         if status != 200:
-            body = b"".join(p for _, p in self.pieces).decode("utf-8", errors="replace")
+            body = self._head.decode("utf-8", errors="replace")
             return self._record(now_ns, [], Parsed(), status, error_kind or error_kind_for_status(status),
                                 error_message or _error_text(body)), []
         kind, message = error_kind, error_message

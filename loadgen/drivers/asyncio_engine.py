@@ -4,7 +4,7 @@ Open loop: every planned request is sent at ``t0 + offset`` (absolute deadlines 
 response never delays a later send). The scheduler sleeps until ``SPIN_MS`` before a deadline and then yields
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
 streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
-one ends. ``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop
+one ends (its body is built first: the intended time is when it is ready to go). ``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop
 request's body is serialized before its deadline and its send path (httpx, connection) starts
 ``send_ahead_ms`` early; the lean transport holds the bytes until the deadline, so no send leaves early and
 httpx's own overhead does not make it late.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import itertools
 import json
@@ -124,17 +125,16 @@ class AsyncioEngine:
             seq = next(self._seqs)
             if self.plan.size is not None and seq >= self.plan.size:
                 return
-            now = time.monotonic_ns()
+            req = self.plan.request(seq)
+            body = json.dumps(await self.body_for(req)).encode()  # a prompt may need /tokenize: not lag
+            now = time.monotonic_ns()  # the user is ready to send now: the intended time
             if end_ns is not None and now >= end_ns:
                 return
-            warmup = now - self.stats.t0_ns < self.cfg.warmup_s * 1e9
-            req = self.plan.request(seq)
-            req = PlannedRequest(req.seq, now - self.stats.t0_ns, req.class_name, req.prompt_tokens,
-                                 req.output_tokens, warmup)
-            task = self._spawn(req, now, None)
-            await asyncio.gather(task, return_exceptions=True)
+            req = dataclasses.replace(req, t_intended_offset_ns=now - self.stats.t0_ns,
+                                      warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
+            await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
-    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes | None) -> asyncio.Task[None]:
+    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
         meta = RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens,
                            req.output_tokens)
         tracker = StreamTracker(meta, t_sent_ns=0)  # stamped when the request leaves
@@ -142,11 +142,9 @@ class AsyncioEngine:
         self.stats.in_flight[req.seq] = (task, tracker)
         return task
 
-    async def _send(self, req: PlannedRequest, tracker: StreamTracker, body: bytes | None) -> None:
+    async def _send(self, req: PlannedRequest, tracker: StreamTracker, body: bytes) -> None:
         status, kind, message = 0, None, None
         try:
-            if body is None:
-                body = json.dumps(await self.body_for(req)).encode()
             async with self._sem:
                 # the lean transport holds the request until its intended time, stamps the send, feeds reads
                 ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns)
@@ -193,7 +191,7 @@ class AsyncioEngine:
             for seq, (task, tracker) in list(self.stats.in_flight.items()):
                 if tracker.t_sent_ns == 0 or seq in self._timeouts:
                     continue  # not sent yet (waiting for the in-flight cap)
-                last = tracker.pieces[-1][0] if tracker.pieces else tracker.t_sent_ns
+                last = tracker.last_read_ns or tracker.t_sent_ns
                 if now - tracker.t_sent_ns > ttft_ns and not tracker.has_content():
                     self._timeouts[seq] = ("timeout_ttft", f"no token within {self.cfg.ttft_timeout_s:g} s")
                 elif now - last > idle_ns:
