@@ -77,14 +77,20 @@ def prefill_evidence(requests: pl.DataFrame, gaps: pl.DataFrame | None, slack_ms
 
 def fit_prefill(requests: pl.DataFrame, gaps: pl.DataFrame | None = None, bins: int = 16,
                 slack_ms: float = 5.0) -> PrefillFit:
-    ok = prefill_evidence(requests, gaps, slack_ms).sort("prompt_tokens")
+    ok = prefill_evidence(requests, gaps, slack_ms).sort("prompt_tokens", "ttft_service_ms", "worker", "seq")
     if ok.is_empty():
         return PrefillFit(0.0, 0.0, 0.0, 0)
     lo, hi = ok["prompt_tokens"].min(), ok["prompt_tokens"].max()
     width = max((hi - lo) / bins, 1e-9)  # type: ignore[operator]
     quantile_bin = pl.int_range(pl.len()) * bins // pl.len()  # dense where most prompts are
     width_bin = ((pl.col("prompt_tokens") - lo) / width).floor().clip(upper_bound=bins - 1) + bins  # long tail
-    points = pl.concat([_envelope(ok, quantile_bin), _envelope(ok, width_bin)]).unique().sort("prompt_tokens")
+    points = (pl.concat([_envelope(ok, quantile_bin), _envelope(ok, width_bin)])
+              .group_by("prompt_tokens").agg(pl.col("ttft_service_ms").min()).sort("prompt_tokens"))
+    # Prefill never gets cheaper with length: the fastest request at P or longer bounds the cost at P. Without
+    # this, a bin of equal-length requests that all waited behind a long prefill lifted the line (a = 196 ms
+    # for 200-token prompts whose fastest TTFT was 20 ms).
+    points = (points.with_columns(pl.col("ttft_service_ms").reverse().cum_min().reverse()).unique()
+              .sort("prompt_tokens", "ttft_service_ms"))
     xs, ys = points["prompt_tokens"].cast(pl.Float64).to_list(), points["ttft_service_ms"].to_list()
     a, b, c = _nonnegative_quadratic(xs, ys)
     return PrefillFit(a, b, c, len(xs))
@@ -93,7 +99,8 @@ def fit_prefill(requests: pl.DataFrame, gaps: pl.DataFrame | None = None, bins: 
 def _envelope(ok: pl.DataFrame, bin_expr: pl.Expr) -> pl.DataFrame:
     """The fastest request of each bin (prompt length, ttft_service_ms)."""
     return (ok.with_columns(bin=bin_expr).group_by("bin")
-            .agg(pl.col("prompt_tokens").sort_by("ttft_service_ms").first(), pl.col("ttft_service_ms").min())
+            .agg(pl.col("prompt_tokens").sort_by("ttft_service_ms", "prompt_tokens").first(),
+                 pl.col("ttft_service_ms").min())
             .select("prompt_tokens", "ttft_service_ms"))
 
 
@@ -154,7 +161,7 @@ def baselines(gaps: pl.DataFrame) -> dict[str, float]:
     for (name,), g in gaps.group_by("class_name"):
         per_token = g.select(pl.col("itl_ms").repeat_by("tokens").explode()).to_series()
         out[name] = float(per_token.median()) if len(per_token) else 0.0  # type: ignore[arg-type]
-    return out
+    return dict(sorted(out.items()))  # group_by's order varies: keep summary.json byte-stable
 
 
 def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig) -> pl.DataFrame:
