@@ -301,8 +301,10 @@ def _expand(value: Any, where: str = "") -> Any:
     if isinstance(value, str):
         def sub(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
-            if name in os.environ:
+            if os.environ.get(name):  # as in the shell, ":-" also replaces an empty value (an unset CI secret)
                 return os.environ[name]
+            if default is None and name in os.environ:
+                return ""
             if default is None:
                 raise ScenarioError(f"{where or 'value'}: environment variable {name} is not set and has no "
                                     f"default (write ${{{name}:-default}})")

@@ -79,6 +79,8 @@ def test_env_expansion(tmp_path, monkeypatch):
     monkeypatch.setenv("MY_URL", "http://127.0.0.1:9/v1")
     s = load_scenario(_write(tmp_path, text))
     assert (s.target.base_url, s.target.model) == ("http://127.0.0.1:9/v1", "m1")
+    monkeypatch.setenv("MY_URL", "")  # an unset CI secret arrives as an empty string: ":-" applies, as in sh
+    assert load_scenario(_write(tmp_path, text)).target.base_url == "embedded"
     monkeypatch.delenv("MY_MODEL")
     with pytest.raises(ScenarioError, match="MY_MODEL is not set"):
         load_scenario(_write(tmp_path, text))
