@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -45,13 +45,15 @@ def run(
     duration: Optional[float] = typer.Option(None, "--duration", help="measured seconds (load.duration_s)"),
     set_: list[str] = typer.Option([], "--set", help="override any field: --set load.rate_per_s=8 (repeatable)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
+    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
+                                "from summary.md); report.html is written either way"),
 ) -> None:
     """Run a scenario, write the run directory and print the verdict."""
     from .runner import RunOptions, TargetError, run_scenario
 
     try:
         sc = load_scenario(scenario, _overrides(set_, base_url, model, api_key_env, duration))
-        code, _ = run_scenario(sc, RunOptions(out=out, progress=not no_progress), console)
+        code, _ = run_scenario(sc, RunOptions(out=out, progress=not no_progress, png=not no_png), console)
     except (ScenarioError, TargetError) as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code)
@@ -76,19 +78,103 @@ def validate(
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="a run directory (reports/<run_id>)")) -> None:
-    """Recompute the summary, verdict and reports from the run's Parquet records."""
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory (reports/<run_id>)"),
+    window: Optional[str] = typer.Option(None, "--window", help="the request timeline's window, START:END in "
+                                         "seconds since the run's start (default: around the worst stall)"),
+    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts"),
+) -> None:
+    """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
+    the run's Parquet records."""
     from .report.console import print_summary
+    from .report.timeline import parse_window
     from .runner import rebuild_reports
 
     if not (run_dir / "run.json").exists():
         raise _fail(f"{run_dir}: no run.json (is this a loadgen run directory?)")
     try:
-        summary = rebuild_reports(run_dir)
-    except (FileNotFoundError, ScenarioError) as exc:
+        span = parse_window(window) if window else None
+        summary = rebuild_reports(run_dir, window=span, png=not no_png)
+    except (FileNotFoundError, ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None
     print_summary(console, summary, str(run_dir))
     raise typer.Exit(EXIT_CODES[summary["verdict"]])
+
+
+@app.command()
+def compare(
+    base: Path = typer.Argument(..., help="the baseline run directory"),
+    new: Path = typer.Argument(..., help="the run directory to judge"),
+    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency, throughput or stall-rate "
+                                    "metric regressed when its whole confidence interval is worse by more"),
+    error_rate_pp: float = typer.Option(1.0, "--error-rate-pp", help="percentage points, the same for the "
+                                        "error rate"),
+    stall_rate_delta: float = typer.Option(0.5, "--stall-rate-delta", help="stalls per 1k output tokens: the "
+                                           "stall rate regressed when its interval is above by more"),
+    confidence: float = typer.Option(0.95, "--confidence", help="confidence level of the bootstrap intervals"),
+    replicates: int = typer.Option(1000, "--replicates", help="bootstrap replicates (requests resampled)"),
+    metric: list[str] = typer.Option([], "--metric", help="compare only these (repeatable), e.g. itl_ms.p99; "
+                                     "default: TTFT p50/p99, ITL p50/p99, TPOT p50, E2E p99, tokens/s, error "
+                                     "rate, stalls per 1k tokens"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where compare.md/compare.json go (default: NEW)"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap seed (results are reproducible)"),
+) -> None:
+    """Say per metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs'
+    raw records. Exit 1 when a metric regressed, 0 otherwise, 2 on bad input."""
+    from .comparison import CompareError, CompareOptions, compare_runs
+    from .report.compare_report import print_comparison, write_comparison
+
+    opts = CompareOptions(threshold_pct=threshold, error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
+                          confidence=confidence,
+                          replicates=replicates, seed=seed)
+    if metric:
+        opts.metrics = tuple(metric)
+    try:
+        doc, results = compare_runs(base, new, opts)
+    except (CompareError, ScenarioError) as exc:
+        raise _fail(str(exc)) from None
+    write_comparison(out or new, doc, results)
+    print_comparison(console, doc, results)
+    raise typer.Exit(1 if doc["regressed"] else 0)
+
+
+@app.command()
+def history(
+    reports_dir: Path = typer.Argument(Path("reports"), help="a directory of run directories"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the page to write (default REPORTS_DIR/history.html)"),
+    scenario: Optional[str] = typer.Option(None, "--scenario", help="only runs of this scenario"),
+) -> None:
+    """Draw the trends of the key percentiles and verdicts across runs (one self-contained HTML page)."""
+    import polars as pl
+
+    from .report.history import collect_runs, render_history
+
+    if not reports_dir.is_dir():
+        raise _fail(f"{reports_dir}: not a directory")
+    runs = collect_runs(reports_dir)
+    if scenario:
+        runs = runs.filter(pl.col("scenario") == scenario)
+    if runs.is_empty():
+        raise _fail(f"{reports_dir}: no run directories (summary.json + run.json)"
+                    + (f" of scenario {scenario!r}" if scenario else ""))
+    page = out or reports_dir / "history.html"
+    page.write_text(render_history(runs, page, reports_dir), encoding="utf-8")
+    _print_history(runs)
+    console.print(f"{runs.height} runs → {page}", highlight=False)
+
+
+def _print_history(runs: Any) -> None:
+    from rich.table import Table
+
+    from .report.console import STYLE, compact
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("run", "scenario", "verdict", "TTFT p99", "ITL p99", "tokens/s"):
+        table.add_column(col, justify="left" if col in ("run", "scenario", "verdict") else "right")
+    for r in runs.tail(20).iter_rows(named=True):
+        table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
+                      compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]))
+    console.print(table)
 
 
 def main() -> None:

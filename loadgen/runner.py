@@ -23,7 +23,7 @@ from .analysis.slo import EXIT_CODES
 from .analysis.summary import summarize
 from .drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from .drivers.lean_transport import LeanTransport
-from .report import write_all
+from .report.build import write_reports
 from .report.console import print_summary
 from .scenario import Scenario
 from .schedule import Plan, PlannedRequest, build_plan
@@ -40,6 +40,7 @@ class RunOptions:
     out: Path | None = None
     reports_dir: Path = Path("reports")
     progress: bool = True
+    png: bool = True  # charts/*.png beside report.html
 
 
 def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
@@ -180,7 +181,7 @@ class _Run:
 
     def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
         self._write_run_json(target, finished=True)
-        return rebuild_reports(self.run_dir, self.scenario)
+        return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
 
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
         info: dict[str, Any] = {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
@@ -209,7 +210,8 @@ class _Run:
         (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str, Any]:
+def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
+                    png: bool = True) -> dict[str, Any]:
     """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
     ``loadgen report DIR`` at any time after)."""
     info = json.loads((run_dir / "run.json").read_text())
@@ -217,9 +219,10 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None) -> dict[str
     requests, chunks = load_records(run_dir)
     extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
              "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
-             "target": info.get("target", {})}
+             "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
+             "loadgen_version": info.get("loadgen_version")}
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra)
-    write_all(run_dir, summary, scenario.name, tables)
+    write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png)
     return summary
 
 

@@ -15,7 +15,7 @@ from tests.run_helpers import ROOT, records, run_cli, summary, trace_per_request
 
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--set", "load.warmup_s=0",
-            "--no-progress"]
+            "--no-progress", "--no-png"]
 
 
 def test_low_load_timings_match_the_simulator_trace(tmp_path):
@@ -160,6 +160,6 @@ def test_every_scenario_runs(tmp_path, path):
     out = tmp_path / "run"
     res = run_cli("run", str(path), "--out", str(out), "--duration", "4", "--set", "load.warmup_s=1", "--no-progress")
     assert res.returncode in (0, 1, 3), res.stderr
-    assert {"requests.parquet", "chunks.parquet", "run.json", "summary.json", "summary.md", "junit.xml"} <= {
-        p.name for p in out.iterdir()}
+    assert {"requests.parquet", "chunks.parquet", "run.json", "summary.json", "summary.md", "junit.xml",
+            "report.html", "charts"} <= {p.name for p in out.iterdir()}
     assert "verdict:" in res.stdout

@@ -32,7 +32,7 @@ def md_escape(text: str) -> str:
     return out
 
 
-def summary_markdown(summary: dict[str, Any], name: str) -> str:
+def summary_markdown(summary: dict[str, Any], name: str, images: list[tuple[str, str]] | None = None) -> str:
     req, tput = summary["requests"], summary["throughput"]
     lines = [f"## loadgen: {md_escape(name)} — {ICON[summary['verdict']]}", ""]
     lines += [f"- {md_escape(r)}" for r in summary.get("reasons", [])]
@@ -57,6 +57,9 @@ def summary_markdown(summary: dict[str, Any], name: str) -> str:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
     lines += ["", _lengths_line(summary.get("lengths", {})), ""]
     lines += stalls_markdown(summary)
+    if images:
+        lines += ["### Charts", "", "Interactive versions in `report.html`.", ""]
+        lines += [f"![{md_escape(title)}]({path})" for title, path in images] + [""]
     return "\n".join(lines)
 
 
@@ -83,11 +86,20 @@ def _lengths_line(lengths: dict[str, Any]) -> str:
 
 
 def junit_xml(summary: dict[str, Any], name: str) -> bytes:
+    """One test case per SLO objective (failure: value and threshold; skipped: inconclusive), run facts as
+    properties, the verdict's reasons as system-out. Valid against the JUnit XSD that Jenkins and most CI
+    servers read (tests/data/junit-10.xsd)."""
     objectives = summary["slo"]
-    suite = ET.Element("testsuite", name=f"loadgen.{name}", tests=str(len(objectives)),
-                       failures=str(sum(o["passed"] is False for o in objectives)),
-                       skipped=str(sum(o["passed"] is None for o in objectives)), errors="0",
-                       time=f"{summary.get('window_s', 0):.3f}")
+    counts = {"tests": str(len(objectives)), "failures": str(sum(o["passed"] is False for o in objectives)),
+              "errors": "0"}
+    window = f"{summary.get('window_s', 0):.3f}"
+    suite = ET.Element("testsuite", name=f"loadgen.{name}", **counts,
+                       skipped=str(sum(o["passed"] is None for o in objectives)), time=window)
+    if summary.get("started_at"):
+        suite.set("timestamp", str(summary["started_at"]))
+    props = ET.SubElement(suite, "properties")
+    for key, value in _junit_properties(summary).items():
+        ET.SubElement(props, "property", name=key, value=str(value))
     for o in objectives:
         case = ET.SubElement(suite, "testcase", classname=f"loadgen.{name}.slo", name=o["objective"], time="0")
         detail = (f"{o['objective']} = {fmt(o['value'])}, threshold {o['comparison']} {fmt(o['threshold'])}, "
@@ -96,10 +108,20 @@ def junit_xml(summary: dict[str, Any], name: str) -> bytes:
             ET.SubElement(case, "failure", message=detail, type="SLOViolation").text = detail
         elif o["passed"] is None:
             ET.SubElement(case, "skipped", message=f"inconclusive: {o['note']}")
-    root = ET.Element("testsuites", name="loadgen")
+    out_lines = [f"verdict: {summary['verdict']}", *summary.get("reasons", []), summary.get("stall_headline", "")]
+    ET.SubElement(suite, "system-out").text = "\n".join(line for line in out_lines if line)
+    root = ET.Element("testsuites", name="loadgen", time=window, **counts)
     root.append(suite)
     ET.indent(root)
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
+
+
+def _junit_properties(summary: dict[str, Any]) -> dict[str, Any]:
+    req, target = summary["requests"], summary.get("target") or {}
+    props = {"verdict": summary["verdict"], "requests.completed": req["completed"], "requests.failed": req["failed"],
+             "target.model": target.get("model"), "target.base_url": target.get("base_url"),
+             "seed": summary.get("seed"), "loadgen.version": summary.get("loadgen_version")}
+    return {k: v for k, v in props.items() if v is not None}
 
 
 def stalls_markdown(summary: dict[str, Any]) -> list[str]:
@@ -123,10 +145,10 @@ def stalls_markdown(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_all(run_dir: Path, summary: dict[str, Any], name: str,
-              tables: dict[str, Any] | None = None) -> None:
+def write_all(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, Any] | None = None,
+              images: list[tuple[str, str]] | None = None) -> None:
     for table, frame in (tables or {}).items():
         frame.write_parquet(run_dir / f"{table}.parquet")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (run_dir / "summary.md").write_text(summary_markdown(summary, name))
+    (run_dir / "summary.md").write_text(summary_markdown(summary, name, images))
     (run_dir / "junit.xml").write_bytes(junit_xml(summary, name))

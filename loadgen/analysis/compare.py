@@ -1,0 +1,218 @@
+"""``loadgen compare BASE NEW``: per metric, did NEW regress beyond a threshold? Decided on a bootstrap
+confidence interval of the change, computed from both runs' raw records.
+
+Theory of operation
+-------------------
+Samples within one request are not independent (a stall hits every token after it; one slow prefill sets one
+TTFT), so the bootstrap resamples *requests*: a Poisson bootstrap gives each request a weight ~ Poisson(1) per
+replicate, and every statistic is computed with those weights — a weighted quantile over the request's values
+(TTFT, TPOT, E2E) or over its tokens (ITL: each token carries its request's weight), or a weighted ratio
+(error rate, tokens/s, stalls per 1k tokens). Replicate i of BASE is paired with replicate i of NEW to give a
+distribution of the change: relative (NEW/BASE − 1) for latencies and throughput, absolute for the error rate
+and the stall rate (rare events: a relative change of a near-zero rate says little). When both runs follow one
+seeded plan (same scenario and seed) the bootstrap is *paired*: a request's weight follows its plan sequence
+number into both runs, so the interval measures the server's change, not the luck of which requests were drawn.
+
+A metric *regressed* when the whole confidence interval of its worsening lies above the threshold (we are
+confident it got worse by more than the threshold); *improved* when it lies below −threshold; *unchanged* when
+it lies within ±threshold; otherwise *uncertain* (too noisy to tell at this sample size). Only ``regressed``
+fails the comparison (exit 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from . import metrics as m
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    better: str  # "lower" | "higher"
+    change: str  # "relative" | "absolute"
+    unit: str
+
+
+METRICS: dict[str, MetricSpec] = {s.name: s for s in (
+    MetricSpec("ttft_ms.p50", "lower", "relative", "ms"), MetricSpec("ttft_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("itl_ms.p50", "lower", "relative", "ms"), MetricSpec("itl_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("tpot_ms.p50", "lower", "relative", "ms"), MetricSpec("e2e_ms.p50", "lower", "relative", "ms"),
+    MetricSpec("e2e_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("output_tokens_per_s", "higher", "relative", "tokens/s"),
+    MetricSpec("error_rate", "lower", "absolute", "fraction"),
+    MetricSpec("stalls_per_1k_tokens", "lower", "absolute", "per 1k tokens"),
+)}
+DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
+                   "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens")
+QUANTILE = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
+
+
+@dataclass
+class RunSamples:
+    """One run's measured requests as arrays, index-aligned: request i's values and its tokens' ITL."""
+
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2e_ms: np.ndarray
+    ok: np.ndarray  # bool per request (measured: warm-up excluded)
+    failed: np.ndarray  # bool: ended in an error other than "cancelled"
+    counted: np.ndarray  # bool: not cancelled (the error rate's denominator, as in summary.json)
+    output_tokens: np.ndarray
+    stalls: np.ndarray  # stalls per request
+    itl_ms: np.ndarray  # per token
+    itl_request: np.ndarray  # index of each token's request
+    window_s: float
+    seq: np.ndarray  # each request's plan sequence number (pairs requests of two runs of one plan)
+
+    @property
+    def n(self) -> int:
+        return len(self.ok)
+
+
+def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame) -> RunSamples:
+    req = m.measured(m.with_request_metrics(requests)).with_row_index("i")
+    gaps = m.chunk_gaps(req, chunks).join(req.filter(pl.col("ok")).select("worker", "seq", "i"),
+                                          on=["worker", "seq"], how="inner")
+    tokens = gaps.select(pl.col("itl_ms").repeat_by("tokens").explode(), pl.col("i").repeat_by("tokens").explode())
+    per_req = (stalls.group_by("worker", "seq").len() if stalls.height
+               else pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "len": pl.UInt32}))
+    n_stalls = req.join(per_req, on=["worker", "seq"], how="left")["len"].fill_null(0)
+
+    def col(name: str) -> np.ndarray:
+        return req[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
+    cancelled = (req["error_kind"] == "cancelled").fill_null(False)
+    return RunSamples(col("ttft_ms"), col("tpot_ms"), col("e2e_ms"), req["ok"].to_numpy(),
+                      (~req["ok"] & ~cancelled).to_numpy(), (~cancelled).to_numpy(),
+                      req["output_tokens"].fill_null(0).to_numpy().astype(float), n_stalls.to_numpy().astype(float),
+                      tokens["itl_ms"].to_numpy(), tokens["i"].to_numpy().astype(np.int64), m.window_s(req),
+                      req["seq"].to_numpy())
+
+
+# ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------
+def weighted_quantile(values: np.ndarray, owner: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
+    """Per replicate, the smallest value whose cumulative weight reaches q of the total (owner[j] = the request
+    whose weight value j carries). NaN values are ignored; NaN when a replicate has no weight."""
+    keep = ~np.isnan(values)
+    values, owner = values[keep], owner[keep]
+    order = np.argsort(values, kind="stable")
+    values, owner = values[order], owner[order]
+    out = np.full(w.shape[0], np.nan)
+    if len(values) == 0:
+        return out
+    step = max(1, BATCH_CELLS // len(values))
+    for lo in range(0, w.shape[0], step):
+        cw = np.cumsum(w[lo:lo + step, owner], axis=1)
+        total = cw[:, -1]
+        idx = np.array([np.searchsorted(row, q * t, side="left") for row, t in zip(cw, total)])
+        out[lo:lo + step] = np.where(total > 0, values[np.minimum(idx, len(values) - 1)], np.nan)
+    return out
+
+
+def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
+    """The metric ``name`` of run ``s`` under each replicate's request weights."""
+    ok = s.ok.astype(float)
+    if "." in name:
+        metric, stat = name.split(".")
+        if metric == "itl_ms":
+            return weighted_quantile(s.itl_ms, s.itl_request, w, QUANTILE[stat])
+        values = np.where(s.ok, getattr(s, metric), np.nan)
+        return weighted_quantile(values, np.arange(s.n), w, QUANTILE[stat])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if name == "output_tokens_per_s":
+            return (w @ (s.output_tokens * ok)) / s.window_s
+        if name == "error_rate":
+            return (w @ s.failed.astype(float)) / (w @ s.counted.astype(float))
+        if name == "stalls_per_1k_tokens":
+            return (w @ s.stalls) / ((w @ (s.output_tokens * ok)) / 1000)
+    raise KeyError(name)
+
+
+def _change(spec: MetricSpec, base: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The worsening, positive = worse: relative (fraction) or absolute."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = new / base - 1 if spec.change == "relative" else new - base
+    return delta if spec.better == "lower" else -delta
+
+
+@dataclass
+class MetricComparison:
+    metric: str
+    base: float | None
+    new: float | None
+    worsening: float | None  # point estimate; relative (fraction) or absolute, positive = worse
+    ci_low: float | None
+    ci_high: float | None
+    threshold: float
+    status: str  # regressed | improved | unchanged | uncertain | no data
+    spec: MetricSpec
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "base": self.base, "new": self.new, "worsening": self.worsening,
+                "ci_low": self.ci_low, "ci_high": self.ci_high, "threshold": self.threshold, "status": self.status,
+                "better": self.spec.better, "change": self.spec.change, "unit": self.spec.unit}
+
+
+def status_of(ci_low: float, ci_high: float, threshold: float) -> str:
+    if ci_low > threshold:
+        return "regressed"
+    if ci_high < -threshold:
+        return "improved"
+    if -threshold <= ci_low and ci_high <= threshold:
+        return "unchanged"
+    return "uncertain"
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def compare_metric(name: str, base: RunSamples, new: RunSamples, w_base: np.ndarray, w_new: np.ndarray,
+                   threshold: float, confidence: float) -> MetricComparison:
+    spec = METRICS[name]
+    point_b = statistic(name, base, np.ones((1, base.n)))[0]
+    point_n = statistic(name, new, np.ones((1, new.n)))[0]
+    change = _change(spec, statistic(name, base, w_base), statistic(name, new, w_new))
+    change = change[np.isfinite(change)]
+    point = float(_change(spec, np.array([point_b]), np.array([point_n]))[0])
+    if len(change) < 0.9 * len(w_base) or not np.isfinite(point):
+        return MetricComparison(name, _finite(point_b), _finite(point_n), _finite(point), None, None, threshold,
+                                "no data", spec)
+    alpha = (1 - confidence) / 2
+    lo, hi = (float(x) for x in np.quantile(change, [alpha, 1 - alpha]))
+    return MetricComparison(name, float(point_b), float(point_n), point, lo, hi, threshold,
+                            status_of(lo, hi, threshold), spec)
+
+
+def poisson_weights(base: RunSamples, new: RunSamples, replicates: int, paired: bool,
+                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per replicate, a Poisson(1) weight per request. Paired (two runs of one seeded plan): one weight per plan
+    sequence number, given to that request in both runs, so the change measures the server and not the draw of
+    requests; otherwise independent weights per run."""
+    if not paired:
+        return (rng.poisson(1.0, size=(replicates, base.n)).astype(np.float64),
+                rng.poisson(1.0, size=(replicates, new.n)).astype(np.float64))
+    seqs, index = np.unique(np.concatenate([base.seq, new.seq]), return_inverse=True)
+    w = rng.poisson(1.0, size=(replicates, len(seqs))).astype(np.float64)
+    return w[:, index[:base.n]], w[:, index[base.n:]]
+
+
+def compare(base: RunSamples, new: RunSamples, metrics: tuple[str, ...] = DEFAULT_METRICS,
+            thresholds: dict[str, float] | None = None, confidence: float = 0.95, replicates: int = 1000,
+            seed: int = 0, paired: bool = False) -> list[MetricComparison]:
+    """Compare every metric. ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
+    ("error_rate": a fraction, "stalls_per_1k_tokens": stalls per 1k tokens)."""
+    limits = {"relative": 0.10, "error_rate": 0.01, "stalls_per_1k_tokens": 0.5, **(thresholds or {})}
+    rng = np.random.default_rng(seed)
+    w_base, w_new = poisson_weights(base, new, replicates, paired, rng)
+    out = []
+    for name in metrics:
+        spec = METRICS[name]
+        limit = limits["relative"] if spec.change == "relative" else limits[name]
+        out.append(compare_metric(name, base, new, w_base, w_new, limit, confidence))
+    return out

@@ -1,0 +1,28 @@
+"""Every file of a run directory that is a view of its records: summary.json, summary.md, junit.xml,
+stalls.parquet, report.html and charts/*.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from .charts import build_charts
+from .html import render_page, write_pngs
+from .timeline import choose_window
+from .views import RunViews
+from .writers import write_all
+
+
+def write_reports(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, pl.DataFrame],
+                  requests: pl.DataFrame, chunks: pl.DataFrame, window: tuple[float, float] | None = None,
+                  png: bool = True) -> None:
+    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), summary)
+    charts = build_charts(views, choose_window(views, window))
+    images = []
+    if png:
+        images = [(c.title, p.relative_to(run_dir).as_posix())
+                  for c, p in zip(charts, write_pngs(charts, run_dir / "charts"))]
+    write_all(run_dir, summary, name, tables, images)
+    (run_dir / "report.html").write_text(render_page(summary, name, run_dir.name, charts), encoding="utf-8")

@@ -1,0 +1,107 @@
+"""``loadgen history reports/``: the key percentiles and verdicts of every run under a directory, as trends on one
+self-contained HTML page (history.html) and a console table."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from .charts import CLASS_COLORS, Chart
+from .html import CSS, RENDER_JS, chart_section, e, vega_bundle
+
+TREND_METRICS = {  # column → (summary path, title)
+    "ttft_p50_ms": (("metrics", "ttft_ms", "p50"), "TTFT p50 (ms)"),
+    "ttft_p99_ms": (("metrics", "ttft_ms", "p99"), "TTFT p99 (ms)"),
+    "itl_p50_ms": (("metrics", "itl_ms", "p50"), "ITL p50 (ms)"),
+    "itl_p99_ms": (("metrics", "itl_ms", "p99"), "ITL p99 (ms)"),
+    "tpot_p50_ms": (("metrics", "tpot_ms", "p50"), "TPOT p50 (ms)"),
+    "e2e_p99_ms": (("metrics", "e2e_ms", "p99"), "E2E p99 (ms)"),
+    "output_tokens_per_s": (("throughput", "output_tokens_per_s"), "output tokens/s"),
+    "error_rate": (("requests", "error_rate"), "error rate"),
+    "prefill_stalls_per_1k_tokens": (("stalls", "prefill_induced_per_1k_tokens"), "prefill-induced stalls / 1k tok"),
+}
+
+
+def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(key)  # type: ignore[assignment]
+    return doc
+
+
+def collect_runs(reports_dir: Path) -> pl.DataFrame:
+    """One row per run directory (any depth) holding summary.json and run.json, oldest first."""
+    rows = []
+    for summary_path in sorted(reports_dir.rglob("summary.json")):
+        run_dir = summary_path.parent
+        try:
+            summary = json.loads(summary_path.read_text())
+            info = json.loads((run_dir / "run.json").read_text())
+        except (OSError, ValueError):
+            continue  # not a run directory (or one still being written)
+        row = {"run": run_dir.relative_to(reports_dir).as_posix(), "scenario": info.get("scenario", {}).get("name"),
+               "started_at": info.get("started_at"), "verdict": summary.get("verdict"),
+               "requests": _get(summary, ("requests", "completed"))}
+        row.update({col: _get(summary, path) for col, (path, _) in TREND_METRICS.items()})
+        rows.append(row)
+    schema = {"run": pl.String, "scenario": pl.String, "started_at": pl.String, "verdict": pl.String,
+              "requests": pl.Int64, **{c: pl.Float64 for c in TREND_METRICS}}
+    frame = pl.DataFrame(rows, schema=schema, strict=False)
+    return (frame.with_columns(started=pl.col("started_at").str.to_datetime("%Y-%m-%dT%H:%M:%S%z", strict=False))
+            .sort("started", "run"))
+
+
+def trend_chart(runs: pl.DataFrame) -> alt.TopLevelMixin:
+    long = runs.unpivot(index=["run", "scenario", "started_at", "verdict"], on=list(TREND_METRICS),
+                        variable_name="metric", value_name="value").drop_nulls("value")
+    long = long.with_columns(metric=pl.col("metric").replace({k: t for k, (_, t) in TREND_METRICS.items()}))
+    base = alt.Chart(long).encode(
+        x=alt.X("started_at:T", title="run started"),
+        y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+        color=alt.Color("scenario:N", scale=alt.Scale(range=CLASS_COLORS), legend=alt.Legend(orient="top")),
+        tooltip=["run:N", "scenario:N", "started_at:N", "metric:N", alt.Tooltip("value:Q", format=".4g"),
+                 "verdict:N"])
+    lines = base.mark_line(opacity=0.6)
+    dots = base.mark_point(filled=True, size=45).encode(
+        shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail", "inconclusive"],
+                                                     range=["circle", "cross", "triangle"]),
+                        legend=alt.Legend(orient="top")))
+    return (lines + dots).properties(width=420, height=150).facet(
+        facet=alt.Facet("metric:N", title=None, sort=[t for _, t in TREND_METRICS.values()]), columns=2
+    ).resolve_scale(y="independent")
+
+
+def runs_table(runs: pl.DataFrame, out_dir: Path, reports_dir: Path) -> str:
+    rows = []
+    for r in runs.sort("started", "run", descending=True).iter_rows(named=True):
+        report = reports_dir / r["run"] / "report.html"
+        link = os.path.relpath(report, out_dir) if report.exists() else None
+        name = f"<a href=\"{e(link)}\">{e(r['run'])}</a>" if link else e(r["run"])
+        rows.append(f"<tr><td>{name}</td><td class=\"text\">{e(r['scenario'])}</td><td>{e(r['started_at'])}</td>"
+                    f"<td class=\"{e(r['verdict'])}\">{e(r['verdict'])}</td>"
+                    + "".join(f"<td>{_num(r[c])}</td>" for c in ("ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s"))
+                    + "</tr>")
+    return ("<table><tr><th>run</th><th>scenario</th><th>started</th><th>verdict</th><th>TTFT p99 (ms)</th>"
+            "<th>ITL p99 (ms)</th><th>tokens/s</th></tr>" + "".join(rows) + "</table>")
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
+def render_history(runs: pl.DataFrame, out_path: Path, reports_dir: Path) -> str:
+    chart = Chart("trends", "Trends", trend_chart(runs),
+                  "Each point is a run; its shape is the run's verdict. Lines join runs of one scenario.")
+    counts = runs.group_by("verdict").len()
+    tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.iter_rows()))
+    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>loadgen history</title>"
+            f"<style>{CSS}</style><script>{vega_bundle()}</script></head><body>"
+            f"<h1>loadgen history</h1><p class=\"meta\">{runs.height} runs under {e(reports_dir)}: {e(tally)}.</p>"
+            + chart_section(chart) + "<h2>Runs</h2>" + runs_table(runs, out_path.parent, reports_dir)
+            + f"<script>{RENDER_JS}</script></body></html>")

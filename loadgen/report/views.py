@@ -1,0 +1,172 @@
+"""Chart-ready tables derived from a run's raw records (pure polars; the charts are in ``charts.py``).
+
+Every time is in seconds since the run's start ``t0`` (the first measured request's intended send), the same
+origin as the worst-events table in summary.md. Tables are kept small (binned, deduplicated or quantile-sampled)
+so that the report stays a few hundred kilobytes however long the run was.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..analysis import metrics as m
+
+NS_PER_S = 1e9
+MAX_POINTS = 4000  # scatter points per chart; above it a seeded sample (stalls and culprits always kept)
+MAX_TIMELINE_ROWS = 60
+
+
+@dataclass
+class RunViews:
+    """A run's records with metric columns, its chunk gaps and stalls, and the time origin."""
+
+    requests: pl.DataFrame  # every request (warm-up included), analysis.metrics columns, + t_*_s
+    gaps: pl.DataFrame  # measured, successful requests' chunk gaps, + t_s
+    stalls: pl.DataFrame  # stalls.parquet, + t_start_s / t_end_s
+    summary: dict[str, Any]
+    t0_ns: int
+
+    @classmethod
+    def build(cls, requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame,
+              summary: dict[str, Any]) -> "RunViews":
+        req = m.with_request_metrics(requests)
+        measured = m.measured(req)
+        t0 = int(measured["t_intended_ns"].min() if measured.height else (req["t_intended_ns"].min() or 0))
+        sec = [((pl.col(c) - t0) / NS_PER_S).alias(c.replace("_ns", "_s"))
+               for c in ("t_intended_ns", "t_sent_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns")]
+        req = req.with_columns(sec)
+        ok_keys = measured.filter(pl.col("ok")).select("worker", "seq")
+        gaps = (m.chunk_gaps(req, chunks).filter(~pl.col("warmup"))
+                .join(ok_keys, on=["worker", "seq"], how="semi")
+                .with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S))
+        if stalls.height:
+            stalls = stalls.with_columns(t_start_s=(pl.col("t_start_ns") - t0) / NS_PER_S,
+                                         t_end_s=(pl.col("t_end_ns") - t0) / NS_PER_S)
+        return cls(req, gaps, stalls, summary, t0)
+
+    @property
+    def measured_ok(self) -> pl.DataFrame:
+        return self.requests.filter(~pl.col("warmup") & pl.col("ok"))
+
+    @property
+    def span_s(self) -> float:
+        end = self.requests["t_done_s"].max()
+        return max(float(end), 1e-3) if end is not None else 1.0  # type: ignore[arg-type]
+
+    def prefill_ms(self, prompt_tokens: pl.Expr) -> pl.Expr:
+        """The run's fitted prefill time (analysis.spikes, on the lower envelope of TTFT)."""
+        fit = (self.summary.get("stalls") or {}).get("prefill_fit") or {}
+        a, b, c = (float(fit.get(k, 0.0)) for k in ("a_ms", "b_ms_per_token", "c_ms_per_token2"))
+        return (a + b * prompt_tokens + c * prompt_tokens * prompt_tokens).clip(lower_bound=0.0)
+
+
+def sample(frame: pl.DataFrame, n: int = MAX_POINTS, seed: int = 0) -> pl.DataFrame:
+    return frame if frame.height <= n else frame.sample(n, seed=seed).sort(frame.columns[0])
+
+
+# ---- TTFT vs prompt length ----------------------------------------------------------------------------
+def ttft_points(v: RunViews) -> pl.DataFrame:
+    ok = v.measured_ok.filter(pl.col("t_first_token_ns").is_not_null())
+    return sample(ok.select("seq", "class_name", "prompt_tokens", "ttft_ms", "ttft_service_ms"))
+
+
+def prefill_line(v: RunViews, points: int = 80) -> pl.DataFrame:
+    ok = v.measured_ok
+    if ok.is_empty():
+        return pl.DataFrame(schema={"prompt_tokens": pl.Float64, "prefill_ms": pl.Float64})
+    lo, hi = float(ok["prompt_tokens"].min()), float(ok["prompt_tokens"].max())  # type: ignore[arg-type]
+    xs = pl.DataFrame({"prompt_tokens": [lo + (hi - lo) * i / (points - 1) for i in range(points)]})
+    return xs.with_columns(prefill_ms=v.prefill_ms(pl.col("prompt_tokens")))
+
+
+# ---- ITL distribution ---------------------------------------------------------------------------------
+def _cdf_probabilities() -> list[float]:
+    body = [i / 200 for i in range(1, 199)]
+    tail = [1 - 10 ** (-(2 + i / 20)) for i in range(0, 61)]  # 0.99 … 0.99999
+    return sorted(set(body + tail))
+
+
+def itl_cdf(v: RunViews) -> pl.DataFrame:
+    """Per class, the per-token ITL at ~260 probabilities (dense in the tail)."""
+    rows = []
+    probs = _cdf_probabilities()
+    for (name,), g in v.gaps.group_by("class_name"):
+        samples = m.itl_samples(g)
+        if len(samples) < 2:
+            continue
+        qs = pl.DataFrame({"p": probs, "itl_ms": np.quantile(samples.to_numpy(), probs)})  # linear, as summary
+        rows.append(qs.with_columns(class_name=pl.lit(name), samples=pl.lit(len(samples))))
+    if not rows:
+        return pl.DataFrame(schema={"p": pl.Float64, "itl_ms": pl.Float64, "class_name": pl.String,
+                                    "samples": pl.Int64})
+    return pl.concat(rows).filter(pl.col("itl_ms") > 0).sort("class_name", "p")
+
+
+# ---- over time ----------------------------------------------------------------------------------------
+def bin_width_s(span_s: float, bins: int = 300) -> float:
+    """A round bin width giving about ``bins`` bins over the span (≥ 10 ms)."""
+    raw = max(span_s / bins, 0.01)
+    for step in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300):
+        if step >= raw:
+            return step
+    return raw
+
+
+def itl_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
+    """Per time bin: the median per-token ITL and the worst chunk gap that ended in it."""
+    if v.gaps.is_empty():
+        return pl.DataFrame(schema={"t_s": pl.Float64, "series": pl.String, "ms": pl.Float64})
+    per_bin = (v.gaps.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64))
+               .agg(median_itl_ms=pl.col("itl_ms").median(), max_gap_ms=pl.col("chunk_gap_ms").max()))
+    lo, hi = per_bin["b"].min(), per_bin["b"].max()
+    # every bin present, empty ones null: a line breaks there instead of drawing across a stall
+    grid = pl.DataFrame({"b": pl.int_range(lo, hi + 1, eager=True)})  # type: ignore[arg-type]
+    binned = grid.join(per_bin, on="b", how="left").select(pl.col("b") * bw_s, "median_itl_ms", "max_gap_ms")
+    return binned.rename({"b": "t_s"}).unpivot(index="t_s", variable_name="series", value_name="ms").with_columns(
+        series=pl.col("series").replace({"median_itl_ms": "median ITL", "max_gap_ms": "worst chunk gap"}))
+
+
+def prefill_tokens_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
+    """Per time bin: prompt tokens whose (estimated) prefill overlaps the bin — the load that stalls decodes."""
+    r = v.requests.filter(pl.col("t_first_token_ns").is_not_null())
+    if r.is_empty():
+        return pl.DataFrame(schema={"t_s": pl.Float64, "prefill_tokens": pl.Int64})
+    start = pl.max_horizontal(pl.col("t_first_token_s") - v.prefill_ms(pl.col("prompt_tokens").cast(pl.Float64))
+                              / 1e3, pl.col("t_sent_s"))
+    spans = r.select("prompt_tokens", b0=(start / bw_s).floor().cast(pl.Int64),
+                     b1=(pl.col("t_first_token_s") / bw_s).floor().cast(pl.Int64))
+    per_bin = (spans.with_columns(b=pl.int_ranges("b0", pl.col("b1") + 1)).explode("b")
+               .group_by("b").agg(prefill_tokens=pl.col("prompt_tokens").sum()))
+    return per_bin.select(t_s=pl.col("b") * bw_s, prefill_tokens="prefill_tokens").sort("t_s")
+
+
+def throughput_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
+    """Per time bin: output tokens/s, requests in flight (at the bin's middle) and completions/s."""
+    chunks_t = v.gaps.select("t_s", "tokens")
+    n_bins = int(v.span_s / bw_s) + 1
+    grid = pl.DataFrame({"b": list(range(n_bins))})
+    tokens = chunks_t.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64)).agg(tok=pl.col("tokens").sum())
+    done = (v.requests.filter(pl.col("ok")).group_by(b=(pl.col("t_done_s") / bw_s).floor().cast(pl.Int64))
+            .agg(done=pl.len()))
+    sends = sorted(v.requests["t_sent_s"].to_list())
+    ends = sorted(v.requests["t_done_s"].to_list())
+    in_flight = [bisect.bisect_right(sends, (b + 0.5) * bw_s) - bisect.bisect_right(ends, (b + 0.5) * bw_s)
+                 for b in range(n_bins)]
+    out = (grid.join(tokens, on="b", how="left").join(done, on="b", how="left").fill_null(0)
+           .with_columns(in_flight=pl.Series(in_flight), t_s=pl.col("b") * bw_s))
+    return out.select("t_s", output_tokens_per_s=pl.col("tok") / bw_s, completed_per_s=pl.col("done") / bw_s,
+                      in_flight="in_flight")
+
+
+# ---- asked vs achieved lengths ------------------------------------------------------------------------
+def lengths(v: RunViews) -> pl.DataFrame:
+    ok = v.measured_ok
+    parts = [ok.select("class_name", pl.lit(kind).alias("kind"), asked=pl.col(f"{kind}_tokens_asked"),
+                       achieved=pl.col(f"{kind}_tokens")) for kind in ("prompt", "output")]
+    return (pl.concat(parts).drop_nulls().group_by("kind", "class_name", "asked", "achieved").agg(requests=pl.len())
+            .sort("kind", "asked"))
