@@ -65,7 +65,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
     sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
     try:
         base_url = sim.base_url if sim else scenario.target.base_url
-        run = _Run(scenario, plan, run_dir, console, opts)
+        run = Run(scenario, plan, run_dir, console, opts)
         summary = _event_loop_run(run.execute(base_url, headers, redact, sim))
     except TargetError:
         if opts.out is None and not any(run_dir.glob("*.parquet")):
@@ -86,13 +86,15 @@ def _event_loop_run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-class _Run:
+class Run:
+    """One run's state on its way to the run directory: the record sink, run.json, the summary."""
     def __init__(self, scenario: Scenario, plan: Plan, run_dir: Path, console: Console, opts: RunOptions) -> None:
         self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
         self.sink = RecordSink(run_dir)
         self.interrupted = False
         self.lean_transport = False
         self.generator: dict[str, Any] = {}
+        self.engine_name = "asyncio"
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
@@ -107,19 +109,19 @@ class _Run:
             factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
             await factory.prepare_classes()
             prompts = await self._prepare_prompts(factory)
-            self._write_run_json(target, finished=False)
+            self.write_run_json(target, finished=False)
             engine = self._engine(target, client, factory, prompts)
             await self._drive(engine)
         self.sink.close()
         st = engine.stats
         self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
                           "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
-        return self._summarize(target)
+        return self.summarize(target)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:
             return {}
-        with self._progress() as progress:
+        with self.progress() as progress:
             task = progress.add_task("preparing prompts", total=len(self.plan.requests))
             return await build_prompts(factory, self.plan.requests, progress=lambda n: progress.advance(task, n))
 
@@ -153,7 +155,7 @@ class _Run:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, interrupt)
         try:
-            with self._progress() as progress:
+            with self.progress() as progress:
                 run_task = asyncio.create_task(engine.run())
                 await self._tick(run_task, engine, progress)
                 await run_task
@@ -174,13 +176,13 @@ class _Run:
                 last_flush = time.monotonic()
                 await asyncio.to_thread(self.sink.flush)
 
-    def _progress(self) -> Progress:
+    def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=not self.opts.progress,
                         transient=False)
 
-    def _summarize(self, target: ResolvedTarget) -> dict[str, Any]:
-        self._write_run_json(target, finished=True)
+    def summarize(self, target: ResolvedTarget) -> dict[str, Any]:
+        self.write_run_json(target, finished=True)
         return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
 
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
@@ -197,12 +199,12 @@ class _Run:
                 "max_chunk_tokens"})}
         return info
 
-    def _write_run_json(self, target: ResolvedTarget, finished: bool) -> None:
+    def write_run_json(self, target: ResolvedTarget, finished: bool) -> None:
         """run.json: everything besides the records that ``loadgen report`` needs to rebuild the views."""
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
         info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
-                "host": socket.gethostname(), "seed": self.scenario.seed, "engine": "asyncio",
+                "host": socket.gethostname(), "seed": self.scenario.seed, "engine": self.engine_name,
                 "target": self._target_info(target),
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
                 "interrupted": self.interrupted, "planned": self.plan.size, "generator": self.generator,
@@ -226,4 +228,4 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
     return summary
 
 
-__all__ = ["RunOptions", "run_scenario", "rebuild_reports", "TargetError"]
+__all__ = ["Run", "RunOptions", "run_scenario", "rebuild_reports", "TargetError"]

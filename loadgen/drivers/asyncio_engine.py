@@ -106,6 +106,16 @@ class AsyncioEngine:
             watchdog.cancel()
         return self.stats
 
+    # ---- one request at a time (the Locust driver's entry: it owns the schedule) -----------------------
+    def start_watchdog(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self._watchdog())
+
+    async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
+        """Send ``req`` at ``t_intended_ns`` (held by the lean transport from ``send_ahead_ms`` before) and
+        stream it to the end; the record goes to ``on_record`` like every other."""
+        await _sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
+        await self._spawn(req, t_intended_ns, body)
+
     # ---- sending --------------------------------------------------------------------------------------
     async def _open_loop(self) -> None:
         assert self.plan.requests is not None
