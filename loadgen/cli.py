@@ -47,16 +47,85 @@ def run(
     no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
     no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
                                 "from summary.md); report.html is written either way"),
+    engine: str = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front "
+                               "of the same streaming engine; with --workers, Locust's master/worker mode)"),
+    workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
+                                "process)"),
 ) -> None:
     """Run a scenario, write the run directory and print the verdict."""
+    if engine not in ("asyncio", "locust"):
+        raise _fail(f"--engine {engine!r}: choose asyncio or locust")
+    if workers < 0 or (workers and engine != "locust"):
+        raise _fail("--workers N needs --engine locust and N >= 0")
+    if engine == "locust":
+        from . import locust_run  # first: Locust monkey-patches the process when imported
     from .runner import RunOptions, TargetError, run_scenario
 
     try:
-        sc = load_scenario(scenario, _overrides(set_, base_url, model, api_key_env, duration))
-        code, _ = run_scenario(sc, RunOptions(out=out, progress=not no_progress, png=not no_png), console)
+        overrides = _overrides(set_, base_url, model, api_key_env, duration)
+        sc = load_scenario(scenario, overrides)
+        opts = RunOptions(out=out, progress=not no_progress, png=not no_png)
+        if engine == "locust":
+            launch = locust_run.WorkerLaunch(scenario, overrides)
+            code, _ = locust_run.LocustRun(sc, opts, console, workers, launch).execute()
+        else:
+            code, _ = run_scenario(sc, opts, console)
     except (ScenarioError, TargetError) as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code)
+
+
+@app.command()
+def ui(
+    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="the web UI's interface"),
+    port: int = typer.Option(8089, "--port", help="the web UI's port"),
+    web_login: bool = typer.Option(False, "--web-login", help="protect the web UI with Locust's login page"),
+    master: bool = typer.Option(False, "--master", help="run as a Locust master; start workers with "
+                                "`loadgen worker SCENARIO --master-host HOST`"),
+    master_port: int = typer.Option(5557, "--master-bind-port", help="the master's port for workers"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
+    set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
+    no_png: bool = typer.Option(False, "--no-png", help="as in run"),
+    reports_dir: Path = typer.Option(Path("reports"), "--reports-dir", help="each run goes to "
+                                     "REPORTS_DIR/<time>-<name>/"),
+) -> None:
+    """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
+    live). Start and stop from the browser; each run is written like `loadgen run`'s."""
+    from . import locust_run  # first: Locust monkey-patches the process when imported
+    from .runner import RunOptions
+    from .target import TargetError
+
+    try:
+        sc = load_scenario(scenario, _overrides(set_, base_url, None, None, None))
+        opts = RunOptions(reports_dir=reports_dir, progress=False, png=not no_png)
+        session = locust_run.UiSession(sc, opts, console, host, port,
+                                       web_login, master, master_port)
+    except (ScenarioError, TargetError) as exc:
+        raise _fail(str(exc)) from None
+    session.serve()
+
+
+@app.command()
+def worker(
+    scenario: Path = typer.Argument(..., help="the scenario file the master runs"),
+    master_host: str = typer.Option("127.0.0.1", "--master-host", help="the Locust master's address"),
+    master_port: int = typer.Option(5557, "--master-port", help="the Locust master's port"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="the target as this worker reaches it "
+                                           "(default: the scenario's; 'embedded' is not allowed here)"),
+    set_: list[str] = typer.Option([], "--set", help="the same overrides as the master's"),
+) -> None:
+    """A Locust worker: streams its slice of the scenario's plan and ships the raw records to the master."""
+    from . import locust_run  # first: Locust monkey-patches the process when imported
+    from .target import TargetError
+
+    try:
+        sc = load_scenario(scenario, _overrides(set_, base_url, None, None, None))
+        if sc.target.embedded:
+            raise _fail("a worker needs the target's URL (--base-url): the master's simulator is not shared")
+        raise typer.Exit(locust_run.run_worker(sc, master_host, master_port))
+    except (ScenarioError, TargetError) as exc:
+        raise _fail(str(exc)) from None
 
 
 @app.command()

@@ -1,0 +1,158 @@
+"""The asyncio engine on a native thread, for drivers whose own world is not asyncio (Locust's gevent).
+
+Theory of operation: the thread runs a uvloop loop (libuv does the socket I/O, so gevent's monkey-patching of
+``socket``/``select`` in the same process does not reach it) with one httpx client on the lean transport and
+one ``AsyncioEngine`` used request by request (``execute_one``). A caller hands a planned request over with
+``submit``; the body is built on the loop (prompts may need the server's /tokenize), the request leaves at its
+intended time exactly as in ``loadgen run``, and ``on_done(record, chunks)`` is called *on the engine thread*
+when it ends: the caller must hand the result back to its own world thread-safely.
+
+This module imports neither locust nor gevent; the thread is started with a function the caller supplies
+(under gevent, the original ``_thread.start_new_thread``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Callable
+
+import httpx
+
+from ..core.records import ChunkRecord, RequestRecord
+from ..scenario import Scenario
+from ..schedule import Plan, PlannedRequest
+from ..target import ResolvedTarget, auth_headers, resolve, token_counter
+from ..workload import PromptFactory, request_body
+from .asyncio_engine import AsyncioEngine, EngineConfig
+from .lean_transport import LeanTransport
+
+OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
+SEND_AHEAD_MS = 1.0
+
+
+class EngineThread:
+    def __init__(self, scenario: Scenario, plan: Plan, base_url: str,
+                 start_thread: Callable[[Callable[[], None], tuple[()]], Any]) -> None:
+        self.scenario, self.plan, self.base_url = scenario, plan, base_url
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.target: ResolvedTarget | None = None
+        self.error: BaseException | None = None  # set if the target could not be resolved
+        self.ready = False
+        self.closed = False
+        self._on_done: dict[int, OnDone] = {}
+        self._pending: set[asyncio.Task[None]] = set()  # submitted, not yet sent (waiting for their time)
+        start_thread(self._main, ())
+
+    # ---- caller side (any thread) ---------------------------------------------------------------------
+    def wait_ready(self, sleep: Callable[[float], None], timeout_s: float = 60.0) -> ResolvedTarget:
+        """Until the target is resolved and prompts can be built; raises what stopped it. ``sleep`` is the
+        caller's own (gevent's under Locust): plain flags, no lock shared with a monkey-patched world."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.ready or self.error) and time.monotonic() < deadline:
+            sleep(0.01)
+        if self.error is not None:
+            raise self.error
+        if not self.ready or self.target is None:
+            raise TimeoutError(f"the engine thread was not ready within {timeout_s:g} s")
+        return self.target
+
+    def submit(self, req: PlannedRequest, t_intended_ns: int, on_done: OnDone) -> None:
+        loop = self.loop
+        assert loop is not None
+        self._on_done[req.seq] = on_done
+        loop.call_soon_threadsafe(self._start_one, req, t_intended_ns)
+
+    def _start_one(self, req: PlannedRequest, t_intended_ns: int) -> None:
+        task = self.loop.create_task(self._one(req, t_intended_ns))  # type: ignore[union-attr]
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def cancel_in_flight(self) -> None:
+        """Cancel every request in flight (each is recorded as cancelled); later submits still go."""
+        loop = self.loop
+        if loop is not None and not self.closed:
+            loop.call_soon_threadsafe(self._cancel_all)
+
+    def _cancel_all(self) -> None:
+        if not self.ready:
+            return
+        for task in list(self._pending):
+            task.cancel()
+        for task, _ in list(self.engine.stats.in_flight.values()):
+            task.cancel()
+
+    def close(self, sleep: Callable[[float], None], timeout_s: float = 10.0) -> None:
+        """Cancel what is in flight (recorded as cancelled) and stop the thread."""
+        if self.loop is not None and not self.closed:
+            self.loop.call_soon_threadsafe(self._stop.set)
+            deadline = time.monotonic() + timeout_s
+            while not self.closed and time.monotonic() < deadline:
+                sleep(0.01)
+
+    # ---- the engine thread --------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            import uvloop
+            self.loop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            self.error = exc
+        finally:
+            self.loop.close()
+            self.closed = True
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        s, load = self.scenario, self.scenario.load
+        headers, redact = auth_headers(s)
+        limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
+        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
+        lean = self.base_url.startswith("http://")
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=LeanTransport() if lean else None) \
+                as client:
+            self.target = await resolve(s, client, self.base_url, headers, redact)
+            self.factory = PromptFactory(s, await token_counter(s, client, self.target))
+            await self.factory.prepare_classes()
+            self.engine = self._engine(client, lean)
+            watchdog = self.engine.start_watchdog()
+            self.ready = True
+            await self._stop.wait()
+            self.engine.stop()
+            while self.engine.stats.in_flight:
+                await asyncio.sleep(0.01)
+            watchdog.cancel()
+
+    def _engine(self, client: httpx.AsyncClient, lean: bool) -> AsyncioEngine:
+        s, load, target = self.scenario, self.scenario.load, self.target
+        assert target is not None
+        path = "/chat/completions" if s.target.api == "chat" else "/completions"
+
+        async def no_body(req: PlannedRequest) -> dict[str, Any]:  # bodies are built in _one
+            raise AssertionError("unused")
+
+        def on_record(record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+            record.error_message = target.redact(record.error_message)
+            done = self._on_done.pop(record.seq, None)
+            if done is not None:
+                done(record, chunks)
+
+        cfg = EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
+                           ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
+                           max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
+                           concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS if lean else 0.0)
+        return AsyncioEngine(cfg, self.plan, no_body, on_record, client)
+
+    async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
+        target = self.target
+        assert target is not None
+        prompt = await self.factory.build(req)
+        body = request_body(self.scenario, target.model, self.plan.class_of(req.class_name), prompt,
+                            req.output_tokens, target.continuous_usage)
+        if t_intended_ns <= 0:  # closed loop: intended = when the body is ready
+            t_intended_ns = time.monotonic_ns()
+        await self.engine.execute_one(req, t_intended_ns, json.dumps(body).encode())

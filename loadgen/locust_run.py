@@ -1,0 +1,377 @@
+"""``loadgen run --engine locust [--workers N]``, ``loadgen worker`` and ``loadgen ui``: Locust runners around
+the LLM users of ``drivers/locust_user.py``. The master (or the single process) owns the run directory: workers
+ship their raw records to it in batches, so what a worker sent before it stopped is kept.
+
+Import this module before anything imports ``ssl`` or ``socket`` users: through ``drivers/locust_user.py`` (the
+one module that imports locust or gevent) it monkey-patches the process for gevent.
+"""
+
+from __future__ import annotations
+
+from .drivers import locust_user as lu  # first: Locust monkey-patches the process on import
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+
+from .analysis.slo import EXIT_CODES  # noqa: E402
+from .report.console import print_summary  # noqa: E402
+from .runner import RunOptions, Run, make_run_dir  # noqa: E402
+from .scenario import Scenario  # noqa: E402
+from .schedule import build_plan  # noqa: E402
+from .target import TargetError, auth_headers, start_embedded  # noqa: E402
+
+START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
+WORKER_CONNECT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class WorkerLaunch:
+    """How to start a worker process that loads the same scenario as the master."""
+
+    scenario_path: Path
+    sets: list[str] = field(default_factory=list)
+
+
+def users_for(scenario: Scenario) -> int:
+    """Closed loop: one user per concurrent request. Open loop: enough users never to hold a request back
+    (``max_in_flight``); fewer would show up as queue delay, which is recorded."""
+    return scenario.load.concurrency or scenario.load.max_in_flight
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocustRun:
+    """One run through Locust: local (one process) or master with N local worker processes."""
+
+    def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, workers: int,
+                 launch: WorkerLaunch | None) -> None:
+        self.scenario, self.opts, self.console, self.workers, self.launch = scenario, opts, console, workers, launch
+        self.plan = build_plan(scenario)
+        self.done_workers: set[str] = set()
+        self.left_workers: list[str] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.recorded = 0
+
+    def execute(self) -> tuple[int, Path]:
+        auth_headers(self.scenario)  # may raise TargetError before anything starts
+        run_dir = make_run_dir(self.scenario, self.opts)
+        sim = start_embedded(self.scenario, run_dir / "sim_trace.jsonl") if self.scenario.target.embedded else None
+        self.sim = sim
+        self.base_url = sim.base_url if sim else self.scenario.target.base_url
+        self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts)
+        self.run.engine_name = "locust"
+        try:
+            summary = self._drive()
+        except TargetError:
+            if self.opts.out is None and not any(run_dir.glob("*.parquet")):
+                shutil.rmtree(run_dir, ignore_errors=True)  # nothing was sent: leave no empty run behind
+            raise
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.terminate()
+                    p.wait(10)
+            if sim is not None:
+                sim.stop()
+        print_summary(self.console, summary, str(run_dir))
+        return EXIT_CODES[summary["verdict"]], run_dir
+
+    def _drive(self) -> dict[str, Any]:
+        state = lu.ProcessState(self.scenario, self.plan, self.base_url, on_record=self._record)
+        try:
+            target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early
+            target.sim = self.sim
+            env = lu.new_environment()
+            cpu0, wall0 = time.process_time(), time.monotonic()
+            if self.workers:
+                self._distributed(env)
+            else:
+                self._local(env, state)
+            cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+        finally:
+            state.close()
+        self.run.sink.close()
+        self.run.generator = {"engine": "locust", "workers": self.workers, "left": self.left_workers}
+        if not self.workers:  # one process: its CPU is the generator's (with workers, it is theirs)
+            self.run.generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
+                                      cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
+        if self.left_workers:
+            target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended: "
+                                "their records up to then are kept")
+        return self.run.summarize(target)
+
+    def _local(self, env: Any, state: lu.ProcessState) -> None:
+        lu.LLMUser.state = state
+        runner = env.create_local_runner()
+        state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
+        n = users_for(self.scenario)
+        runner.start(n, spawn_rate=max(n * 100.0, 1.0))
+        self._wait(lambda: state.finished, runner)
+        runner.quit()
+
+    def _distributed(self, env: Any) -> None:
+        port = _free_port()
+        runner = env.create_master_runner(master_bind_host="127.0.0.1", master_bind_port=port)
+        runner.register_message(lu.RECORDS_MESSAGE, self._on_records)
+        runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+        self._start_workers(port)
+        deadline = time.monotonic() + WORKER_CONNECT_TIMEOUT_S
+        while runner.worker_count < self.workers:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                raise TargetError(f"only {runner.worker_count} of {self.workers} workers connected")
+            lu.sleep(0.05)
+        clients = sorted(runner.clients.keys())
+        t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
+        for i, client_id in enumerate(clients):
+            runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(clients), "t0_wall_ns": t0_wall_ns},
+                                client_id=client_id)
+        n = users_for(self.scenario) * len(clients)
+        runner.start(n, spawn_rate=max(n * 100.0, 1.0))
+        self._wait(lambda: self._all_workers_done(runner, clients), runner)
+        runner.quit()
+
+    def _all_workers_done(self, runner: Any, clients: list[str]) -> bool:
+        alive = {c for c in clients if c in runner.clients and runner.clients[c].state != "missing"}
+        self.left_workers = sorted(set(clients) - alive - self.done_workers)
+        return alive <= self.done_workers
+
+    def _on_records(self, msg: Any, **_: Any) -> None:
+        for record, chunks in lu.unpack(msg.data):
+            self._record(record, chunks)
+
+    def _start_workers(self, port: int) -> None:
+        assert self.launch is not None
+        args = [sys.executable, "-m", "loadgen", "worker", str(self.launch.scenario_path), "--master-host",
+                "127.0.0.1", "--master-port", str(port), "--base-url", self.base_url]
+        for item in self.launch.sets:
+            args += ["--set", item]
+        for _ in range(self.workers):
+            self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                               env={**os.environ}))
+
+    def _wait(self, done: Any, runner: Any) -> None:
+        """Until the plan is done: progress on stderr, records flushed to Parquet every second."""
+        last_flush = time.monotonic()
+        with self.run.progress() as progress:
+            task = progress.add_task("running (locust)", total=self.plan.size)
+            while not done():
+                lu.sleep(0.25)
+                progress.update(task, completed=self.recorded, description=(
+                    f"running (locust)  users {runner.user_count:>4}  workers {len(self.done_workers)} done"))
+                if time.monotonic() - last_flush >= 1.0 and self.run.sink.pending():
+                    self.run.sink.flush()
+                    last_flush = time.monotonic()
+
+    def _record(self, record: Any, chunks: Any) -> None:
+        self.recorded += 1
+        self.run.sink.add(record, chunks)
+
+
+def run_worker(scenario: Scenario, master_host: str, master_port: int) -> int:
+    """A worker: its slice of the plan, its records shipped to the master; returns when the master quits."""
+    plan = build_plan(scenario)
+    env = lu.new_environment()
+    runner = env.create_worker_runner(master_host, master_port)
+    outbox = lu.Outbox(runner, worker=0)
+    state = lu.ProcessState(scenario, plan, scenario.target.base_url, on_record=outbox.add)
+    lu.LLMUser.state = state
+
+    def on_slice(msg: Any, **_: Any) -> None:
+        data = msg.data
+        outbox.worker = data["index"]
+        t0_ns = time.monotonic_ns() + (data["t0_wall_ns"] - time.time_ns())
+        state.set_slice(data["index"], data["workers"], t0_ns)
+        lu.spawn(_report_done, state, outbox, runner)
+
+    runner.register_message(lu.SLICE_MESSAGE, on_slice)
+    state.engine.wait_ready(lu.sleep)
+    runner.greenlet.join()
+    state.close()
+    outbox.close()
+    return 0
+
+
+def _report_done(state: lu.ProcessState, outbox: lu.Outbox, runner: Any) -> None:
+    while not state.finished:
+        lu.sleep(0.1)
+    outbox.flush()
+    runner.send_message(lu.DONE_MESSAGE, dict(state.counts))
+
+
+# ---- loadgen ui: Locust's web UI with an LLM tab -----------------------------------------------------------
+LLM_TAB = {"title": "LLM", "key": "llm"}
+LLM_TABLE = {"key": "llm", "structure": [
+    {"key": "name", "title": "metric / objective"}, {"key": "cls", "title": "class"},
+    {"key": "count", "title": "samples"}, {"key": "p50", "title": "p50 (ms)"}, {"key": "p90", "title": "p90 (ms)"},
+    {"key": "p99", "title": "p99 (ms)"}, {"key": "max", "title": "max (ms)"}, {"key": "note", "title": "result"}]}
+LIVE_EVERY_S = 2.0
+
+
+class UiSession:
+    """``loadgen ui``: each Start in the browser is one run (its own run directory); Stop, or the end of the
+    plan, writes the same files and verdict as ``loadgen run``."""
+
+    def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, host: str, port: int,
+                 web_login: bool, master: bool, master_port: int) -> None:
+        self.scenario, self.opts, self.console = scenario, opts, console
+        self.plan = build_plan(scenario)
+        self.master, self.master_port = master, master_port
+        auth_headers(scenario)
+        self.sim = start_embedded(scenario, None) if scenario.target.embedded else None
+        self.base_url = self.sim.base_url if self.sim else scenario.target.base_url
+        self.run: Run | None = None
+        self.clients: list[str] = []
+        self.done_workers: set[str] = set()
+        self.live: list[Any] = []
+        self.live_rows: list[dict[str, Any]] = []
+        self.state = lu.ProcessState(scenario, self.plan, self.base_url, on_record=self._on_record)
+        self.target = self.state.engine.wait_ready(lu.sleep)
+        self.target.sim = self.sim
+        self.env = self._environment(host, port, web_login)
+
+    def _environment(self, host: str, port: int, web_login: bool) -> Any:
+        sys.argv = sys.argv[:1]  # Locust's web UI re-parses the command line as its own: loadgen's is done
+        n = users_for(self.scenario)  # the start form's defaults
+        options = lu.web_ui_options(num_users=n, spawn_rate=max(n, 1), host=self.base_url)
+        env = lu.new_environment(parsed_options=options, host=self.base_url)
+        lu.LLMUser.state = self.state
+        if self.master:
+            runner = env.create_master_runner(master_bind_host="*", master_bind_port=self.master_port)
+            runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
+                                                                          for r, c in lu.unpack(msg.data)])
+            runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+        else:
+            env.create_local_runner()
+        web = env.create_web_ui(host, port, web_login=web_login, delayed_start=True)
+        web.template_args["extended_tabs"] = [LLM_TAB]
+        web.template_args["extended_tables"] = [LLM_TABLE]
+        web.app.after_request(self._with_llm_stats)
+        env.events.test_start.add_listener(lambda **_: self._start())
+        env.events.test_stop.add_listener(lambda **_: self._stop())
+        web.start()
+        return env
+
+    def serve(self) -> None:
+        self.console.print(f"Locust web UI with the LLM tab: http://{self.env.web_ui.host or '127.0.0.1'}:"
+                           f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
+        lu.spawn(self._refresh_live)
+        try:
+            self.env.runner.greenlet.join()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if self.run is not None:
+                self._stop()
+            self.env.runner.quit()
+            self.state.close()
+            if self.sim is not None:
+                self.sim.stop()
+
+    def _start(self) -> None:
+        self.run = Run(self.scenario, self.plan, make_run_dir(self.scenario, self.opts), self.console, self.opts)
+        self.run.engine_name = "locust"
+        self.run.write_run_json(self.target, finished=False)
+        self.live, self.live_rows = [], []
+        self.state.reset()
+        if self.master:
+            self.clients, self.done_workers = sorted(self.env.runner.clients.keys()), set()
+            t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
+            for i, client_id in enumerate(self.clients):
+                self.env.runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(self.clients),
+                                                                "t0_wall_ns": t0_wall_ns}, client_id=client_id)
+        else:
+            self.state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
+        lu.spawn(self._stop_at_end)
+
+    def _finished(self) -> bool:
+        if not self.master:
+            return self.state.finished
+        runner = self.env.runner
+        alive = {c for c in self.clients if c in runner.clients and runner.clients[c].state != "missing"}
+        return alive <= self.done_workers
+
+    def _stop_at_end(self) -> None:
+        run = self.run
+        while self.run is run and run is not None and not self._finished():
+            lu.sleep(0.2)
+        if self.run is run and run is not None:
+            self.env.runner.stop()
+
+    def _stop(self) -> None:
+        run, self.run = self.run, None
+        if run is None:
+            return
+        self.state.engine.cancel_in_flight()
+        deadline = time.monotonic() + 5
+        while self.state.in_flight > 0 and time.monotonic() < deadline:
+            lu.sleep(0.05)
+        run.interrupted = not (self._finished() if self.master else self.state.exhausted)
+        run.sink.close()
+        run.generator = {"engine": "locust", "workers": 0}
+        summary = run.summarize(self.target)
+        print_summary(self.console, summary, str(run.run_dir))
+
+    def _on_record(self, record: Any, chunks: Any) -> None:
+        if self.run is not None:
+            self.run.sink.add(record, chunks)
+            self.live.append((record, chunks))
+
+    def _refresh_live(self) -> None:
+        while True:
+            lu.sleep(LIVE_EVERY_S)
+            if self.live:
+                self.live_rows = live_rows(self.scenario, list(self.live), self.plan.size)
+
+    def _with_llm_stats(self, response: Any) -> Any:
+        from flask import request
+
+        if request.path.endswith("/stats/requests") and response.is_json:
+            data = response.get_json()
+            data["extended_stats"] = [{"key": "llm", "data": self.live_rows}]
+            response.set_data(json.dumps(data))
+        return response
+
+
+def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
+    """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
+    from .analysis.summary import summarize
+    from .sinks import chunks_frame, requests_frame
+
+    requests = requests_frame([r for r, _ in records])
+    chunks = chunks_frame([c for _, cs in records for c in cs])
+    summary, _ = summarize(scenario, requests, chunks, planned)
+    rows = []  # Locust's table sorts rows by name: the prefixes keep latency, SLOs and stalls together
+    classes = list(summary["classes"].items())
+    for cls, block in [("all", summary), *(classes if len(classes) > 1 else [])]:
+        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            m = block["metrics"][name]
+            rows.append({"name": f"latency · {name}", "cls": cls, "count": m["count"],
+                         **{k: _ms(m[k]) for k in ("p50", "p90", "p99", "max")}, "note": ""})
+    for o in summary["slo"]:
+        state = {True: "pass", False: "FAIL", None: "inconclusive"}[o["passed"]]
+        rows.append({"name": f"slo · {o['objective']}", "cls": "all", "count": o["samples"], "p50": "",
+                     "p90": "", "p99": "", "max": "",
+                     "note": f"{state}: {_ms(o['value'])} {o['comparison']} {o['threshold']}"})
+    st = summary["stalls"]
+    rows.append({"name": "stalls", "cls": "all", "count": st["count"], "p50": "", "p90": "",
+                 "p99": "", "max": _ms(st.get("worst_gap_ms")),
+                 "note": f"{st['prefill_induced']} prefill-induced; {st['per_1k_tokens']:.2f} per 1k tokens"})
+    return rows
+
+
+def _ms(value: Any) -> str:
+    return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
