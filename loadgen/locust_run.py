@@ -268,6 +268,9 @@ class UiSession:
     def serve(self) -> None:
         self.console.print(f"Locust web UI with the LLM tab: http://{self.env.web_ui.host or '127.0.0.1'}:"
                            f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
+        if self.master:
+            self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
+                               f"{self.master_port} --base-url {self.base_url}", highlight=False)
         lu.spawn(self._refresh_live)
         try:
             self.env.runner.greenlet.join()

@@ -91,6 +91,7 @@ def test_a_worker_killed_mid_run_keeps_what_it_sent(tmp_path):
     assert min(per_worker.values()) < planned // 2 <= max(per_worker.values()) + 1
     notes = " ".join(summary(out)["notes"])
     assert "left before their plan ended" in notes, (victim, notes, stdout[-2000:])
+    assert "left before their plan ended" in stdout and "left before" in (out / "summary.md").read_text()
 
 
 def _kill_a_worker_once_records_arrive(master_pid: int, out: Path) -> int:

@@ -43,6 +43,8 @@ def print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> No
                   f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
     if summary.get("stall_headline"):
         console.print(summary["stall_headline"], highlight=False, markup=False)
+    for note in summary.get("notes", []):
+        console.print(f"note: {note}", highlight=False, markup=False)
     verdict = summary["verdict"]
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in summary.get("reasons", []):

@@ -112,6 +112,7 @@ def header(summary: dict[str, Any], name: str, run_name: str) -> str:
     return (f"<h1>loadgen: {e(name)} <span class=\"badge {verdict}\" id=\"verdict\">{e(verdict.upper())}</span></h1>"
             f"<p class=\"meta\">run {e(run_name)} · {e(target_line(summary.get('target') or {}))}</p>"
             + (f"<ul>{reasons}</ul>" if reasons else "")
+            + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in summary.get("notes", []))
             + f"<p>{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {e(fmt(req['planned']))} planned); {tput['requests_per_s']:.2f} req/s, "
               f"{tput['output_tokens_per_s']:.0f} output tokens/s, goodput {tput['goodput_requests_per_s']:.2f} "

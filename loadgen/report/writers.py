@@ -37,6 +37,7 @@ def summary_markdown(summary: dict[str, Any], name: str, images: list[tuple[str,
     lines = [f"## loadgen: {md_escape(name)} — {ICON[summary['verdict']]}", ""]
     lines += [f"- {md_escape(r)}" for r in summary.get("reasons", [])]
     lines += ["", target_line(summary.get("target") or {})]
+    lines += [f"\nNote: {md_escape(n)}" for n in summary.get("notes", [])]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
