@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -216,7 +216,7 @@ def history(
     """Draw the trends of the key percentiles and verdicts across runs (one self-contained HTML page)."""
     import polars as pl
 
-    from .report.history import collect_runs, render_history
+    from .report.history import collect_runs, print_history, render_history
 
     if not reports_dir.is_dir():
         raise _fail(f"{reports_dir}: not a directory")
@@ -228,22 +228,8 @@ def history(
                     + (f" of scenario {scenario!r}" if scenario else ""))
     page = out or reports_dir / "history.html"
     page.write_text(render_history(runs, page, reports_dir), encoding="utf-8")
-    _print_history(runs)
+    print_history(console, runs)
     console.print(f"{runs.height} runs → {page}", highlight=False)
-
-
-def _print_history(runs: Any) -> None:
-    from rich.table import Table
-
-    from .report.console import STYLE, compact
-
-    table = Table(box=None, pad_edge=False)
-    for col in ("run", "scenario", "verdict", "TTFT p99", "ITL p99", "tokens/s"):
-        table.add_column(col, justify="left" if col in ("run", "scenario", "verdict") else "right")
-    for r in runs.tail(20).iter_rows(named=True):
-        table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
-                      compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]))
-    console.print(table)
 
 
 def main() -> None:

@@ -54,6 +54,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def send_slices(runner: Any) -> list[str]:
+    """Give each connected worker its slice of the plan and the plan's start (wall clock: workers may run on
+    other machines); returns the workers' ids in slice order."""
+    clients = sorted(runner.clients.keys())
+    t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
+    for i, client_id in enumerate(clients):
+        runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(clients), "t0_wall_ns": t0_wall_ns},
+                            client_id=client_id)
+    return clients
+
+
+def workers_left(runner: Any, clients: list[str], done: set[str]) -> tuple[bool, list[str]]:
+    """(every worker still connected has reported its slice done, the workers that left before that)."""
+    alive = {c for c in clients if c in runner.clients and runner.clients[c].state != "missing"}
+    return alive <= done, sorted(set(clients) - alive - done)
+
+
 class LocustRun:
     """One run through Locust: local (one process) or master with N local worker processes."""
 
@@ -134,20 +151,15 @@ class LocustRun:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
                 raise TargetError(f"only {runner.worker_count} of {self.workers} workers connected")
             lu.sleep(0.05)
-        clients = sorted(runner.clients.keys())
-        t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
-        for i, client_id in enumerate(clients):
-            runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(clients), "t0_wall_ns": t0_wall_ns},
-                                client_id=client_id)
+        clients = send_slices(runner)
         n = users_for(self.scenario) * len(clients)
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
         self._wait(lambda: self._all_workers_done(runner, clients), runner)
         runner.quit()
 
     def _all_workers_done(self, runner: Any, clients: list[str]) -> bool:
-        alive = {c for c in clients if c in runner.clients and runner.clients[c].state != "missing"}
-        self.left_workers = sorted(set(clients) - alive - self.done_workers)
-        return alive <= self.done_workers
+        done, self.left_workers = workers_left(runner, clients, self.done_workers)
+        return done
 
     def _on_records(self, msg: Any, **_: Any) -> None:
         for record, chunks in lu.unpack(msg.data):
@@ -291,11 +303,8 @@ class UiSession:
         self.live, self.live_rows = [], []
         self.state.reset()
         if self.master:
-            self.clients, self.done_workers = sorted(self.env.runner.clients.keys()), set()
-            t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
-            for i, client_id in enumerate(self.clients):
-                self.env.runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(self.clients),
-                                                                "t0_wall_ns": t0_wall_ns}, client_id=client_id)
+            self.done_workers = set()
+            self.clients = send_slices(self.env.runner)
         else:
             self.state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
         lu.spawn(self._stop_at_end)
@@ -303,9 +312,7 @@ class UiSession:
     def _finished(self) -> bool:
         if not self.master:
             return self.state.finished
-        runner = self.env.runner
-        alive = {c for c in self.clients if c in runner.clients and runner.clients[c].state != "missing"}
-        return alive <= self.done_workers
+        return workers_left(self.env.runner, self.clients, self.done_workers)[0]
 
     def _stop_at_end(self) -> None:
         run = self.run
@@ -336,8 +343,8 @@ class UiSession:
     def _refresh_live(self) -> None:
         while True:
             lu.sleep(LIVE_EVERY_S)
-            if self.live:
-                self.live_rows = live_rows(self.scenario, list(self.live), self.plan.size)
+            if self.live:  # on a native thread: the hub keeps handing requests to the engine meanwhile
+                self.live_rows = lu.in_thread(live_rows, self.scenario, list(self.live), self.plan.size)
 
     def _with_llm_stats(self, response: Any) -> Any:
         from flask import request

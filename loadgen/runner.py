@@ -21,8 +21,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from . import __version__
 from .analysis.slo import EXIT_CODES
 from .analysis.summary import summarize
-from .drivers.asyncio_engine import AsyncioEngine, EngineConfig
-from .drivers.lean_transport import LeanTransport
+from .drivers.asyncio_engine import AsyncioEngine
+from .drivers.setup import engine_config, open_client
 from .report.build import write_reports
 from .report.console import print_summary
 from .scenario import Scenario
@@ -98,12 +98,8 @@ class Run:
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
-        load = self.scenario.load
-        limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
-        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
-        transport = LeanTransport() if base_url.startswith("http://") else None  # https: httpx's own
-        self.lean_transport = transport is not None
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=transport) as client:
+        client, self.lean_transport = open_client(self.scenario, base_url)
+        async with client:
             target = await resolve(self.scenario, client, base_url, headers, redact)
             target.sim = sim
             factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
@@ -127,8 +123,7 @@ class Run:
 
     def _engine(self, target: ResolvedTarget, client: httpx.AsyncClient, factory: PromptFactory,
                 prompts: dict[int, Prompt]) -> AsyncioEngine:
-        s, load = self.scenario, self.scenario.load
-        path = "/chat/completions" if s.target.api == "chat" else "/completions"
+        s = self.scenario
 
         async def body_for(req: PlannedRequest) -> dict[str, Any]:
             prompt = prompts.get(req.seq) or await factory.build(req)
@@ -139,12 +134,7 @@ class Run:
             record.error_message = target.redact(record.error_message)
             self.sink.add(record, chunks)
 
-        cfg = EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
-                           ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
-                           max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
-                           concurrency=load.concurrency,
-                           send_ahead_ms=1.0 if self.lean_transport else 0.0)
-        return AsyncioEngine(cfg, self.plan, body_for, on_record, client)
+        return AsyncioEngine(engine_config(s, target, self.lean_transport), self.plan, body_for, on_record, client)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         loop = asyncio.get_running_loop()

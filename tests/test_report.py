@@ -108,3 +108,12 @@ def test_text_from_the_scenario_or_server_is_escaped(stall_run):
     assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&amp;&quot;" in page
     assert json.loads(json_for_script({"k": HOSTILE})) == {"k": HOSTILE}
     assert "</" not in json_for_script({"k": HOSTILE})
+
+
+def test_throughput_over_time_counts_every_output_token(stall_run):
+    from loadgen.report.views import throughput_over_time
+
+    v = views(stall_run)
+    bw_s = 0.5
+    counted = throughput_over_time(v, bw_s)["output_tokens_per_s"].sum() * bw_s
+    assert round(counted) == v.measured_ok["output_tokens"].sum()

@@ -25,11 +25,10 @@ from ..scenario import Scenario
 from ..schedule import Plan, PlannedRequest
 from ..target import ResolvedTarget, auth_headers, resolve, token_counter
 from ..workload import PromptFactory, request_body
-from .asyncio_engine import AsyncioEngine, EngineConfig
-from .lean_transport import LeanTransport
+from .asyncio_engine import AsyncioEngine
+from .setup import engine_config, open_client
 
 OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
-SEND_AHEAD_MS = 1.0
 
 
 class EngineThread:
@@ -108,13 +107,10 @@ class EngineThread:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        s, load = self.scenario, self.scenario.load
+        s = self.scenario
         headers, redact = auth_headers(s)
-        limits = httpx.Limits(max_connections=load.max_in_flight + 8, max_keepalive_connections=load.max_in_flight + 8)
-        timeout = httpx.Timeout(connect=10.0, read=None, write=30.0, pool=None)
-        lean = self.base_url.startswith("http://")
-        async with httpx.AsyncClient(limits=limits, timeout=timeout, transport=LeanTransport() if lean else None) \
-                as client:
+        client, lean = open_client(s, self.base_url)
+        async with client:
             self.target = await resolve(s, client, self.base_url, headers, redact)
             self.factory = PromptFactory(s, await token_counter(s, client, self.target))
             await self.factory.prepare_classes()
@@ -128,9 +124,8 @@ class EngineThread:
             watchdog.cancel()
 
     def _engine(self, client: httpx.AsyncClient, lean: bool) -> AsyncioEngine:
-        s, load, target = self.scenario, self.scenario.load, self.target
+        target = self.target
         assert target is not None
-        path = "/chat/completions" if s.target.api == "chat" else "/completions"
 
         async def no_body(req: PlannedRequest) -> dict[str, Any]:  # bodies are built in _one
             raise AssertionError("unused")
@@ -141,11 +136,7 @@ class EngineThread:
             if done is not None:
                 done(record, chunks)
 
-        cfg = EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
-                           ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
-                           max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
-                           concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS if lean else 0.0)
-        return AsyncioEngine(cfg, self.plan, no_body, on_record, client)
+        return AsyncioEngine(engine_config(self.scenario, target, lean), self.plan, no_body, on_record, client)
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
         target = self.target

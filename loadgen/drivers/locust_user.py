@@ -223,6 +223,12 @@ def spawn(fn: Callable[..., Any], *args: Any) -> Any:
     return gevent.spawn(fn, *args)
 
 
+def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` on gevent's pool of native threads; only the calling greenlet waits (polars releases the
+    GIL for most of its work, so the users' greenlets keep their timing)."""
+    return gevent.get_hub().threadpool.apply(fn, args)
+
+
 def new_environment(**kwargs: Any) -> Environment:
     """A Locust environment with the LLM user (kwargs: host, parsed_options, ...)."""
     return Environment(user_classes=[LLMUser], events=locust.events, **kwargs)

@@ -10,9 +10,12 @@ from typing import Any
 
 import altair as alt
 import polars as pl
+from rich.console import Console
+from rich.table import Table
 
 from .charts import CLASS_COLORS, Chart
-from .html import CSS, RENDER_JS, chart_section, e, vega_bundle
+from .console import STYLE, compact
+from .html import chart_section, e, page
 
 TREND_METRICS = {  # column → (summary path, title)
     "ttft_p50_ms": (("metrics", "ttft_ms", "p50"), "TTFT p50 (ms)"),
@@ -100,8 +103,16 @@ def render_history(runs: pl.DataFrame, out_path: Path, reports_dir: Path) -> str
                   "Each point is a run; its shape is the run's verdict. Lines join runs of one scenario.")
     counts = runs.group_by("verdict").len()
     tally = ", ".join(f"{n} {v}" for v, n in sorted(counts.iter_rows()))
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>loadgen history</title>"
-            f"<style>{CSS}</style><script>{vega_bundle()}</script></head><body>"
-            f"<h1>loadgen history</h1><p class=\"meta\">{runs.height} runs under {e(reports_dir)}: {e(tally)}.</p>"
-            + chart_section(chart) + "<h2>Runs</h2>" + runs_table(runs, out_path.parent, reports_dir)
-            + f"<script>{RENDER_JS}</script></body></html>")
+    return page("loadgen history",
+                f"<h1>loadgen history</h1><p class=\"meta\">{runs.height} runs under {e(reports_dir)}: {e(tally)}.</p>"
+                + chart_section(chart) + "<h2>Runs</h2>" + runs_table(runs, out_path.parent, reports_dir))
+
+
+def print_history(console: Console, runs: pl.DataFrame, last: int = 20) -> None:
+    table = Table(box=None, pad_edge=False)
+    for col in ("run", "scenario", "verdict", "TTFT p99", "ITL p99", "tokens/s"):
+        table.add_column(col, justify="left" if col in ("run", "scenario", "verdict") else "right")
+    for r in runs.tail(last).iter_rows(named=True):
+        table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
+                      compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]))
+    console.print(table)

@@ -126,14 +126,18 @@ def chart_section(chart: Chart) -> str:
             "</section>")
 
 
-def render_page(summary: dict[str, Any], name: str, run_name: str, charts: list[Chart]) -> str:
+def page(title: str, body: str) -> str:
+    """A self-contained page: the Vega bundle inline, then ``body`` (its charts render after it loads)."""
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>loadgen: {e(name)} — {e(summary['verdict'])}</title><style>{CSS}</style>"
-            f"<script>{vega_bundle()}</script></head><body>"
-            + header(summary, name, run_name) + "<h2>SLOs</h2>" + slo_table(summary)
-            + "<h2>Latency</h2>" + metrics_table(summary) + stalls_section(summary)
-            + "".join(chart_section(c) for c in charts)
-            + f"<script>{RENDER_JS}</script></body></html>")
+            f"<title>{e(title)}</title><style>{CSS}</style><script>{vega_bundle()}</script></head><body>"
+            f"{body}<script>{RENDER_JS}</script></body></html>")
+
+
+def render_page(summary: dict[str, Any], name: str, run_name: str, charts: list[Chart]) -> str:
+    return page(f"loadgen: {name} — {summary['verdict']}",
+                header(summary, name, run_name) + "<h2>SLOs</h2>" + slo_table(summary)
+                + "<h2>Latency</h2>" + metrics_table(summary) + stalls_section(summary)
+                + "".join(chart_section(c) for c in charts))
 
 
 def write_pngs(charts: list[Chart], out_dir: Path) -> list[Path]:

@@ -27,6 +27,7 @@ class RunViews:
 
     requests: pl.DataFrame  # every request (warm-up included), analysis.metrics columns, + t_*_s
     gaps: pl.DataFrame  # measured, successful requests' chunk gaps, + t_s
+    chunks: pl.DataFrame  # the same requests' chunks (t_s, tokens): every token, first chunks included
     stalls: pl.DataFrame  # stalls.parquet, + t_start_s / t_end_s
     summary: dict[str, Any]
     t0_ns: int
@@ -47,7 +48,9 @@ class RunViews:
         if stalls.height:
             stalls = stalls.with_columns(t_start_s=(pl.col("t_start_ns") - t0) / NS_PER_S,
                                          t_end_s=(pl.col("t_end_ns") - t0) / NS_PER_S)
-        return cls(req, gaps, stalls, summary, t0)
+        ok_chunks = (chunks.join(ok_keys, on=["worker", "seq"], how="semi")
+                     .select(t_s=(pl.col("t_ns") - t0) / NS_PER_S, tokens="tokens"))
+        return cls(req, gaps, ok_chunks, stalls, summary, t0)
 
     @property
     def measured_ok(self) -> pl.DataFrame:
@@ -147,7 +150,7 @@ def prefill_tokens_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
 
 def throughput_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
     """Per time bin: output tokens/s, requests in flight (at the bin's middle) and completions/s."""
-    chunks_t = v.gaps.select("t_s", "tokens")
+    chunks_t = v.chunks
     n_bins = int(v.span_s / bw_s) + 1
     grid = pl.DataFrame({"b": list(range(n_bins))})
     tokens = chunks_t.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64)).agg(tok=pl.col("tokens").sum())
