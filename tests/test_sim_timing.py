@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from local_target.sim import PrefillChunk, build_config, prefill_alone_ms, read_trace, step_ms
 from local_target.sim import tokenizer
-from tests.sim_client import chat_body, stream
+from tests.sim_client import chat_body, run_timed, stream
 
 MODEL = "llama-2-7b"
 TOL_MS = 2.0
@@ -34,7 +34,7 @@ def test_ttft_at_low_load_matches_the_model(start_sim, words):
             await stream(client, sim.base_url + "/chat/completions", chat_body(MODEL, 5, 1))  # warm connection
             return [await stream(client, sim.base_url + "/chat/completions", chat_body(MODEL, words, 2))
                     for _ in range(5)]
-    streams = asyncio.run(go())
+    streams = run_timed(go())
     sim.stop()
     arrivals = {e["id"]: e["t_arrival_ns"] for e in read_trace(sim.trace_path) if e["type"] == "request"}
     # TTFT from the request's arrival at the server (parsing and tokenizing included) to the client's receipt
@@ -55,7 +55,7 @@ def _victims_and_aggressor(sim, aggressor_words: int, victims: int = 4, victim_t
             await asyncio.gather(*(ev.wait() for ev in ready))
             long = await stream(client, sim.base_url + "/chat/completions", chat_body(MODEL, aggressor_words, 2))
             return long, await asyncio.gather(*tasks)
-    return asyncio.run(go())
+    return run_timed(go())
 
 
 def _gap_ms_ending_at(stream_times_ns: list[int], index: int) -> float:
@@ -108,7 +108,7 @@ def test_preemption_when_kv_is_short_shows_in_metrics_and_trace(start_sim):
         async with httpx.AsyncClient(timeout=60) as client:
             return await asyncio.gather(*[stream(client, sim.base_url + "/chat/completions",
                                                  chat_body(MODEL, 500, 400)) for _ in range(4)])
-    streams = asyncio.run(go())
+    streams = run_timed(go())
     assert all(s.done and len(s.content_times) == 400 for s in streams)  # preempted requests still complete
     text = httpx.get(sim.base_url.removesuffix("/v1") + "/metrics").text
     samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
