@@ -47,6 +47,11 @@ def run(
     no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
     no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
                                 "from summary.md); report.html is written either way"),
+    no_server_metrics: bool = typer.Option(False, "--no-server-metrics", help="do not scrape the target's "
+                                           "/metrics (default: every --server-metrics-period-s into "
+                                           "server_metrics.parquet)"),
+    server_metrics_period_s: float = typer.Option(0.5, "--server-metrics-period-s", min=0.05,
+                                                  help="seconds between two scrapes of /metrics"),
     engine: str = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front "
                                "of the same streaming engine; with --workers, Locust's master/worker mode)"),
     workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
@@ -64,7 +69,8 @@ def run(
     try:
         overrides = _overrides(set_, base_url, model, api_key_env, duration)
         sc = load_scenario(scenario, overrides)
-        opts = RunOptions(out=out, progress=not no_progress, png=not no_png)
+        opts = RunOptions(out=out, progress=not no_progress, png=not no_png, server_metrics=not no_server_metrics,
+                          server_metrics_period_s=server_metrics_period_s)
         if engine == "locust":
             launch = locust_run.WorkerLaunch(scenario, overrides)
             code, _ = locust_run.LocustRun(sc, opts, console, workers, launch).execute()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import platform
 import shutil
@@ -12,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 from rich.console import Console
@@ -28,6 +29,8 @@ from .report.console import print_summary
 from .scenario import Scenario
 from .schedule import Plan, PlannedRequest, build_plan
 from .secrets import redact_headers
+from . import server_metrics
+from .server_metrics import Scraper
 from .sinks import RecordSink, load_records
 from .target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
 from .workload import Prompt, PromptFactory, build_prompts, request_body
@@ -41,6 +44,8 @@ class RunOptions:
     reports_dir: Path = Path("reports")
     progress: bool = True
     png: bool = True  # charts/*.png beside report.html
+    server_metrics: bool = True  # scrape the target's /metrics into server_metrics.parquet
+    server_metrics_period_s: float = 0.5
 
 
 def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
@@ -107,12 +112,32 @@ class Run:
             prompts = await self._prepare_prompts(factory)
             self.write_run_json(target, finished=False)
             engine = self._engine(target, client, factory, prompts)
-            await self._drive(engine)
+            async with self._server_metrics(target, client):
+                await self._drive(engine)
         self.sink.close()
         st = engine.stats
         self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
                           "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
         return self.summarize(target)
+
+    @contextlib.asynccontextmanager
+    async def _server_metrics(self, target: ResolvedTarget, client: httpx.AsyncClient) -> AsyncIterator[None]:
+        """Scrape the target's /metrics while the block runs (server_metrics.parquet); a note if it cannot."""
+        if not self.opts.server_metrics:
+            yield
+            return
+        scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s)
+        stop = asyncio.Event()
+        task = asyncio.create_task(scraper.run(client, stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+            scraper.write(self.run_dir)
+            if scraper.warning:
+                target.notes.append(scraper.warning)
+                self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:
@@ -213,7 +238,8 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
              "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
              "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
              "loadgen_version": info.get("loadgen_version")}
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra,
+                                server_metrics.load(run_dir))
     write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png)
     return summary
 

@@ -344,7 +344,7 @@ def config_from(slo: Any, max_in_flight: int | None) -> SpikeConfig:
 
 
 def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFrame, chunks: pl.DataFrame,
-            cfg: SpikeConfig) -> SpikeAnalysis:
+            cfg: SpikeConfig, preemptions: list[tuple[int, int]] | None = None) -> SpikeAnalysis:
     """``all_requests`` (warm-up included: its prefills can stall measured streams), the ``measured`` ones, and
     the measured requests' chunk ``gaps``; all with metric columns (analysis.metrics)."""
     ok = measured.filter(pl.col("ok"))
@@ -354,7 +354,8 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
     windows = prefill_windows(all_requests, fit, long_tokens)
     ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
     base = baselines(ok_gaps)
-    stalls = attribute(find_stalls(ok_gaps, base, cfg), windows, all_requests, cfg)
+    stalls = confirm_preemptions(attribute(find_stalls(ok_gaps, base, cfg), windows, all_requests, cfg),
+                                 preemptions or [])
     events = group_events(stalls, cfg.group_ms)
     stalls = _with_event_ids(stalls, cfg.group_ms)
     summary = figures(stalls, events, ok_gaps, ok, windows, cfg)
@@ -371,6 +372,26 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
         per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms),
                                   ok_gaps.filter(pl.col("class_name") == name), c_ok, windows, cfg)
     return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def confirm_preemptions(stalls: pl.DataFrame, windows: list[tuple[int, int]]) -> pl.DataFrame:
+    """Server evidence (vLLM's preemption counter, scraped): a stall that overlaps a scrape interval in which
+    the counter rose is labelled "preemption", not prefill (a preempted request stalls from the step that
+    evicted it until it is recomputed). The resolution is the scrape period (``--server-metrics-period-s``)."""
+    if stalls.is_empty() or not windows:
+        return stalls
+    w = pl.DataFrame(windows, schema={"p0_ns": pl.Int64, "p1_ns": pl.Int64}, orient="row")
+    keys = ["worker", "seq", "t_end_ns"]
+    hit = (stalls.select(*keys, "t_start_ns")
+           .join_where(w, pl.col("p0_ns") < pl.col("t_end_ns"), pl.col("p1_ns") > pl.col("t_start_ns"))
+           .select(keys).unique().with_columns(preempted=pl.lit(True)))
+    out = stalls.join(hit, on=keys, how="left").with_columns(pl.col("preempted").fill_null(False))
+    nulls = [pl.when(pl.col("preempted")).then(None).otherwise(pl.col(c)).alias(c)
+             for c in ("culprits", "culprit_prompt_tokens", "overlap_ms")]
+    return out.with_columns(
+        *nulls, prefill_induced=pl.col("prefill_induced") & ~pl.col("preempted"),
+        cause=pl.when(pl.col("preempted")).then(pl.lit("preemption")).otherwise(pl.col("cause")),
+    ).drop("preempted")
 
 
 def _with_event_ids(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:

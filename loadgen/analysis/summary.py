@@ -6,6 +6,7 @@ from typing import Any
 
 import polars as pl
 
+from .. import server_metrics
 from ..scenario import Scenario
 from . import metrics as m
 from . import spikes
@@ -13,8 +14,10 @@ from .slo import evaluate, stall_objectives, verdict
 
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
-              extra: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
-    """The summary (summary.json) and the derived tables written beside it (``stalls``)."""
+              extra: dict[str, Any] | None = None,
+              server: pl.DataFrame | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    """The summary (summary.json) and the derived tables written beside it (``stalls``). ``server``: the
+    scraped server metrics (server_metrics.parquet), whose preemptions confirm stall causes."""
     req = m.with_request_metrics(requests)
     gaps = m.chunk_gaps(req, chunks)
     measured = m.measured(req)
@@ -24,7 +27,8 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     metric_table = m.metric_table(measured, measured_gaps)
     tput = m.throughput(measured, good)
     spike = spikes.analyze(req, measured, measured_gaps, chunks,
-                           spikes.config_from(scenario.slo, scenario.load.max_in_flight))
+                           spikes.config_from(scenario.slo, scenario.load.max_in_flight),
+                           server_metrics.preemption_windows(server))
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"])
     objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
@@ -46,6 +50,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "classes": _per_class(measured, measured_gaps, scenario, spike.per_class),
         "lengths": _lengths(measured),
         "window_s": m.window_s(measured),
+        "server": server_metrics.summary_of(server),
         **(extra or {}),
     }, {"stalls": spike.stalls}
 

@@ -1,0 +1,130 @@
+"""The server's own view during a run: its Prometheus ``/metrics`` scraped every ``period_s`` into
+``server_metrics.parquet`` (t_ns, name, value; one row per sample of the series below).
+
+vLLM's names (V1; older spellings accepted): requests running and waiting, KV-cache usage, preemptions, prompt
+and generation token counters, and the tokens per engine step (a histogram: its _sum and _count). The text is
+fetched on the run's loop (one small GET) and parsed on a worker thread, so the loop that timestamps the
+streams is never held by the parse. A target without ``/metrics`` is skipped with one warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import polars as pl
+
+SERIES = {  # exposition name (after prometheus_client's parsing) → our column
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # before V1
+    "vllm:num_preemptions": "preemptions_total",
+    "vllm:num_preemptions_total": "preemptions_total",
+    "vllm:prompt_tokens": "prompt_tokens_total",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:generation_tokens": "generation_tokens_total",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:iteration_tokens_total_sum": "iteration_tokens_sum",
+    "vllm:iteration_tokens_total_count": "iteration_tokens_count",
+}
+SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
+
+
+def parse(text: str) -> dict[str, float]:
+    """The series above from one exposition (summed over label sets, e.g. per model or engine)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = SERIES.get(sample.name) or SERIES.get(family.name if sample.name == family.name else "")
+            if name is None and sample.name.endswith("_total"):
+                name = SERIES.get(sample.name[: -len("_total")])
+            if name is not None:
+                out[name] = out.get(name, 0.0) + float(sample.value)
+    return out
+
+
+@dataclass
+class Scraper:
+    url: str  # …/metrics
+    headers: dict[str, str]
+    period_s: float = 0.5
+    rows: list[tuple[int, str, float]] = field(default_factory=list)
+    warning: str | None = None
+
+    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
+        while not stop.is_set():
+            t_ns = time.monotonic_ns()
+            try:
+                resp = await client.get(self.url, headers=self.headers, timeout=5.0)
+            except httpx.HTTPError as exc:
+                self.warning = f"server metrics: {self.url} unreachable ({type(exc).__name__}); not scraped"
+                return
+            if resp.status_code != 200:
+                self.warning = f"server metrics: {self.url} answered HTTP {resp.status_code}; not scraped"
+                return
+            values = await asyncio.to_thread(_parse_or_none, resp.text)
+            if values is None or (not values and not self.rows):
+                self.warning = f"server metrics: {self.url} has no vLLM series; not scraped"
+                return
+            self.rows += [(t_ns, k, v) for k, v in values.items()]
+            try:
+                await asyncio.wait_for(stop.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")
+
+    def write(self, run_dir: Path) -> None:
+        if self.rows:
+            self.frame().write_parquet(run_dir / "server_metrics.parquet")
+
+
+def _parse_or_none(text: str) -> dict[str, float] | None:
+    try:
+        return parse(text)
+    except ValueError:
+        return None
+
+
+def load(run_dir: Path) -> pl.DataFrame | None:
+    path = run_dir / "server_metrics.parquet"
+    return pl.read_parquet(path) if path.exists() else None
+
+
+def wide(metrics: pl.DataFrame) -> pl.DataFrame:
+    """One row per scrape: t_ns and a column per series."""
+    return metrics.pivot(on="name", index="t_ns", values="value", aggregate_function="sum").sort("t_ns")
+
+
+def preemption_windows(metrics: pl.DataFrame | None) -> list[tuple[int, int]]:
+    """(t_prev_ns, t_ns) of every scrape interval in which the preemption counter rose."""
+    if metrics is None or metrics.is_empty():
+        return []
+    p = metrics.filter(pl.col("name") == "preemptions_total").sort("t_ns")
+    if p.height < 2:
+        return []
+    rose = p.with_columns(prev_t=pl.col("t_ns").shift(1), prev_v=pl.col("value").shift(1)).filter(
+        pl.col("value") > pl.col("prev_v"))
+    return list(zip(rose["prev_t"].to_list(), rose["t_ns"].to_list()))
+
+
+def summary_of(metrics: pl.DataFrame | None) -> dict[str, Any]:
+    if metrics is None or metrics.is_empty():
+        return {}
+    w = wide(metrics)
+    out: dict[str, Any] = {"scrapes": w.height}
+    for col in ("running", "waiting", "kv_cache_usage"):
+        if col in w.columns:
+            out[f"{col}_max"] = float(w[col].max())  # type: ignore[arg-type]
+    if "preemptions_total" in w.columns:
+        out["preemptions"] = float(w["preemptions_total"].max() - w["preemptions_total"].min())  # type: ignore
+    return out

@@ -1,0 +1,65 @@
+"""The server's /metrics scraped during a run, and stall causes confirmed by it."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from loadgen.analysis.spikes import confirm_preemptions
+from loadgen.server_metrics import parse, preemption_windows
+from tests.run_helpers import run_cli, summary
+
+VLLM_TEXT = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 3.0
+vllm:num_requests_running{model_name="m",engine="1"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 7.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{model_name="m"} 4.0
+# TYPE vllm:iteration_tokens_total histogram
+vllm:iteration_tokens_total_bucket{le="+Inf",model_name="m"} 10.0
+vllm:iteration_tokens_total_sum{model_name="m"} 900.0
+vllm:iteration_tokens_total_count{model_name="m"} 10.0
+# TYPE other_metric gauge
+other_metric 1.0
+"""
+
+
+def test_parse_reads_vllm_names_old_and_new_and_sums_label_sets():
+    assert parse(VLLM_TEXT) == {"running": 5.0, "waiting": 7.0, "kv_cache_usage": 0.5, "preemptions_total": 4.0,
+                                "iteration_tokens_sum": 900.0, "iteration_tokens_count": 10.0}
+
+
+def test_a_stall_overlapping_a_preemption_is_labelled_preemption_not_prefill():
+    metrics = pl.DataFrame({"t_ns": [0, 500, 1000, 1500], "name": ["preemptions_total"] * 4,
+                            "value": [0.0, 0.0, 1.0, 1.0]})
+    assert preemption_windows(metrics) == [(500, 1000)]
+    stalls = pl.DataFrame({"worker": [0, 0], "seq": [1, 2], "t_start_ns": [600, 1100], "t_end_ns": [900, 1400],
+                           "prefill_induced": [True, True], "culprits": [[7], [8]],
+                           "culprit_prompt_tokens": [[9000], [9000]], "overlap_ms": [[1.0], [1.0]],
+                           "cause": ["prefill", "prefill"]})
+    out = confirm_preemptions(stalls, preemption_windows(metrics)).sort("seq")
+    assert out["cause"].to_list() == ["preemption", "prefill"]
+    assert out["prefill_induced"].to_list() == [False, True] and out["culprits"].to_list() == [None, [8]]
+
+
+def test_preemption_heavy_run_is_confirmed_by_the_server(tmp_path):
+    out = tmp_path / "kv"
+    res = run_cli("run", "scenarios/chat.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "15",
+                  "--set", "target.simulator.kv_cache_tokens=9000", "--set", "load.rate_per_s=8")
+    assert res.returncode in (0, 1, 3), res.stderr
+    metrics = pl.read_parquet(out / "server_metrics.parquet")
+    assert {"running", "waiting", "kv_cache_usage", "preemptions_total"} <= set(metrics["name"].unique())
+    s = summary(out)
+    assert s["server"]["preemptions"] > 10 and s["server"]["kv_cache_usage_max"] > 0.9
+    by_cause = s["stalls"]["by_cause"]
+    assert by_cause.get("preemption", 0) >= 0.8 * s["stalls"]["count"] and s["stalls"]["prefill_induced"] == 0
+
+
+def test_no_server_metrics_flag_and_a_target_without_metrics(tmp_path):
+    out = tmp_path / "off"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "2",
+                  "--no-server-metrics")
+    assert res.returncode in (0, 1, 3), res.stderr
+    assert not (out / "server_metrics.parquet").exists() and summary(out)["server"] == {}
