@@ -238,9 +238,9 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
              "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
              "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
              "loadgen_version": info.get("loadgen_version")}
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra,
-                                server_metrics.load(run_dir))
-    write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png)
+    server = server_metrics.load(run_dir)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
+    write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
     return summary
 
 

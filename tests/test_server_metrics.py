@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import polars as pl
+import pytest
 
 from loadgen.analysis.spikes import confirm_preemptions
-from loadgen.server_metrics import parse, preemption_windows
+from loadgen.server_metrics import Scraper, parse, preemption_windows
 from tests.run_helpers import run_cli, summary
 
 VLLM_TEXT = """# TYPE vllm:num_requests_running gauge
@@ -55,11 +59,33 @@ def test_preemption_heavy_run_is_confirmed_by_the_server(tmp_path):
     assert s["server"]["preemptions"] > 10 and s["server"]["kv_cache_usage_max"] > 0.9
     by_cause = s["stalls"]["by_cause"]
     assert by_cause.get("preemption", 0) >= 0.8 * s["stalls"]["count"] and s["stalls"]["prefill_induced"] == 0
+    page = (out / "report.html").read_text()  # the server's series under the ITL chart
+    assert "kv_cache_pct" in page and "requests waiting" in page and "preempted a request" in page
 
 
-def test_no_server_metrics_flag_and_a_target_without_metrics(tmp_path):
+def test_no_server_metrics_flag_scrapes_nothing(tmp_path):
     out = tmp_path / "off"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "2",
                   "--no-server-metrics")
     assert res.returncode in (0, 1, 3), res.stderr
     assert not (out / "server_metrics.parquet").exists() and summary(out)["server"] == {}
+    assert "kv_cache_pct" not in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("status, body, why", [(404, "not found", "HTTP 404"),
+                                               (200, "# just text\nup 1\n", "no vLLM series")])
+def test_a_target_without_vllm_metrics_is_skipped_with_one_warning(status, body, why):
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(status, text=body)
+
+    scraper = Scraper("http://t/metrics", {}, period_s=0.01)
+
+    async def scrape() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await scraper.run(client, asyncio.Event())  # returns by itself: nothing to scrape
+
+    asyncio.run(scrape())
+    assert calls == ["/metrics"] and scraper.rows == [] and why in (scraper.warning or "")

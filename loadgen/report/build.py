@@ -17,8 +17,8 @@ from .writers import write_all
 
 def write_reports(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, pl.DataFrame],
                   requests: pl.DataFrame, chunks: pl.DataFrame, window: tuple[float, float] | None = None,
-                  png: bool = True) -> None:
-    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), summary)
+                  png: bool = True, server: pl.DataFrame | None = None) -> None:
+    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), summary, server)
     charts = build_charts(views, choose_window(views, window))
     images = []
     if png:

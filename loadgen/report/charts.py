@@ -118,7 +118,30 @@ def itl_time_chart(v: vw.RunViews) -> alt.TopLevelMixin:
         x=x, y=alt.Y("prefill_tokens:Q", title="prefill tokens"),
         tooltip=[alt.Tooltip("t_s:Q", format=".2f"), "prefill_tokens:Q"],
     ).properties(width=WIDE, height=110)
-    return alt.vconcat(itl, pre, spacing=6)
+    return alt.vconcat(itl, pre, *server_panels(v, x), spacing=6).resolve_scale(color="independent")
+
+
+def server_panels(v: vw.RunViews, x: alt.X) -> list[alt.TopLevelMixin]:
+    """The server's own series (its /metrics, when scraped): requests running / waiting, then KV-cache usage
+    with a red rule at every scrape interval in which the server preempted."""
+    queues, kv = vw.server_queues(v), vw.server_kv(v)
+    panels: list[alt.TopLevelMixin] = []
+    if queues.height:
+        panels.append(alt.Chart(_data(queues)).mark_line(interpolate="step-after", clip=True).encode(
+            x=x, y=alt.Y("requests:Q", title="server requests"),
+            color=alt.Color("series:N", title="server /metrics", legend=alt.Legend(orient="right"),
+                            scale=alt.Scale(domain=["requests running", "requests waiting"],
+                                            range=["#54a24b", "#9d755d"])),
+            tooltip=[alt.Tooltip("t_s:Q", format=".2f"), "series:N", "requests:Q"],
+        ).properties(width=WIDE, height=110))
+    if kv.height:
+        line = alt.Chart(_data(kv)).mark_line(color="#72b7b2", interpolate="step-after", clip=True).encode(
+            x=x, y=alt.Y("kv_cache_pct:Q", title="KV cache %", scale=alt.Scale(domain=[0, 100])),
+            tooltip=[alt.Tooltip("t_s:Q", format=".2f"), alt.Tooltip("kv_cache_pct:Q", format=".1f")])
+        rules = alt.Chart(_data(kv.filter(pl.col("preemptions") > 0))).mark_rule(color=STALL_COLOR, clip=True).encode(
+            x=x, tooltip=[alt.Tooltip("t_s:Q", format=".2f"), alt.Tooltip("preemptions:Q", title="preemptions")])
+        panels.append((line + rules).properties(width=WIDE, height=90))
+    return panels
 
 
 def throughput_chart(v: vw.RunViews) -> alt.TopLevelMixin:
@@ -165,7 +188,9 @@ def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
               "prefill caused it."),
         Chart("itl_over_time", "ITL over time, with prefill load underneath", itl_time_chart(v),
               "Red spikes (the worst chunk gap) that line up with an orange peak are prefills admitted into "
-              "the running batch."),
+              "the running batch." + (" Below, the server's own /metrics: requests running and waiting, KV-cache "
+                                      "usage, and a red rule wherever it preempted a request (a stall there is "
+                                      "labelled preemption, not prefill)." if v.server is not None else "")),
         Chart("throughput", "Throughput and requests in flight", throughput_chart(v)),
         Chart("lengths", "Asked vs achieved lengths", lengths_chart(v),
               "On the dashed diagonal, the server processed exactly the asked length."),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from .. import server_metrics as sm
 from ..analysis import metrics as m
 
 NS_PER_S = 1e9
@@ -31,10 +32,11 @@ class RunViews:
     stalls: pl.DataFrame  # stalls.parquet, + t_start_s / t_end_s
     summary: dict[str, Any]
     t0_ns: int
+    server: pl.DataFrame | None = None  # server_metrics.parquet, wide (one row per scrape), + t_s
 
     @classmethod
     def build(cls, requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame,
-              summary: dict[str, Any]) -> "RunViews":
+              summary: dict[str, Any], server: pl.DataFrame | None = None) -> "RunViews":
         req = m.with_request_metrics(requests)
         measured = m.measured(req)
         t0 = int(measured["t_intended_ns"].min() if measured.height else (req["t_intended_ns"].min() or 0))
@@ -50,7 +52,11 @@ class RunViews:
                                          t_end_s=(pl.col("t_end_ns") - t0) / NS_PER_S)
         ok_chunks = (chunks.join(ok_keys, on=["worker", "seq"], how="semi")
                      .select(t_s=(pl.col("t_ns") - t0) / NS_PER_S, tokens="tokens"))
-        return cls(req, gaps, ok_chunks, stalls, summary, t0)
+        if server is not None and not server.is_empty():
+            server = sm.wide(server).with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S)
+        else:
+            server = None
+        return cls(req, gaps, ok_chunks, stalls, summary, t0, server)
 
     @property
     def measured_ok(self) -> pl.DataFrame:
@@ -164,6 +170,24 @@ def throughput_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
            .with_columns(in_flight=pl.Series(in_flight), t_s=pl.col("b") * bw_s))
     return out.select("t_s", output_tokens_per_s=pl.col("tok") / bw_s, completed_per_s=pl.col("done") / bw_s,
                       in_flight="in_flight")
+
+
+def server_queues(v: RunViews) -> pl.DataFrame:
+    """The server's requests running and waiting at each scrape (long format for one colour per series)."""
+    cols = [c for c in ("running", "waiting") if v.server is not None and c in v.server.columns]
+    if v.server is None or not cols:
+        return pl.DataFrame(schema={"t_s": pl.Float64, "series": pl.String, "requests": pl.Float64})
+    return (v.server.select("t_s", *cols).unpivot(index="t_s", variable_name="series", value_name="requests")
+            .with_columns(series="requests " + pl.col("series")).drop_nulls())
+
+
+def server_kv(v: RunViews) -> pl.DataFrame:
+    """KV-cache usage (%) at each scrape and the preemptions counted since the previous scrape."""
+    if v.server is None or "kv_cache_usage" not in v.server.columns:
+        return pl.DataFrame(schema={"t_s": pl.Float64, "kv_cache_pct": pl.Float64, "preemptions": pl.Float64})
+    pre = (pl.col("preemptions_total").diff().fill_null(0.0).clip(lower_bound=0.0)
+           if "preemptions_total" in v.server.columns else pl.lit(0.0))
+    return v.server.select("t_s", kv_cache_pct=pl.col("kv_cache_usage") * 100.0, preemptions=pre)
 
 
 # ---- asked vs achieved lengths ------------------------------------------------------------------------
