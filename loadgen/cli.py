@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .analysis.slo import EXIT_CODES
 from .scenario import ScenarioError, load_scenario
@@ -20,7 +21,7 @@ err = Console(stderr=True)
 
 
 def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -62,6 +63,9 @@ def run(
         raise _fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
         raise _fail("--workers N needs --engine locust and N >= 0")
+    if out is not None and any(out.glob("requests*.parquet")):
+        raise _fail(f"--out {out} already holds a run's records (requests.parquet): give a new directory, or "
+                    "remove that one; runs are never mixed")
     if engine == "locust":
         from . import locust_run  # first: Locust monkey-patches the process when imported
     from .runner import RunOptions, TargetError, run_scenario
@@ -239,6 +243,9 @@ def history(
 
 
 def main() -> None:
+    from .cli_target import app as target_app
+
+    app.add_typer(target_app, name="target")
     app()
 
 

@@ -28,6 +28,7 @@ from .report.console import print_summary  # noqa: E402
 from .runner import RunOptions, Run, make_run_dir  # noqa: E402
 from .scenario import Scenario  # noqa: E402
 from .schedule import build_plan  # noqa: E402
+from .server_metrics import Scraper  # noqa: E402
 from .target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
@@ -52,6 +53,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scraper | None:
+    """The server's /metrics scraped on this process's engine thread (the master's, with workers)."""
+    if not opts.server_metrics:
+        return None
+    scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s)
+    state.engine.start_scraper(scraper)
+    return scraper
 
 
 def send_slices(runner: Any) -> list[str]:
@@ -112,6 +122,7 @@ class LocustRun:
         try:
             target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early
             target.sim = self.sim
+            scraper = start_scraper(state, target, self.opts)
             env = lu.new_environment()
             cpu0, wall0 = time.process_time(), time.monotonic()
             if self.workers:
@@ -119,6 +130,9 @@ class LocustRun:
             else:
                 self._local(env, state)
             cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+            if scraper is not None:
+                state.engine.stop_scraper(lu.sleep)
+                self.run.keep_server_metrics(scraper, target)
         finally:
             state.close()
         self.run.sink.close()
@@ -246,6 +260,7 @@ class UiSession:
         self.sim = start_embedded(scenario, None) if scenario.target.embedded else None
         self.base_url = self.sim.base_url if self.sim else scenario.target.base_url
         self.run: Run | None = None
+        self.scraper: Scraper | None = None
         self.clients: list[str] = []
         self.done_workers: set[str] = set()
         self.live: list[Any] = []
@@ -302,6 +317,7 @@ class UiSession:
         self.run.write_run_json(self.target, finished=False)
         self.live, self.live_rows = [], []
         self.state.reset()
+        self.scraper = start_scraper(self.state, self.target, self.opts)
         if self.master:
             self.done_workers = set()
             self.clients = send_slices(self.env.runner)
@@ -331,6 +347,10 @@ class UiSession:
             lu.sleep(0.05)
         run.interrupted = not (self._finished() if self.master else self.state.exhausted)
         run.sink.close()
+        if self.scraper is not None:
+            self.state.engine.stop_scraper(lu.sleep)
+            run.keep_server_metrics(self.scraper, self.target)
+            self.scraper = None
         run.generator = {"engine": "locust", "workers": 0}
         summary = run.summarize(self.target)
         print_summary(self.console, summary, str(run.run_dir))

@@ -128,16 +128,20 @@ class Run:
             return
         scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s)
         stop = asyncio.Event()
-        task = asyncio.create_task(scraper.run(client, stop))
+        task = asyncio.create_task(scraper.run_own_client(stop))
         try:
             yield
         finally:
             stop.set()
             await task
-            scraper.write(self.run_dir)
-            if scraper.warning:
-                target.notes.append(scraper.warning)
-                self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
+            self.keep_server_metrics(scraper, target)
+
+    def keep_server_metrics(self, scraper: Scraper, target: ResolvedTarget) -> None:
+        """server_metrics.parquet, and the scraper's warning (if any) as a note and on the console."""
+        scraper.write(self.run_dir)
+        if scraper.warning:
+            target.notes.append(scraper.warning)
+            self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:

@@ -64,6 +64,8 @@ def test_locust_with_two_workers_matches_asyncio_and_the_trace(tmp_path):
     for medians in (a, lo):
         assert abs(medians[2]) <= 1.0 and medians[3] <= 1.0  # each engine vs the simulator's trace
     assert summary(runs["locust"])["generator"]["engine"] == "locust"
+    for out in runs.values():  # the server's /metrics scraped by either driver (the master's, with workers)
+        assert summary(out)["server"]["scrapes"] >= 8 and (out / "server_metrics.parquet").exists()
 
 
 def _children(pid: int) -> list[int]:

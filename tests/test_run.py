@@ -68,6 +68,15 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, args, message):
     assert not list((tmp_path / "run").glob("*.parquet"))  # nothing was sent
 
 
+def test_out_dir_holding_a_run_is_refused_not_mixed(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    pl.DataFrame({"seq": [1]}).write_parquet(out / "requests.parquet")
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress")
+    assert res.returncode == 2 and "already holds a run" in res.stderr
+    assert pl.read_parquet(out / "requests.parquet").height == 1 and not (out / "run.json").exists()
+
+
 def test_server_errors_mid_run_are_counted_not_raised(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "5", *LOW_LOAD,

@@ -22,6 +22,7 @@ import httpx
 
 from ..core.records import ChunkRecord, RequestRecord
 from ..scenario import Scenario
+from ..server_metrics import Scraper
 from ..schedule import Plan, PlannedRequest
 from ..target import ResolvedTarget, auth_headers, resolve, token_counter
 from ..workload import PromptFactory, request_body
@@ -89,6 +90,34 @@ class EngineThread:
             deadline = time.monotonic() + timeout_s
             while not self.closed and time.monotonic() < deadline:
                 sleep(0.01)
+
+    def start_scraper(self, scraper: Scraper) -> None:
+        """Scrape the server's /metrics on this thread's loop until ``stop_scraper``."""
+        loop = self.loop
+        assert loop is not None
+        self._scrape_done = False
+        loop.call_soon_threadsafe(self._start_scrape, scraper)
+
+    def stop_scraper(self, sleep: Callable[[float], None], timeout_s: float = 10.0) -> None:
+        if self.loop is None or self.closed or self._scrape_done:
+            return
+        self.loop.call_soon_threadsafe(lambda: self._scrape_stop.set())
+        deadline = time.monotonic() + timeout_s
+        while not self._scrape_done and time.monotonic() < deadline:
+            sleep(0.01)
+
+    def _start_scrape(self, scraper: Scraper) -> None:
+        self._scrape_stop = asyncio.Event()
+
+        async def scrape() -> None:
+            try:
+                await scraper.run_own_client(self._scrape_stop)
+            finally:
+                self._scrape_done = True
+
+        self.loop.create_task(scrape())  # type: ignore[union-attr]
+
+    _scrape_done = True
 
     # ---- the engine thread --------------------------------------------------------------------------
     def _main(self) -> None:

