@@ -299,6 +299,7 @@ class UiSession:
             self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
                                f"{self.master_port} --base-url {self.base_url}", highlight=False)
         lu.spawn(self._refresh_live)
+        lu.on_sigterm(self.env.runner.quit)  # `kill PID` ends it as Ctrl-C does: the run written, the simulator stopped
         try:
             self.env.runner.greenlet.join()
         except KeyboardInterrupt:

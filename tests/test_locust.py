@@ -112,6 +112,37 @@ def _kill_a_worker_once_records_arrive(master_pid: int, out: Path) -> int:
     pytest.fail("no records from both workers within 60 s")
 
 
+def test_loadgen_ui_ended_by_sigterm_stops_its_simulator():
+    """`kill PID` (or `timeout`) must clean up as Ctrl-C does: no simulator left running."""
+    import selectors
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "ui", "scenarios/smoke.yaml", "--port", "8397"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, seen = time.monotonic() + 60, ""
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while "web UI" not in seen and sel.select(max(0.0, deadline - time.monotonic())):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                seen += line
+        assert "web UI" in seen, seen
+        sims = _children(proc.pid)
+        assert sims, "the embedded simulator should be a child process"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = [pid for pid in sims
+            if Path(f"/proc/{pid}").exists() and b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower()]
+    for pid in left:  # ours, started by the process under test: do not leave them behind
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the simulator outlived loadgen ui"
+
+
 def test_bad_engine_flags_exit_2():
     res = run_cli("run", "scenarios/smoke.yaml", "--engine", "nope")
     assert res.returncode == 2 and "--engine" in res.stderr

@@ -223,6 +223,13 @@ def spawn(fn: Callable[..., Any], *args: Any) -> Any:
     return gevent.spawn(fn, *args)
 
 
+def on_sigterm(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in a greenlet on SIGTERM (``kill PID``), so cleanup runs as it does on Ctrl-C."""
+    import signal
+
+    gevent.signal_handler(signal.SIGTERM, callback)
+
+
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn`` on gevent's pool of native threads; only the calling greenlet waits (polars releases the
     GIL for most of its work, so the users' greenlets keep their timing)."""
