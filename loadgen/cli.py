@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from .analysis.slo import EXIT_CODES
 from .scenario import ScenarioError, load_scenario
+from .secrets import redact_url
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
@@ -153,7 +154,7 @@ def validate(
         raise _fail(str(exc)) from None
     size = plan.size if plan.size is not None else f"closed loop × {sc.load.concurrency}"
     console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, "
-                  f"{len(sc.workload.classes)} class(es), target {sc.target.base_url}", highlight=False)
+                  f"{len(sc.workload.classes)} class(es), target {redact_url(sc.target.base_url)}", highlight=False)
 
 
 @app.command()

@@ -28,6 +28,7 @@ from .report.console import print_summary  # noqa: E402
 from .runner import RunOptions, Run, make_run_dir  # noqa: E402
 from .scenario import Scenario  # noqa: E402
 from .schedule import build_plan  # noqa: E402
+from .secrets import redact_url  # noqa: E402
 from .server_metrics import Scraper  # noqa: E402
 from .target import TargetError, auth_headers, start_embedded  # noqa: E402
 
@@ -297,7 +298,7 @@ class UiSession:
                            f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
         if self.master:
             self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
-                               f"{self.master_port} --base-url {self.base_url}", highlight=False)
+                               f"{self.master_port} --base-url {redact_url(self.base_url)}", highlight=False)
         lu.spawn(self._refresh_live)
         lu.on_sigterm(self.env.runner.quit)  # `kill PID` ends it as Ctrl-C does: the run written, the simulator stopped
         try:

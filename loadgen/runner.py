@@ -28,7 +28,7 @@ from .report.build import write_reports
 from .report.console import print_summary
 from .scenario import Scenario
 from .schedule import Plan, PlannedRequest, build_plan
-from .secrets import redact_headers
+from .secrets import redact_headers, redact_url
 from . import server_metrics
 from .server_metrics import Scraper
 from .sinks import RecordSink, load_records
@@ -205,7 +205,8 @@ class Run:
         return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
 
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
-        info: dict[str, Any] = {"base_url": "embedded" if target.sim else target.base_url, "model": target.model,
+        info: dict[str, Any] = {"base_url": "embedded" if target.sim else redact_url(target.base_url),
+                                "model": target.model,
                                 "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize}
         if target.sim is not None:
             from local_target.sim import build_config
@@ -222,6 +223,7 @@ class Run:
         """run.json: everything besides the records that ``loadgen report`` needs to rebuild the views."""
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
+        scenario["target"]["base_url"] = redact_url(scenario["target"]["base_url"])
         info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
                 "host": socket.gethostname(), "seed": self.scenario.seed, "engine": self.engine_name,
                 "target": self._target_info(target),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import parse_qsl, urlsplit
 
 SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
 MASK = "***"
@@ -22,3 +23,21 @@ class Redactor:
 
 def redact_headers(headers: dict[str, str]) -> dict[str, str]:
     return {k: (MASK if SENSITIVE_HEADER.search(k) else v) for k, v in headers.items()}
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secret parts of a URL: the password of ``user:password@`` and sensitive query values (``?api_key=``)."""
+    if not url or "://" not in url:
+        return []
+    parts = urlsplit(url)
+    found = [parts.password] if parts.password else []
+    return found + [v for k, v in parse_qsl(parts.query) if SENSITIVE_HEADER.search(k) and v]
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` with its secret parts masked, for run.json, reports and the console."""
+    if url is None:
+        return None
+    for secret in sorted(url_secrets(url), key=len, reverse=True):
+        url = url.replace(secret, MASK)
+    return url

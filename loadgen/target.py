@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from .scenario import Scenario
-from .secrets import Redactor
+from .secrets import SENSITIVE_HEADER, Redactor, url_secrets
 from .workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
@@ -39,7 +39,8 @@ class ResolvedTarget:
 
 def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
     headers = {"accept-encoding": "identity", **scenario.target.headers}
-    secrets = [v for k, v in scenario.target.headers.items() if k.lower() == "authorization"]
+    secrets = [v for k, v in scenario.target.headers.items() if SENSITIVE_HEADER.search(k)]
+    secrets += url_secrets(scenario.target.base_url)
     env = scenario.target.api_key_env
     if env:
         key = os.environ.get(env)

@@ -118,6 +118,29 @@ def test_api_key_never_reaches_files_or_console(tmp_path):
         assert secret.encode() not in path.read_bytes(), path.name
 
 
+def test_a_password_in_the_base_url_never_reaches_files_or_console(tmp_path):
+    from local_target.sim import build_config, start_simulator
+
+    secret = "pw-loadgen-test-8d2e"
+    out = tmp_path / "run"
+    with start_simulator(build_config("a100-llama-7b")) as sim:
+        url = sim.base_url.replace("http://", f"http://tester:{secret}@")
+        res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "2", "--base-url", url,
+                      *LOW_LOAD)
+    assert res.returncode in (0, 3), res.stderr
+    assert secret not in res.stdout + res.stderr
+    for path in out.iterdir():
+        assert secret.encode() not in path.read_bytes(), path.name
+    assert "tester:***@" in (out / "run.json").read_text()
+
+
+def test_redact_url_masks_passwords_and_key_query_values():
+    from loadgen.secrets import redact_url
+
+    assert redact_url("http://u:p4ss@h:8000/v1?api_key=k123&x=1") == "http://u:***@h:8000/v1?api_key=***&x=1"
+    assert redact_url("http://h:8000/v1") == "http://h:8000/v1" and redact_url("embedded") == "embedded"
+
+
 def test_closed_loop_keeps_concurrency(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--set",
