@@ -15,7 +15,7 @@ from loadgen.report.timeline import choose_window, parse_window, stall_marks
 from loadgen.report.views import RunViews
 from loadgen.sinks import load_records
 
-from tests.run_helpers import run_cli, summary
+from tests.run_helpers import records, run_cli, summary
 
 CHART_KEYS = ["ttft_vs_prompt", "itl_cdf", "timeline", "itl_over_time", "throughput", "lengths"]
 
@@ -117,3 +117,17 @@ def test_throughput_over_time_counts_every_output_token(stall_run):
     bw_s = 0.5
     counted = throughput_over_time(v, bw_s)["output_tokens_per_s"].sum() * bw_s
     assert round(counted) == v.measured_ok["output_tokens"].sum()
+
+
+def test_itl_over_time_stays_drawable_on_a_log_axis_when_tokens_arrive_together(stall_run):
+    """A real server may send several tokens in one read (0 ms gaps): a 0 would blank the whole log-scale chart."""
+    from loadgen.report.views import ITL_FLOOR_MS, itl_over_time
+
+    requests, chunks = records(stall_run)
+    # tokens arrive three to a read: two of every three chunk gaps are 0 ms, so bin medians are 0
+    merged = (chunks.sort("worker", "seq", "t_ns")
+              .with_columns(i=pl.int_range(pl.len()).over("worker", "seq") // 3)
+              .with_columns(t_ns=pl.col("t_ns").first().over("worker", "seq", "i")).drop("i"))
+    v = RunViews.build(requests, merged, pl.read_parquet(stall_run / "stalls.parquet"), summary(stall_run))
+    ms = itl_over_time(v, 0.1)["ms"].drop_nulls()
+    assert ms.min() >= ITL_FLOOR_MS and (ms == ITL_FLOOR_MS).any()

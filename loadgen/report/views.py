@@ -20,6 +20,7 @@ from ..analysis import metrics as m
 NS_PER_S = 1e9
 MAX_POINTS = 4000  # scatter points per chart; above it a seeded sample (stalls and culprits always kept)
 MAX_TIMELINE_ROWS = 60
+ITL_FLOOR_MS = 0.01  # the lowest value drawn on a log ITL axis
 
 
 @dataclass
@@ -136,8 +137,10 @@ def itl_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
     # every bin present, empty ones null: a line breaks there instead of drawing across a stall
     grid = pl.DataFrame({"b": pl.int_range(lo, hi + 1, eager=True)})  # type: ignore[arg-type]
     binned = grid.join(per_bin, on="b", how="left").select(pl.col("b") * bw_s, "median_itl_ms", "max_gap_ms")
+    # a log axis cannot draw 0 (tokens that arrived in one read have a 0 ms gap): floor at 0.01 ms
     return binned.rename({"b": "t_s"}).unpivot(index="t_s", variable_name="series", value_name="ms").with_columns(
-        series=pl.col("series").replace({"median_itl_ms": "median ITL", "max_gap_ms": "worst chunk gap"}))
+        series=pl.col("series").replace({"median_itl_ms": "median ITL", "max_gap_ms": "worst chunk gap"}),
+        ms=pl.col("ms").clip(lower_bound=ITL_FLOOR_MS))
 
 
 def prefill_tokens_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
