@@ -37,3 +37,24 @@ def trace_per_request(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     return pl.read_parquet(run_dir / "requests.parquet"), pl.read_parquet(run_dir / "chunks.parquet")
+
+
+def read_until(proc: "subprocess.Popen[str]", text: str, timeout_s: float) -> str:
+    """A child's stdout, line by line, until a line holds ``text`` (returns what was read); AssertionError with
+    the last lines if it exits or ``timeout_s`` passes first."""
+    import selectors
+    import time
+
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline and sel.select(max(0.0, deadline - time.monotonic())):
+            line = proc.stdout.readline()
+            if not line:  # exited
+                break
+            seen.append(line)
+            if text in line:
+                return "".join(seen)
+    raise AssertionError(f"no {text!r} from {proc.args!r}:\n{''.join(seen[-40:])}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.run_helpers import ROOT, records, run_cli, summary, trace_per_request
+from tests.run_helpers import ROOT, read_until, records, run_cli, summary, trace_per_request
 
 SHORT = ["--no-progress", "--no-png", "--set", "load.arrival=constant", "--set", "load.rate_per_s=6",
          "--set", "load.warmup_s=0"]
@@ -114,21 +114,10 @@ def _kill_a_worker_once_records_arrive(master_pid: int, out: Path) -> int:
 
 def test_loadgen_ui_ended_by_sigterm_stops_its_simulator():
     """`kill PID` (or `timeout`) must clean up as Ctrl-C does: no simulator left running."""
-    import selectors
-    import time
-
     proc = subprocess.Popen([sys.executable, "-m", "loadgen", "ui", "scenarios/smoke.yaml", "--port", "8397"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline, seen = time.monotonic() + 60, ""
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while "web UI" not in seen and sel.select(max(0.0, deadline - time.monotonic())):
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                seen += line
-        assert "web UI" in seen, seen
+        read_until(proc, "web UI", 60)
         sims = _children(proc.pid)
         assert sims, "the embedded simulator should be a child process"
         proc.send_signal(signal.SIGTERM)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +21,7 @@ import polars as pl
 import pytest
 
 from local_target.vllm.launcher import port_free
-from tests.run_helpers import ROOT, records, run_cli, summary
+from tests.run_helpers import ROOT, read_until, records, run_cli, summary
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -55,7 +53,7 @@ def vllm_serving(model: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env={**os.environ, "COLUMNS": "200"})
     try:
-        _read_until(proc, "vLLM ready: " + BASE_URL, STARTUP_S)
+        read_until(proc, "vLLM ready: " + BASE_URL, STARTUP_S)
         yield proc
     finally:
         proc.send_signal(signal.SIGINT)
@@ -65,24 +63,6 @@ def vllm_serving(model: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
             proc.kill()
             raise
     assert proc.returncode == 0 and port_free("127.0.0.1", PORT), "vLLM did not stop on Ctrl-C"
-
-
-def _read_until(proc: subprocess.Popen[str], text: str, timeout_s: float) -> None:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
-                break
-            line = proc.stdout.readline()
-            if not line:  # exited
-                break
-            seen.append(line)
-            if text in line:
-                return
-    raise AssertionError(f"no {text!r} from loadgen target vllm:\n{''.join(seen[-40:])}")
 
 
 def run_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
