@@ -1,9 +1,10 @@
-"""The ``loadgen`` command line (typer). Exit codes: 0 pass, 1 SLO failed, 2 usage/config error (nothing sent),
-3 inconclusive."""
+"""The ``loadgen`` command line (typer). Exit codes (exits.py): 0 pass, 1 SLO failed, 2 usage/config error
+(nothing sent), 3 inconclusive or interrupted, 4 internal error."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -12,8 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from .analysis.slo import EXIT_CODES
-from .scenario import ScenarioError, load_scenario
-from .secrets import redact_url
+from .scenario import Scenario, ScenarioError, load_scenario
+from .secrets import redact_url, register, write_text
+from .target import scenario_secrets
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
@@ -26,14 +28,46 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+FLAGS = {"target.base_url": "--base-url", "target.model": "--model", "target.api_key_env": "--api-key-env",
+         "load.duration_s": "--duration"}
+
+
 def _overrides(sets: list[str], base_url: str | None, model: str | None, api_key_env: str | None,
                duration: float | None) -> list[str]:
+    if duration is not None and not (math.isfinite(duration) and duration > 0):
+        raise _fail(f"--duration {duration}: give a finite number of seconds above 0")
     items = list(sets)
     for key, value in (("target.base_url", base_url), ("target.model", model),
                        ("target.api_key_env", api_key_env), ("load.duration_s", duration)):
         if value is not None:
             items.append(f"{key}={json.dumps(value)}")
     return items
+
+
+def _load(path: Path, overrides: list[str]) -> Scenario:
+    """The scenario, its secrets registered with the redactor before anything else can print them."""
+    sc = load_scenario(path, overrides, FLAGS)
+    register(*scenario_secrets(sc))
+    return sc
+
+
+def _check_out_dir(out: Path) -> None:
+    """--out must be a directory we can write that holds no run yet (exit 2 before anything is sent)."""
+    if out.exists() and not out.is_dir():
+        raise _fail(f"--out {out}: not a directory")
+    if any(out.glob("requests*.parquet")):
+        raise _fail(f"--out {out} already holds a run's records (requests.parquet): give a new directory, or "
+                    "remove that one; runs are never mixed")
+    existed = out.exists()
+    try:  # a real write (root passes every permission check but not a read-only or full file system)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".loadgen-write-test").write_bytes(b"")
+        (out / ".loadgen-write-test").unlink()
+    except OSError as exc:
+        raise _fail(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
+    finally:
+        if not existed and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 @app.command()
@@ -64,16 +98,15 @@ def run(
         raise _fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
         raise _fail("--workers N needs --engine locust and N >= 0")
-    if out is not None and any(out.glob("requests*.parquet")):
-        raise _fail(f"--out {out} already holds a run's records (requests.parquet): give a new directory, or "
-                    "remove that one; runs are never mixed")
+    if out is not None:
+        _check_out_dir(out)
     if engine == "locust":
         from . import locust_run  # first: Locust monkey-patches the process when imported
     from .runner import RunOptions, TargetError, run_scenario
 
     try:
         overrides = _overrides(set_, base_url, model, api_key_env, duration)
-        sc = load_scenario(scenario, overrides)
+        sc = _load(scenario, overrides)
         opts = RunOptions(out=out, progress=not no_progress, png=not no_png, server_metrics=not no_server_metrics,
                           server_metrics_period_s=server_metrics_period_s)
         if engine == "locust":
@@ -95,6 +128,9 @@ def ui(
     master: bool = typer.Option(False, "--master", help="run as a Locust master; start workers with "
                                 "`loadgen worker SCENARIO --master-host HOST`"),
     master_port: int = typer.Option(5557, "--master-bind-port", help="the master's port for workers"),
+    master_bind_host: str = typer.Option("127.0.0.1", "--master-bind-host", help="the master's interface for "
+                                         "workers (default loopback only: Locust's worker protocol has no "
+                                         "authentication; give 0.0.0.0 or an address only on a trusted network)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
     no_png: bool = typer.Option(False, "--no-png", help="as in run"),
@@ -108,10 +144,10 @@ def ui(
     from .target import TargetError
 
     try:
-        sc = load_scenario(scenario, _overrides(set_, base_url, None, None, None))
+        sc = _load(scenario, _overrides(set_, base_url, None, None, None))
         opts = RunOptions(reports_dir=reports_dir, progress=False, png=not no_png)
-        session = locust_run.UiSession(sc, opts, console, host, port,
-                                       web_login, master, master_port)
+        session = locust_run.UiSession(sc, opts, console, host, port, web_login, master,
+                                       (master_bind_host, master_port))
     except (ScenarioError, TargetError) as exc:
         raise _fail(str(exc)) from None
     session.serve()
@@ -131,7 +167,7 @@ def worker(
     from .target import TargetError
 
     try:
-        sc = load_scenario(scenario, _overrides(set_, base_url, None, None, None))
+        sc = _load(scenario, _overrides(set_, base_url, None, None, None))
         if sc.target.embedded:
             raise _fail("a worker needs the target's URL (--base-url): the master's simulator is not shared")
         raise typer.Exit(locust_run.run_worker(sc, master_host, master_port))
@@ -148,7 +184,7 @@ def validate(
     from .schedule import build_plan
 
     try:
-        sc = load_scenario(scenario, set_)
+        sc = _load(scenario, set_)
         plan = build_plan(sc)
     except ScenarioError as exc:
         raise _fail(str(exc)) from None
@@ -238,16 +274,20 @@ def history(
         raise _fail(f"{reports_dir}: no run directories (summary.json + run.json)"
                     + (f" of scenario {scenario!r}" if scenario else ""))
     page = out or reports_dir / "history.html"
-    page.write_text(render_history(runs, page, reports_dir), encoding="utf-8")
+    write_text(page, render_history(runs, page, reports_dir))
     print_history(console, runs)
     console.print(f"{runs.height} runs → {page}", highlight=False)
 
 
 def main() -> None:
+    from . import exits
     from .cli_target import app as target_app
+    from .secrets import install_output_redaction
 
+    install_output_redaction()  # first: everything printed from here on passes the redactor
+    exits.install_sigterm()
     app.add_typer(target_app, name="target")
-    app()
+    raise SystemExit(exits.run_app(app))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .runner import RunOptions, Run, make_run_dir  # noqa: E402
 from .scenario import Scenario  # noqa: E402
 from .schedule import build_plan  # noqa: E402
 from .secrets import redact_url  # noqa: E402
+from .drivers.setup import ssl_context  # noqa: E402
 from .server_metrics import Scraper  # noqa: E402
 from .target import TargetError, auth_headers, start_embedded  # noqa: E402
 
@@ -60,7 +61,8 @@ def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scra
     """The server's /metrics scraped on this process's engine thread (the master's, with workers)."""
     if not opts.server_metrics:
         return None
-    scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s)
+    scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s,
+                      verify=ssl_context(state.scenario) or True)
     state.engine.start_scraper(scraper)
     return scraper
 
@@ -136,7 +138,7 @@ class LocustRun:
                 self.run.keep_server_metrics(scraper, target)
         finally:
             state.close()
-        self.run.sink.close()
+        self.run.close_sink()
         self.run.generator = {"engine": "locust", "workers": self.workers, "left": self.left_workers}
         if not self.workers:  # one process: its CPU is the generator's (with workers, it is theirs)
             self.run.generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
@@ -253,10 +255,10 @@ class UiSession:
     plan, writes the same files and verdict as ``loadgen run``."""
 
     def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, host: str, port: int,
-                 web_login: bool, master: bool, master_port: int) -> None:
+                 web_login: bool, master: bool, master_bind: tuple[str, int]) -> None:
         self.scenario, self.opts, self.console = scenario, opts, console
         self.plan = build_plan(scenario)
-        self.master, self.master_port = master, master_port
+        self.master, (self.master_host, self.master_port) = master, master_bind
         auth_headers(scenario)
         self.sim = start_embedded(scenario, None) if scenario.target.embedded else None
         self.base_url = self.sim.base_url if self.sim else scenario.target.base_url
@@ -278,7 +280,8 @@ class UiSession:
         env = lu.new_environment(parsed_options=options, host=self.base_url)
         lu.LLMUser.state = self.state
         if self.master:
-            runner = env.create_master_runner(master_bind_host="*", master_bind_port=self.master_port)
+            runner = env.create_master_runner(master_bind_host=self.master_host,
+                                                master_bind_port=self.master_port)
             runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
                                                                           for r, c in lu.unpack(msg.data)])
             runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
@@ -298,7 +301,8 @@ class UiSession:
                            f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
         if self.master:
             self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
-                               f"{self.master_port} --base-url {redact_url(self.base_url)}", highlight=False)
+                               f"{self.master_port} --base-url {redact_url(self.base_url)}  (the master listens "
+                               f"on {self.master_host}:{self.master_port})", highlight=False)
         lu.spawn(self._refresh_live)
         lu.on_sigterm(self.env.runner.quit)  # `kill PID` ends it as Ctrl-C does: the run written, the simulator stopped
         try:
@@ -348,7 +352,7 @@ class UiSession:
         while self.state.in_flight > 0 and time.monotonic() < deadline:
             lu.sleep(0.05)
         run.interrupted = not (self._finished() if self.master else self.state.exhausted)
-        run.sink.close()
+        run.close_sink()
         if self.scraper is not None:
             self.state.engine.stop_scraper(lu.sleep)
             run.keep_server_metrics(self.scraper, self.target)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -16,19 +17,20 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
+import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__
+from . import __version__, exits
 from .analysis.slo import EXIT_CODES
 from .analysis.summary import summarize
 from .drivers.asyncio_engine import AsyncioEngine
-from .drivers.setup import engine_config, open_client
+from .drivers.setup import engine_config, open_client, ssl_context
 from .report.build import write_reports
 from .report.console import print_summary
 from .scenario import Scenario
 from .schedule import Plan, PlannedRequest, build_plan
-from .secrets import redact_headers, redact_url
+from .secrets import REDACTOR, redact_headers, redact_url, write_text
 from . import server_metrics
 from .server_metrics import Scraper
 from .sinks import RecordSink, load_records
@@ -48,37 +50,53 @@ class RunOptions:
     server_metrics_period_s: float = 0.5
 
 
+def slug(name: str) -> str:
+    """A scenario name as one safe path component (never a path: ``../../x`` becomes ``x``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "run"
+
+
 def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
     if opts.out is not None:
         opts.out.mkdir(parents=True, exist_ok=True)
         return opts.out
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = opts.reports_dir / f"{stamp}-{scenario.name}"
+    run_dir = opts.reports_dir / f"{stamp}-{slug(scenario.name)}"
     n = 1
     while run_dir.exists():
         n += 1
-        run_dir = opts.reports_dir / f"{stamp}-{scenario.name}-{n}"
+        run_dir = opts.reports_dir / f"{stamp}-{slug(scenario.name)}-{n}"
     run_dir.mkdir(parents=True)
     return run_dir
 
 
+def discard_if_empty(run_dir: Path, created: bool) -> None:
+    """Nothing was sent: leave no empty run directory behind (one loadgen created)."""
+    if created and not any(run_dir.glob("*.parquet")):
+        shutil.rmtree(run_dir, ignore_errors=True)
+    exits.current.update(run_dir=None)
+
+
 def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tuple[int, Path | None]:
-    """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent."""
-    headers, redact = auth_headers(scenario)  # may raise TargetError
+    """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent;
+    SIGINT/SIGTERM before sending → exits.Interrupted."""
+    headers, _ = auth_headers(scenario)  # may raise TargetError
     plan = build_plan(scenario)
+    created = opts.out is None or not opts.out.exists()
     run_dir = make_run_dir(scenario, opts)
-    sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
+    exits.current.update(run_dir=run_dir, phase="preflight")
+    sim = None
     try:
-        base_url = sim.base_url if sim else scenario.target.base_url
+        sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
         run = Run(scenario, plan, run_dir, console, opts)
-        summary = _event_loop_run(run.execute(base_url, headers, redact, sim))
-    except TargetError:
-        if opts.out is None and not any(run_dir.glob("*.parquet")):
-            shutil.rmtree(run_dir, ignore_errors=True)  # nothing was sent: leave no empty run behind
+        target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, headers, sim))
+    except (TargetError, exits.Interrupted):
+        discard_if_empty(run_dir, created)
         raise
     finally:
         if sim is not None:
             sim.stop()
+    exits.current.update(phase="writing the reports")
+    summary = run.summarize(target)
     print_summary(console, summary, str(run_dir))
     return EXIT_CODES[summary["verdict"]], run_dir
 
@@ -97,28 +115,71 @@ class Run:
         self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
         self.sink = RecordSink(run_dir)
         self.interrupted = False
+        self.disk_error: str | None = None
         self.lean_transport = False
         self.generator: dict[str, Any] = {}
         self.engine_name = "asyncio"
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
-    async def execute(self, base_url: str, headers: dict[str, str], redact: Any, sim: Any) -> dict[str, Any]:
+    async def execute(self, base_url: str, headers: dict[str, str], sim: Any) -> ResolvedTarget:
+        """Preflight, prompts, the run; returns the resolved target (the records are in the sink). SIGINT and
+        SIGTERM: before sending, exits.Interrupted; while sending, the engine stops (in-flight → cancelled)."""
+        loop, main = asyncio.get_running_loop(), asyncio.current_task()
+        self._engine: AsyncioEngine | None = None
+
+        def on_signal() -> None:
+            self.interrupted = True
+            if self._engine is not None:
+                self._engine.stop()
+            elif main is not None:
+                main.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            return await self._execute(base_url, headers, sim)
+        except asyncio.CancelledError:
+            if self.interrupted and self._engine is None:
+                raise exits.Interrupted() from None
+            raise
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _execute(self, base_url: str, headers: dict[str, str], sim: Any) -> ResolvedTarget:
         client, self.lean_transport = open_client(self.scenario, base_url)
         async with client:
-            target = await resolve(self.scenario, client, base_url, headers, redact)
+            target = await resolve(self.scenario, client, base_url, headers, REDACTOR)
             target.sim = sim
+            self._warn_tls(target)
             factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
             await factory.prepare_classes()
             prompts = await self._prepare_prompts(factory)
             self.write_run_json(target, finished=False)
-            engine = self._engine(target, client, factory, prompts)
+            self._engine = engine = self._engine_for(target, client, factory, prompts)
+            exits.current.update(phase="running")
             async with self._server_metrics(target, client):
                 await self._drive(engine)
-        self.sink.close()
+        self.close_sink()
         st = engine.stats
         self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
                           "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
-        return self.summarize(target)
+        if st.cut_at_end:
+            target.notes.append(f"{st.cut_at_end} request(s) still in flight {self.scenario.load.drain_timeout_s:g}"
+                                " s after the last send were cancelled at the run's end (load.drain_timeout_s)")
+        return target
+
+    def _warn_tls(self, target: ResolvedTarget) -> None:
+        if target.base_url.startswith("https://") and not self.scenario.target.tls.verify:
+            target.notes.append("TLS certificate checks were off (target.tls.verify: false)")
+            self.console.print("[yellow]warning:[/] TLS certificate checks are off (target.tls.verify: false): "
+                               "anyone on the path can read the prompts and the API key", highlight=False)
+
+    def close_sink(self) -> None:
+        """Flush and merge the records; a full disk is recorded (the run becomes inconclusive), never raised."""
+        try:
+            self.sink.close()
+        except OSError as exc:
+            self.disk_error = self.disk_error or f"{exc.strerror or exc} ({self.run_dir})"
 
     @contextlib.asynccontextmanager
     async def _server_metrics(self, target: ResolvedTarget, client: httpx.AsyncClient) -> AsyncIterator[None]:
@@ -126,7 +187,8 @@ class Run:
         if not self.opts.server_metrics:
             yield
             return
-        scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s)
+        scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s,
+                          verify=ssl_context(self.scenario) or True)
         stop = asyncio.Event()
         task = asyncio.create_task(scraper.run_own_client(stop))
         try:
@@ -150,8 +212,8 @@ class Run:
             task = progress.add_task("preparing prompts", total=len(self.plan.requests))
             return await build_prompts(factory, self.plan.requests, progress=lambda n: progress.advance(task, n))
 
-    def _engine(self, target: ResolvedTarget, client: httpx.AsyncClient, factory: PromptFactory,
-                prompts: dict[int, Prompt]) -> AsyncioEngine:
+    def _engine_for(self, target: ResolvedTarget, client: httpx.AsyncClient, factory: PromptFactory,
+                    prompts: dict[int, Prompt]) -> AsyncioEngine:
         s = self.scenario
 
         async def body_for(req: PlannedRequest) -> dict[str, Any]:
@@ -159,28 +221,14 @@ class Run:
             return request_body(s, target.model, self.plan.class_of(req.class_name), prompt, req.output_tokens,
                                 target.continuous_usage)
 
-        def on_record(record: Any, chunks: Any) -> None:
-            record.error_message = target.redact(record.error_message)
-            self.sink.add(record, chunks)
-
-        return AsyncioEngine(engine_config(s, target, self.lean_transport), self.plan, body_for, on_record, client)
+        return AsyncioEngine(engine_config(s, target, self.lean_transport), self.plan, body_for, self.sink.add,
+                             client)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
-        loop = asyncio.get_running_loop()
-
-        def interrupt() -> None:
-            self.interrupted = True
-            engine.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, interrupt)
-        try:
-            with self.progress() as progress:
-                run_task = asyncio.create_task(engine.run())
-                await self._tick(run_task, engine, progress)
-                await run_task
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+        with self.progress() as progress:
+            run_task = asyncio.create_task(engine.run())
+            await self._tick(run_task, engine, progress)
+            await run_task
 
     async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: Progress) -> None:
         task = progress.add_task("running", total=self.plan.size)
@@ -191,9 +239,15 @@ class Run:
             done = st.completed + st.failed + st.cancelled
             progress.update(task, completed=done, description=(
                 f"running  in flight {len(st.in_flight):>4}  failed {st.failed:>4}  tokens {st.output_tokens:>8}"))
-            if time.monotonic() - last_flush >= FLUSH_EVERY_S and self.sink.pending():
+            if time.monotonic() - last_flush >= FLUSH_EVERY_S and self.sink.pending() and not self.disk_error:
                 last_flush = time.monotonic()
-                await asyncio.to_thread(self.sink.flush)
+                try:
+                    await asyncio.to_thread(self.sink.flush)
+                except OSError as exc:  # the disk is full: stop sending, keep what is in memory
+                    self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
+                    self.console.print(f"[red]error:[/] cannot write records: {self.disk_error}; stopping the "
+                                       "run", highlight=False)
+                    engine.stop()
 
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -201,8 +255,19 @@ class Run:
                         transient=False)
 
     def summarize(self, target: ResolvedTarget) -> dict[str, Any]:
-        self.write_run_json(target, finished=True)
-        return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
+        """run.json (finished), then the summary and every report from the records. With a full disk: from the
+        records on disk and in memory, verdict inconclusive, and whichever reports still fit."""
+        if not self.disk_error:
+            try:
+                self.write_run_json(target, finished=True)
+                return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
+            except OSError as exc:
+                self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
+        requests, chunks = self.sink.frames()
+        info = self.run_info(target, finished=True)
+        with contextlib.suppress(OSError):
+            self.write_run_json(target, finished=True)
+        return report_records(self.run_dir, info, self.scenario, requests, chunks, None, png=False)
 
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
         info: dict[str, Any] = {"base_url": "embedded" if target.sim else redact_url(target.base_url),
@@ -221,6 +286,9 @@ class Run:
 
     def write_run_json(self, target: ResolvedTarget, finished: bool) -> None:
         """run.json: everything besides the records that ``loadgen report`` needs to rebuild the views."""
+        write_text(self.run_dir / "run.json", json.dumps(self.run_info(target, finished), indent=2) + "\n")
+
+    def run_info(self, target: ResolvedTarget, finished: bool) -> dict[str, Any]:
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
         scenario["target"]["base_url"] = redact_url(scenario["target"]["base_url"])
@@ -228,25 +296,39 @@ class Run:
                 "host": socket.gethostname(), "seed": self.scenario.seed, "engine": self.engine_name,
                 "target": self._target_info(target),
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
-                "interrupted": self.interrupted, "planned": self.plan.size, "generator": self.generator,
-                "scenario": scenario}
-        (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+                "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
+                "generator": self.generator, "scenario": scenario}
+        return info
 
 
 def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
                     png: bool = True) -> dict[str, Any]:
     """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
-    ``loadgen report DIR`` at any time after)."""
+    ``loadgen report DIR`` at any time after). Damaged record parts are skipped, named, and make it inconclusive."""
     info = json.loads((run_dir / "run.json").read_text())
     scenario = scenario or Scenario.model_validate(info["scenario"])
-    requests, chunks = load_records(run_dir)
-    extra = {"interrupted": info.get("interrupted", False), "notes": info.get("notes", []),
+    broken: list[str] = []
+    requests, chunks = load_records(run_dir, broken)
+    if broken:
+        info["disk_error"] = "damaged record files skipped: " + "; ".join(broken)
+    return report_records(run_dir, info, scenario, requests, chunks, window, png)
+
+
+def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requests: pl.DataFrame,
+                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> dict[str, Any]:
+    """The summary of these records and run.json's ``info``; the report files written as far as the disk
+    allows (a full disk is a note, the summary is still returned)."""
+    extra = {"interrupted": info.get("interrupted", False), "notes": list(info.get("notes", [])),
              "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
              "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
-             "loadgen_version": info.get("loadgen_version")}
+             "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
+             "disk_error": info.get("disk_error")}
     server = server_metrics.load(run_dir)
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
-    write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
+    try:
+        write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
+    except OSError as exc:
+        summary["notes"].append(f"the report files could not all be written: {exc.strerror or exc}")
     return summary
 
 

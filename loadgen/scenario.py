@@ -1,14 +1,17 @@
-"""Scenario files: the one place YAML is read. A pydantic model of the traffic, target and SLOs.
+"""A scenario: pydantic models of the target, the traffic and the SLOs (reading the file: scenario_file.py).
 
-Loading order: YAML text → ``${VAR:-default}`` expansion in strings → ``--set`` overrides (dotted paths, list
-indices as numbers) → validation. Every error names the field, the bad value and its line in the file.
+Limits checked here, before anything is sent, so that no input can exhaust memory or run forever: numbers are
+finite (no inf/NaN), token lengths at most ``MAX_TOKENS``, concurrency and ``max_in_flight`` at most
+``MAX_CONCURRENCY``, durations at most ``MAX_DURATION_S``, and an open-loop plan at most ``MAX_PLAN_REQUESTS``
+requests (the plan and its prompts are built before the first send).
 """
 
 from __future__ import annotations
 
-import os
+import math
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal, Union
 
 import yaml
@@ -20,14 +23,20 @@ class ScenarioError(ValueError):
     """A bad scenario file or override; the message is one line a user can act on."""
 
 
+MAX_TOKENS = 1_048_576  # one prompt or output (the longest context windows served today)
+MAX_CONCURRENCY = 10_000  # concurrent requests: each holds a socket and a stream
+MAX_DURATION_S = 7 * 24 * 3600.0
+MAX_PLAN_REQUESTS = 1_000_000  # open loop: planned in full before the first send
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # ---- length distributions ------------------------------------------------------------------------------
 class _Clipped(_Strict):
     min: int = Field(1, ge=0, description="clip samples below this")
-    max: int | None = Field(None, ge=1, description="clip samples above this")
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="clip samples above this")
 
     @model_validator(mode="after")
     def _order(self) -> "_Clipped":
@@ -38,30 +47,30 @@ class _Clipped(_Strict):
 
 class Fixed(_Strict):
     dist: Literal["fixed"]
-    value: int = Field(ge=1)
+    value: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class Uniform(_Clipped):
     dist: Literal["uniform"]
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class Normal(_Clipped):
     dist: Literal["normal"]
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    std: float = Field(ge=0, le=MAX_TOKENS)
 
 
 class LogNormal(_Clipped):
     dist: Literal["lognormal"]
-    median: float = Field(gt=0)
-    sigma: float = Field(ge=0)
+    median: float = Field(gt=0, le=MAX_TOKENS)
+    sigma: float = Field(ge=0, le=10)
 
 
 class Exponential(_Clipped):
     dist: Literal["exponential"]
-    mean: float = Field(gt=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
 
 
 class Empirical(_Clipped):
@@ -76,8 +85,9 @@ class Empirical(_Clipped):
         if (self.histogram is None) == (self.file is None):
             raise ValueError("give exactly one of histogram or file")
         for lo, hi, weight in self.histogram or []:
-            if lo < 1 or hi < lo or weight < 0:
-                raise ValueError(f"bad histogram bin [{lo}, {hi}, {weight}]: need 1 <= lo <= hi, weight >= 0")
+            if lo < 1 or hi < lo or hi > MAX_TOKENS or weight < 0:
+                raise ValueError(f"bad histogram bin [{lo}, {hi}, {weight}]: need 1 <= lo <= hi <= {MAX_TOKENS}, "
+                                 "weight >= 0")
         return self
 
 
@@ -97,6 +107,21 @@ Component.model_rebuild()
 
 
 # ---- sections ------------------------------------------------------------------------------------------
+class Tls(_Strict):
+    """https targets: certificate checks and client certificates (the lean transport keeps its timestamps)."""
+
+    verify: bool = Field(True, description="check the server's certificate and host name (off: warned)")
+    ca_bundle: Path | None = Field(None, description="PEM file of CAs to trust instead of the system's")
+    client_cert: Path | None = Field(None, description="PEM client certificate (mutual TLS)")
+    client_key: Path | None = Field(None, description="its private key, if not in client_cert")
+
+    @model_validator(mode="after")
+    def _pair(self) -> "Tls":
+        if self.client_key is not None and self.client_cert is None:
+            raise ValueError("client_key needs client_cert")
+        return self
+
+
 class Target(_Strict):
     base_url: str = Field("embedded", description="OpenAI-compatible base URL ending in /v1, or 'embedded'")
     model: str = Field("auto", description="model name; 'auto' = the first of GET /v1/models")
@@ -106,8 +131,13 @@ class Target(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict)
     tokenizer: Path | None = Field(None, description="a local tokenizer.json for exact prompt lengths")
     continuous_usage_stats: bool = Field(True, description="ask vLLM-style per-chunk usage")
-    ttft_timeout_s: float = Field(60.0, gt=0)
-    idle_timeout_s: float = Field(30.0, gt=0)
+    ttft_timeout_s: float = Field(60.0, gt=0, description="no token this long after sending: timeout_ttft")
+    idle_timeout_s: float = Field(30.0, gt=0, description="no bytes this long mid-stream: timeout_idle")
+    request_timeout_s: float = Field(600.0, gt=0, description="send to last byte, at most: timeout_request")
+    connect_timeout_s: float = Field(10.0, gt=0, description="a TCP (and TLS) connection, at most")
+    preflight_timeout_s: float = Field(30.0, gt=0, description="each check before the run (/models, probes)")
+    max_event_bytes: int = Field(1 << 20, ge=1024, description="one SSE line or event, at most: protocol error")
+    tls: Tls = Field(default_factory=Tls)
     simulator: dict[str, Any] = Field(default_factory=dict, description="preset + engine fields, when embedded")
 
     @property
@@ -119,6 +149,11 @@ class Target(_Strict):
     def _url(cls, value: str) -> str:
         if value != "embedded" and not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("must be http(s)://host[:port]/v1 or 'embedded'")
+        if value != "embedded":
+            try:
+                urlsplit(value).port
+            except ValueError:
+                raise ValueError("the port must be a number from 1 to 65535") from None
         return value.rstrip("/")
 
     @field_validator("simulator")
@@ -132,7 +167,7 @@ class Target(_Strict):
 
 
 class Stage(_Strict):
-    duration_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S)
     rate_per_s: float = Field(gt=0)
 
 
@@ -148,13 +183,15 @@ class Load(_Strict):
     arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace"] = "poisson"
     rate_per_s: float | None = Field(None, gt=0)
     burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 = Poisson, <1 burstier, >1 smoother")
-    concurrency: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
     stages: list[Stage] | None = None
     trace: TraceFile | None = None
-    duration_s: float | None = Field(None, gt=0)
-    requests: int | None = Field(None, ge=1)
-    warmup_s: float = Field(0.0, ge=0)
-    max_in_flight: int = Field(256, ge=1)
+    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
+    requests: int | None = Field(None, ge=1, le=MAX_PLAN_REQUESTS)
+    warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
+    max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY)
+    drain_timeout_s: float = Field(30.0, ge=0, le=MAX_DURATION_S, description="after the last send, in-flight "
+                                   "requests get this long to end; then they are cancelled and the run ends")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Load":
@@ -164,7 +201,20 @@ class Load(_Strict):
             raise ValueError(f"arrival {self.arrival!r} needs load.{needs}")
         if self.arrival not in ("stages", "trace") and self.duration_s is None and self.requests is None:
             raise ValueError("give load.duration_s or load.requests")
+        expected = self.expected_requests()
+        if expected is not None and expected > MAX_PLAN_REQUESTS:
+            raise ValueError(f"the plan would hold ~{expected:,.0f} requests, over the {MAX_PLAN_REQUESTS:,} "
+                             "that are planned up front: lower rate_per_s or duration_s, or set requests")
         return self
+
+    def expected_requests(self) -> float | None:
+        """About how many requests an open-loop plan holds (None: closed loop or a trace file)."""
+        if self.arrival in ("constant", "poisson", "gamma") and self.rate_per_s is not None:
+            horizon = self.warmup_s + self.duration_s if self.duration_s is not None else math.inf
+            return min(self.rate_per_s * horizon, self.requests or math.inf)
+        if self.arrival == "stages" and self.stages:
+            return min(sum(s.rate_per_s * s.duration_s for s in self.stages), self.requests or math.inf)
+        return None
 
 
 class RequestClass(_Strict):
@@ -172,7 +222,7 @@ class RequestClass(_Strict):
     weight: float = Field(1.0, gt=0)
     prompt_tokens: Distribution
     output_tokens: Distribution
-    shared_prefix_tokens: int = Field(0, ge=0, description="tokens of a system prompt shared by the class")
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="tokens of a system prompt shared by the class")
     ignore_eos: bool = Field(True, description="force exactly the sampled output length")
 
 
@@ -293,129 +343,9 @@ class Scenario(_Strict):
     slo: Slo = Field(default_factory=Slo)
 
 
-# ---- loading -------------------------------------------------------------------------------------------
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+def load_scenario(path: Path | str, overrides: list[str] | None = None,
+                  flags: dict[str, str] | None = None) -> Scenario:
+    """Read, expand, override and validate a scenario file (scenario_file.py); ScenarioError with one line."""
+    from .scenario_file import load_scenario as load
 
-
-def _expand(value: Any, where: str = "") -> Any:
-    if isinstance(value, str):
-        def sub(m: re.Match[str]) -> str:
-            name, default = m.group(1), m.group(2)
-            if os.environ.get(name):  # as in the shell, ":-" also replaces an empty value (an unset CI secret)
-                return os.environ[name]
-            if default is None and name in os.environ:
-                return ""
-            if default is None:
-                raise ScenarioError(f"{where or 'value'}: environment variable {name} is not set and has no "
-                                    f"default (write ${{{name}:-default}})")
-            return default
-        return _ENV.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _expand(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, f"{where}.{i}") for i, v in enumerate(value)]
-    return value
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE, e.g. load.rate_per_s=8")
-    try:
-        return key.strip(), yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"--set {item!r}: value is not valid YAML: {exc}") from None
-
-
-def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
-    node: Any = data
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ScenarioError(f"--set {key}: {'.'.join(parts[:i]) or 'value'} has no item {part}")
-            if last:
-                node[int(part)] = value
-            else:
-                node = node[int(part)]
-        elif isinstance(node, dict):
-            if last:
-                node[part] = value
-            else:
-                node = node.setdefault(part, {})
-        else:
-            raise ScenarioError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
-
-
-def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """1-based line of the deepest node on ``loc`` that exists in the YAML file."""
-    node, line = root, None
-    for part in loc:
-        if node is None:
-            break
-        line = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == str(part)), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-        else:
-            node = None
-    if node is not None:
-        line = node.start_mark.line + 1
-    return line
-
-
-def _format_error(exc: ValidationError, source: str, root: yaml.Node | None, data: dict[str, Any]) -> str:
-    first = exc.errors()[0]
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
-    field = ".".join(str(p) for p in loc) or "(top level)"
-    line = _line_of(root, loc)
-    where = f"{source}:{line}" if line else source
-    value = first.get("input")
-    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" (got {value!r})"
-    more = len(exc.errors()) - 1
-    return f"{where}: {field}: {first['msg']}{shown}" + (f" [+{more} more]" if more else "")
-
-
-_UNION_TAGS = {"fixed", "uniform", "normal", "lognormal", "exponential", "empirical", "mixture"}
-
-
-def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scenario:
-    """Read, expand, override and validate a scenario file; raise ScenarioError with one clear line."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        opened = f" ({exc.context} at line {context.line + 1})" if context and context != mark else ""
-        raise ScenarioError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}{opened}") from None
-    if not isinstance(data, dict):
-        raise ScenarioError(f"{path}: a scenario must be a mapping with name, load and workload")
-    data = _expand(data)
-    for item in overrides or []:
-        apply_override(data, *parse_override(item))
-    try:
-        scenario = Scenario.model_validate(data)
-    except ValidationError as exc:
-        raise ScenarioError(_format_error(exc, str(path), root, data)) from None
-    return _resolve_paths(scenario, path.parent)
-
-
-def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
-    """Relative files (traces, empirical histograms, tokenizers) are relative to the scenario file."""
-    if scenario.load.trace and not scenario.load.trace.path.is_absolute():
-        scenario.load.trace.path = base / scenario.load.trace.path
-    for cls in scenario.workload.classes:
-        for dist in (cls.prompt_tokens, cls.output_tokens):
-            if isinstance(dist, Empirical) and dist.file and not dist.file.is_absolute():
-                dist.file = base / dist.file
-    if scenario.target.tokenizer and not scenario.target.tokenizer.is_absolute():
-        scenario.target.tokenizer = base / scenario.target.tokenizer
-    return scenario
+    return load(path, overrides, flags)

@@ -14,8 +14,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .scenario import (Empirical, Exponential, Fixed, LogNormal, Mixture, Normal, RequestClass, Scenario,
-                       ScenarioError, Uniform)
+from .scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal, Mixture, Normal,
+                       RequestClass, Scenario, ScenarioError, Uniform)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +32,8 @@ class PlannedRequest:
 def sample_length(dist: object, rng: random.Random) -> int:
     value = _draw(dist, rng)
     lo = getattr(dist, "min", 1)
-    hi = getattr(dist, "max", None)
-    value = max(lo, round(value))
-    return min(value, hi) if hi is not None else value
+    hi = getattr(dist, "max", None) or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
+    return min(max(lo, round(value)), hi)
 
 
 def _draw(dist: object, rng: random.Random) -> float:
@@ -111,7 +110,13 @@ def arrival_offsets_s(s: Scenario, rng: random.Random) -> list[float]:
         if t >= horizon:
             break
         out.append(t)
+        _check_plan_size(len(out))
     return out
+
+
+def _check_plan_size(n: int) -> None:
+    if n > MAX_PLAN_REQUESTS:  # the model checked the expected count; this bounds an unlucky draw's memory too
+        raise ScenarioError(f"the plan holds over {MAX_PLAN_REQUESTS:,} requests: lower the rate or the duration")
 
 
 def _stage_offsets(s: Scenario, rng: random.Random) -> list[float]:
@@ -124,6 +129,7 @@ def _stage_offsets(s: Scenario, rng: random.Random) -> list[float]:
             if t >= start + stage.duration_s:
                 break
             out.append(t)
+            _check_plan_size(len(out))
         start += stage.duration_s
     return out[: s.load.requests] if s.load.requests else out
 
@@ -154,6 +160,7 @@ def read_trace_file(s: Scenario) -> list[TraceRow]:
                                 f"{spec.output_column} ({exc!r})") from None
     if not out:
         raise ScenarioError(f"{spec.path}: the trace has no rows")
+    _check_plan_size(len(out))
     first = min(r.offset_s for r in out)
     return sorted((TraceRow(r.offset_s - first, r.prompt_tokens, r.output_tokens) for r in out),
                   key=lambda r: r.offset_s)

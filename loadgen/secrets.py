@@ -1,24 +1,70 @@
-"""Keep secrets (API keys, sensitive header values) out of logs, records and reports."""
+"""Keep secrets (API keys, sensitive header values, passwords in URLs) out of everything that leaves the process.
+
+One choke point, ``REDACTOR``: every secret the run knows is registered with it (``register``: the API key read
+from the environment, sensitive header values, a URL's password and key-like query values), and it also masks
+what looks like a secret before anything is registered (``user:password@`` in any URL, ``?api_key=…`` query
+values, ``Bearer …`` tokens). Everything leaving the process passes through it:
+
+- the console, stderr and log handlers: ``install_output_redaction()`` wraps ``sys.stdout`` and ``sys.stderr``
+  at start-up (rich, print, logging and the crash handler all write through them);
+- files: every text file loadgen writes goes through ``write_text`` (run.json, summary.json/md, junit.xml,
+  report.html, compare, history, crash reports);
+- records: ``RecordSink.add`` redacts each request's ``error_message`` before it is buffered.
+"""
 
 from __future__ import annotations
 
+import io
 import re
+import sys
+from pathlib import Path
+from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
 SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
 MASK = "***"
+_URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]*:)[^@/\s]+@")
+_QUERY_SECRET = re.compile(r"([?&][^=&\s]*(?:api[-_]?key|token|secret|password|sig)[^=&\s]*=)[^&\s#\"']+",
+                           re.IGNORECASE)
+_BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{4,}")
 
 
 class Redactor:
+    """Masks registered secrets and secret-looking patterns in text."""
+
     def __init__(self, secrets: list[str] | None = None) -> None:
-        self.secrets = sorted({s for s in secrets or [] if len(s) >= 4}, key=len, reverse=True)
+        self.secrets: list[str] = []
+        self.register(*(secrets or []))
+
+    def register(self, *secrets: str | None) -> None:
+        """Remember these (values shorter than 4 characters are ignored: masking them would garble text)."""
+        known = set(self.secrets) | {s for s in secrets if s and len(s) >= 4}
+        self.secrets = sorted(known, key=len, reverse=True)
 
     def __call__(self, text: str | None) -> str | None:
-        if text is None:
-            return None
+        if not text:
+            return text
         for secret in self.secrets:
-            text = text.replace(secret, MASK)
+            if secret in text:
+                text = text.replace(secret, MASK)
+        if "://" in text:
+            text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+        if "=" in text:
+            text = _QUERY_SECRET.sub(rf"\1{MASK}", text)
+        if "Bearer" in text:
+            text = _BEARER.sub(rf"\1{MASK}", text)
         return text
+
+
+REDACTOR = Redactor()
+
+
+def register(*secrets: str | None) -> None:
+    REDACTOR.register(*secrets)
+
+
+def redact(text: str | None) -> str | None:
+    return REDACTOR(text)
 
 
 def redact_headers(headers: dict[str, str]) -> dict[str, str]:
@@ -29,8 +75,11 @@ def url_secrets(url: str | None) -> list[str]:
     """The secret parts of a URL: the password of ``user:password@`` and sensitive query values (``?api_key=``)."""
     if not url or "://" not in url:
         return []
-    parts = urlsplit(url)
-    found = [parts.password] if parts.password else []
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+    except ValueError:
+        return []
     return found + [v for k, v in parse_qsl(parts.query) if SENSITIVE_HEADER.search(k) and v]
 
 
@@ -40,4 +89,49 @@ def redact_url(url: str | None) -> str | None:
         return None
     for secret in sorted(url_secrets(url), key=len, reverse=True):
         url = url.replace(secret, MASK)
-    return url
+    return REDACTOR(url)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a text file that leaves the process (every report and record-side text file), redacted."""
+    path.write_text(REDACTOR(text) or "", encoding="utf-8")
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """``write_text`` for UTF-8 bytes (junit.xml)."""
+    path.write_bytes((REDACTOR(data.decode("utf-8")) or "").encode("utf-8"))
+
+
+class _RedactingStream(io.TextIOBase):
+    """A text stream that redacts every write before passing it on (stdout/stderr)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(REDACTOR(text) or "")
+        return len(text)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def isatty(self) -> bool:
+        return self._inner.isatty()
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._inner, "encoding", "utf-8")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def install_output_redaction() -> None:
+    """Route stdout and stderr through the redactor (once, before anything holds a reference to them)."""
+    if not isinstance(sys.stdout, _RedactingStream):
+        sys.stdout = _RedactingStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, _RedactingStream):
+        sys.stderr = _RedactingStream(sys.stderr)  # type: ignore[assignment]

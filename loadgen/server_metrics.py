@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import polars as pl
 
+from .secrets import redact_url
+
 SERIES = {  # sample name in the text exposition → our column
     "vllm:num_requests_running": "running",
     "vllm:num_requests_waiting": "waiting",
@@ -68,6 +70,7 @@ class Scraper:
     period_s: float = 0.5
     rows: list[tuple[int, str, float]] = field(default_factory=list)
     warning: str | None = None
+    verify: Any = True  # https: the run's ssl.SSLContext (target.tls)
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
@@ -76,14 +79,14 @@ class Scraper:
             try:
                 resp = await client.get(self.url, headers=self.headers, timeout=5.0)
             except httpx.HTTPError as exc:
-                self.warning = f"server metrics: {self.url} unreachable ({type(exc).__name__}); not scraped"
+                self.warning = f"server metrics: {redact_url(self.url)} unreachable ({type(exc).__name__}); not scraped"
                 return
             if resp.status_code != 200:
-                self.warning = f"server metrics: {self.url} answered HTTP {resp.status_code}; not scraped"
+                self.warning = f"server metrics: {redact_url(self.url)} answered HTTP {resp.status_code}; not scraped"
                 return
             values = _parse_or_none(resp.text)
             if values is None or (not values and not self.rows):
-                self.warning = f"server metrics: {self.url} has no vLLM series; not scraped"
+                self.warning = f"server metrics: {redact_url(self.url)} has no vLLM series; not scraped"
                 return
             self.rows += [(t_ns, k, v) for k, v in values.items()]
             try:
@@ -93,7 +96,7 @@ class Scraper:
 
     async def run_own_client(self, stop: asyncio.Event) -> None:
         """``run`` on a client of its own: a scrape never takes, or waits for, one of the streams' connections."""
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(timeout=5.0, verify=self.verify) as client:
             await self.run(client, stop)
 
     def frame(self) -> pl.DataFrame:

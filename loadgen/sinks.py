@@ -1,6 +1,8 @@
 """Raw records to Parquet, incrementally: each flush writes a part file (``requests.part-00001.parquet``), so a
 crash or Ctrl-C loses at most the records since the last flush; ``close()`` merges the parts into
-``requests.parquet`` / ``chunks.parquet``. ``load_records`` reads either form.
+``requests.parquet`` / ``chunks.parquet``. ``load_records`` reads either form, skipping (and naming) a damaged
+part. Parts are written aside and renamed, so a full disk leaves no half-written part, and a flush that fails
+keeps its records in memory (``frames()`` still returns them).
 
 Records are appended to per-column lists as they come (cheap, spread over the run); a flush hands those lists
 to polars. Converting record objects column by column at flush time held the GIL ~16 ms per 32k chunks, a
@@ -15,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from .core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
+from .secrets import redact
 
 REQUEST_SCHEMA = {
     "seq": pl.Int64, "class_name": pl.String, "warmup": pl.Boolean, "t_intended_ns": pl.Int64,
@@ -46,6 +49,7 @@ class RecordSink:
         self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
 
     def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+        record.error_message = redact(record.error_message)  # the records' one way out: the redaction choke point
         with self._lock:
             for name in REQUEST_COLUMNS:
                 self._requests[name].append(getattr(record, name))
@@ -60,45 +64,106 @@ class RecordSink:
         return len(self._requests["seq"])
 
     def flush(self) -> None:
-        """Write what is buffered as one more part (safe to call from a worker thread)."""
+        """Write what is buffered as one more part (safe to call from a worker thread). The part appears whole
+        or not at all (written aside, then renamed); if the write fails (OSError: the disk is full) nothing is
+        lost: the records go back into the buffer, and the error is raised for the run to stop on."""
         with self._lock:
             requests, chunks = self._requests, self._chunks
             if not requests["seq"]:
                 return
             self._requests, self._chunks = _empty(REQUEST_COLUMNS), _empty(CHUNK_COLUMNS)
-            self._parts += 1
-            part = self._parts
-        pl.DataFrame(requests, schema=REQUEST_SCHEMA).write_parquet(
-            self.run_dir / f"requests.part-{part:05d}.parquet")
-        pl.DataFrame(chunks, schema=CHUNK_SCHEMA).write_parquet(self.run_dir / f"chunks.part-{part:05d}.parquet")
+            part = self._parts + 1
+        try:
+            _write_atomic({self.run_dir / f"requests.part-{part:05d}.parquet": pl.DataFrame(requests,
+                                                                                          schema=REQUEST_SCHEMA),
+                           self.run_dir / f"chunks.part-{part:05d}.parquet": pl.DataFrame(chunks,
+                                                                                        schema=CHUNK_SCHEMA)})
+        except OSError:
+            with self._lock:  # put them back in front of what came meanwhile
+                for name in REQUEST_COLUMNS:
+                    self._requests[name][:0] = requests[name]
+                for name in CHUNK_COLUMNS:
+                    self._chunks[name][:0] = chunks[name]
+            raise
+        self._parts = part
 
     def close(self) -> None:
         self.flush()
         merge_parts(self.run_dir)
+
+    def frames(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Every record of the run: the parts on disk and what is still buffered (when it could not be written)."""
+        requests, chunks = _read_all(self.run_dir, [], merge=False)
+        with self._lock:
+            return (pl.concat([requests, pl.DataFrame(self._requests, schema=REQUEST_SCHEMA)]),
+                    pl.concat([chunks, pl.DataFrame(self._chunks, schema=CHUNK_SCHEMA)]))
 
 
 def _empty(columns: tuple[str, ...]) -> dict[str, list[object]]:
     return {name: [] for name in columns}
 
 
-def merge_parts(run_dir: Path) -> None:
-    """Merge part files into requests.parquet / chunks.parquet and remove the parts."""
-    for name, schema in (("requests", REQUEST_SCHEMA), ("chunks", CHUNK_SCHEMA)):
-        parts = sorted(run_dir.glob(f"{name}.part-*.parquet"))
-        final = run_dir / f"{name}.parquet"
-        frames = ([pl.read_parquet(final)] if final.exists() else []) + [pl.read_parquet(p) for p in parts]
-        frame = pl.concat(frames) if frames else pl.DataFrame(schema=schema)
-        tmp = run_dir / f".{name}.parquet.tmp"
-        frame.write_parquet(tmp)
-        tmp.replace(final)
+def _write_atomic(files: dict[Path, pl.DataFrame]) -> None:
+    """Write each frame beside its path, then rename them all into place; on failure remove what was written."""
+    tmps = {path: path.with_name(f".{path.name}.tmp") for path in files}
+    try:
+        for path, frame in files.items():
+            frame.write_parquet(tmps[path])
+    except BaseException:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    for path, tmp in tmps.items():
+        tmp.replace(path)
+
+
+def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[Path]]:
+    """The readable (requests, chunks) pairs: the merged files, then each part; a pair with an unreadable file
+    (cut short by a full disk or a kill) is skipped and named in ``broken``. Returns the parts read too."""
+    pairs = [(run_dir / "requests.parquet", run_dir / "chunks.parquet")]
+    pairs += [(p, run_dir / p.name.replace("requests.", "chunks.", 1))
+              for p in sorted(run_dir.glob("requests.part-*.parquet"))]
+    requests, chunks, parts = [], [], []
+    for req_path, chunk_path in pairs:
+        if req_path.name == "requests.parquet" and not req_path.exists():
+            continue
+        try:
+            pair = pl.read_parquet(req_path), pl.read_parquet(chunk_path)
+        except Exception as exc:  # noqa: BLE001 - polars raises several kinds for a damaged file
+            broken.append(f"{req_path.name} + {chunk_path.name}: unreadable ({type(exc).__name__}), skipped")
+            continue
+        requests.append(pair[0])
+        chunks.append(pair[1])
+        if ".part-" in req_path.name:
+            parts += [req_path, chunk_path]
+    return requests, chunks, parts
+
+
+def merge_parts(run_dir: Path, broken: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Merge the readable parts into requests.parquet / chunks.parquet and remove them; return the records.
+    Damaged parts are left in place and named in ``broken``."""
+    return _read_all(run_dir, broken if broken is not None else [], merge=True)
+
+
+def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    req_frames, chunk_frames, parts = _read_pairs(run_dir, broken)
+    requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
+    chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
+    if merge and (parts or not (run_dir / "requests.parquet").exists()):
+        _write_atomic({run_dir / "requests.parquet": requests, run_dir / "chunks.parquet": chunks})
         for p in parts:
             p.unlink()
+    return requests, chunks
 
 
-def load_records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The run's request and chunk records (merging parts left by an interrupted run)."""
-    if any(run_dir.glob("requests.part-*.parquet")):
-        merge_parts(run_dir)
-    if not (run_dir / "requests.parquet").exists():
+def load_records(run_dir: Path, broken: list[str] | None = None,
+                 merge: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The run's request and chunk records: the merged files and every readable part (merged into them when
+    ``merge`` and the disk allows). Damaged parts are skipped and named in ``broken``."""
+    if not (run_dir / "requests.parquet").exists() and not any(run_dir.glob("requests.part-*.parquet")):
         raise FileNotFoundError(f"{run_dir}: no requests.parquet (is this a loadgen run directory?)")
-    return pl.read_parquet(run_dir / "requests.parquet"), pl.read_parquet(run_dir / "chunks.parquet")
+    found: list[str] = [] if broken is None else broken
+    try:
+        return _read_all(run_dir, found, merge)
+    except OSError:  # the merge could not be written (a full disk): read them as they are
+        return _read_all(run_dir, found, merge=False)

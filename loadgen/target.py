@@ -1,6 +1,6 @@
 """Resolve the run's target before anything is sent: start the embedded simulator if asked, build auth
 headers, check the endpoint answers, resolve ``model: auto``, find a token counter. Every failure here is a
-``TargetError`` (one line, exit 2)."""
+``TargetError`` (one line, exit 2); every request here has a deadline, ``target.preflight_timeout_s``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from .scenario import Scenario
-from .secrets import SENSITIVE_HEADER, Redactor, url_secrets
+from .secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
 from .workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
@@ -31,24 +31,33 @@ class ResolvedTarget:
     has_tokenize: bool
     sim: Any = None  # the embedded SimProcess, stopped by the runner
     notes: list[str] = field(default_factory=list)
+    timeout_s: float = 30.0  # each preflight request
 
     @property
     def root(self) -> str:
         return self.base_url[:-3] if self.base_url.endswith("/v1") else self.base_url
 
 
-def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
-    headers = {"accept-encoding": "identity", **scenario.target.headers}
+def scenario_secrets(scenario: Scenario) -> list[str]:
+    """What must never be shown: sensitive header values, the URL's secrets, the API key (if set)."""
     secrets = [v for k, v in scenario.target.headers.items() if SENSITIVE_HEADER.search(k)]
     secrets += url_secrets(scenario.target.base_url)
+    if scenario.target.api_key_env:
+        secrets.append(os.environ.get(scenario.target.api_key_env, ""))
+    return secrets
+
+
+def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
+    """The request headers, and the process-wide redactor with this scenario's secrets registered."""
+    headers = {"accept-encoding": "identity", **scenario.target.headers}
+    REDACTOR.register(*scenario_secrets(scenario))
     env = scenario.target.api_key_env
     if env:
         key = os.environ.get(env)
         if not key:
             raise TargetError(f"target.api_key_env: environment variable {env} is not set")
         headers["authorization"] = f"Bearer {key}"
-        secrets.append(key)
-    return headers, Redactor(secrets)
+    return headers, REDACTOR
 
 
 def start_embedded(scenario: Scenario, trace_path: Path | None) -> Any:
@@ -62,9 +71,24 @@ def start_embedded(scenario: Scenario, trace_path: Path | None) -> Any:
         raise TargetError(f"embedded simulator: {exc}") from None
 
 
+async def call(client: httpx.AsyncClient, method: str, url: str, timeout_s: float, redact: Redactor,
+               **kwargs: Any) -> httpx.Response:
+    """One preflight request with a deadline; no answer in time, or no connection, is a TargetError."""
+    try:
+        return await asyncio.wait_for(client.request(method, url, **kwargs), timeout_s)
+    except asyncio.TimeoutError:
+        raise TargetError(f"{url}: no answer within {timeout_s:g} s (target.preflight_timeout_s)") from None
+    except httpx.HTTPError as exc:
+        raise TargetError(f"cannot reach {url}: {redact(str(exc)) or type(exc).__name__}") from None
+
+
 async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
                   redact: Redactor) -> ResolvedTarget:
-    models = await _get_json(client, f"{base_url}/models", headers, redact)
+    timeout_s = scenario.target.preflight_timeout_s
+    models = await _get_json(client, f"{base_url}/models", headers, redact, timeout_s)
+    if not isinstance(models, dict) or not isinstance(models.get("data", []), list):
+        raise TargetError(f"{base_url}/models: the answer is not an OpenAI model list ({{\"data\": [...]}}); "
+                          "is this an OpenAI-compatible /v1 URL?")
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
     model = scenario.target.model
     if model == "auto":
@@ -73,17 +97,16 @@ async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, 
         model = served[0]
     elif served and model not in served:
         raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {', '.join(served)}")
-    target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats, False)
+    target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats, False,
+                            timeout_s=timeout_s)
     await _probe_generation(scenario, client, target)
     target.has_tokenize = await _has_tokenize(client, target)
     return target
 
 
-async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str], redact: Redactor) -> Any:
-    try:
-        resp = await client.get(url, headers=headers)
-    except httpx.HTTPError as exc:
-        raise TargetError(f"cannot reach {url}: {redact(str(exc)) or type(exc).__name__}") from None
+async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str], redact: Redactor,
+                    timeout_s: float) -> Any:
+    resp = await call(client, "GET", url, timeout_s, redact, headers=headers)
     if resp.status_code in (401, 403):
         raise TargetError(f"{url}: HTTP {resp.status_code}: authentication failed (check target.api_key_env)")
     if resp.status_code != 200:
@@ -120,10 +143,7 @@ PROBE_ATTEMPTS = 5
 async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], target: ResolvedTarget) -> httpx.Response:
     """POST a probe; 5xx and 429 are retried (a flaky server is the run's to measure, not a config error)."""
     for attempt in range(1, PROBE_ATTEMPTS + 1):
-        try:
-            resp = await client.post(url, json=body, headers=target.headers)
-        except httpx.HTTPError as exc:
-            raise TargetError(f"cannot reach {url}: {target.redact(str(exc)) or type(exc).__name__}") from None
+        resp = await call(client, "POST", url, target.timeout_s, target.redact, json=body, headers=target.headers)
         if resp.status_code < 500 and resp.status_code != 429 or attempt == PROBE_ATTEMPTS:
             return resp
         await asyncio.sleep(0.2 * attempt)  # back off before retrying a transient server error
@@ -132,19 +152,28 @@ async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], targe
 
 async def _has_tokenize(client: httpx.AsyncClient, target: ResolvedTarget) -> bool:
     try:
-        resp = await client.post(target.root + "/tokenize", json={"model": target.model, "prompt": "hi"},
-                                 headers=target.headers)
-        return resp.status_code == 200 and "count" in resp.json()
-    except (httpx.HTTPError, ValueError):
+        resp = await call(client, "POST", target.root + "/tokenize", target.timeout_s, target.redact,
+                          json={"model": target.model, "prompt": "hi"}, headers=target.headers)
+        body = resp.json()
+        return resp.status_code == 200 and isinstance(body, dict) and "count" in body
+    except (TargetError, ValueError):
         return False
 
 
 async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> TokenCounter:
     """Exact where possible: the server's /tokenize, else a local tokenizer file; else calibrated on usage."""
     async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        resp = await client.post(target.root + path, json=body, headers=target.headers)
-        resp.raise_for_status()
-        return resp.json()
+        resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, json=body,
+                          headers=target.headers)
+        try:
+            resp.raise_for_status()
+            answer = resp.json()
+        except (httpx.HTTPError, ValueError):
+            raise TargetError(f"{target.root}{path}: HTTP {resp.status_code}: {target.redact(resp.text[:200])}") \
+                from None
+        if not isinstance(answer, dict):
+            raise TargetError(f"{target.root}{path}: the answer is not a JSON object")
+        return answer
 
     if target.has_tokenize:
         return TokenizeEndpointCounter(post, target.model, scenario.target.api)

@@ -4,6 +4,12 @@ A percentile needs enough samples to exist: p_q needs at least ceil(1 / (1 − q
 with fewer the objective is inconclusive, never passed. Verdict: ``inconclusive`` when the generator lagged
 (p99 ``queue_delay_ms`` above ``slo.max_generator_lag_ms``: its latencies include its own lateness); else
 ``fail`` if any objective failed; else ``inconclusive`` if any lacked samples; else ``pass``.
+
+No PASS without evidence: a scenario without ``slo.error_rate`` is judged by a default one, ``max: 0`` (as in
+Locust, any failed request fails the run); and ``evidence`` (below) turns a would-be pass into ``inconclusive``
+when the records cannot support it: no measured request completed, measured requests were cancelled (Ctrl-C,
+the run's hard end), the run was interrupted — and any verdict into ``inconclusive`` when the records are
+known to be incomplete (the run did not finish: killed or crashed; the disk filled up).
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from typing import Any
 
 import polars as pl
 
-from ..scenario import Slo
+from ..scenario import ErrorRate, Slo
 from .metrics import QUANTILES, describe
+
+DEFAULT_ERROR_RATE = ErrorRate(max=0.0)
 
 EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3}
 
@@ -53,9 +61,12 @@ def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any
         for stat, limit in thresholds.items() if thresholds else []:
             m = metrics[metric]
             out.append(_upper(f"{metric}.{stat}", m[stat], limit, m["count"], min_samples(stat)))
-    if slo.error_rate is not None:
-        attempts = counts["completed"] + counts["failed"]
-        out.append(_upper("error_rate.max", counts["error_rate"], slo.error_rate.max, attempts, 1))
+    attempts = counts["completed"] + counts["failed"]
+    rate = _upper("error_rate.max", counts["error_rate"] if attempts else None,
+                  (slo.error_rate or DEFAULT_ERROR_RATE).max, attempts, 1)
+    if slo.error_rate is None:
+        rate.note = (rate.note + "; " if rate.note else "") + "default (no slo.error_rate): any failure fails"
+    out.append(rate)
     if slo.goodput is not None:
         g = slo.goodput
         if g.min_requests_per_s is not None:
@@ -82,6 +93,31 @@ def verdict(objectives: list[Objective], lag_p99_ms: float | None, max_lag_ms: f
     if unknown:
         return "inconclusive", [f"{o.objective}: {o.samples} samples, {o.note}" for o in unknown]
     return "pass", []
+
+
+def evidence(result: str, reasons: list[str], counts: dict[str, Any],
+             run: dict[str, Any]) -> tuple[str, list[str]]:
+    """The verdict after asking whether the records can carry it (``run``: run.json's finished/interrupted,
+    a disk error, requests cut at the run's end)."""
+    incomplete = []
+    if run.get("finished") is False:
+        incomplete.append("the run did not finish (run.json: finished false — loadgen was killed or crashed); "
+                          "these are the records up to its last flush")
+    if run.get("disk_error"):
+        incomplete.append(f"records could not be written: {run['disk_error']}")
+    if incomplete:
+        return "inconclusive", incomplete + reasons
+    weak = []
+    if run.get("interrupted"):
+        weak.append("the run was interrupted before its plan ended")
+    if counts["cancelled"]:
+        weak.append(f"{counts['cancelled']} measured request(s) were cancelled before they ended (their latency "
+                    "is unknown)")
+    if counts["completed"] == 0:
+        weak.append("no measured request completed")
+    if result == "pass" and weak:
+        return "inconclusive", weak
+    return result, reasons + weak
 
 
 def _fmt(value: float | None) -> str:

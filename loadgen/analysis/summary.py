@@ -10,7 +10,7 @@ from .. import server_metrics
 from ..scenario import Scenario
 from . import metrics as m
 from . import spikes
-from .slo import evaluate, stall_objectives, verdict
+from .slo import evaluate, evidence, stall_objectives, verdict
 
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
@@ -34,9 +34,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
-    if (extra or {}).get("interrupted") and result == "pass":
-        result = "inconclusive"
-        reasons.append("the run was interrupted before its plan ended")
+    result, reasons = evidence(result, reasons, counts, extra or {})
     return {
         "verdict": result,
         "reasons": reasons,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Literal
 
-ErrorKind = Literal["connect", "timeout_ttft", "timeout_idle", "http_4xx", "http_429", "http_5xx", "protocol",
-                    "cancelled"]
+ErrorKind = Literal["connect", "timeout_ttft", "timeout_idle", "timeout_request", "http_4xx", "http_429",
+                    "http_5xx", "protocol", "cancelled"]
 
 
 @dataclass(slots=True)

@@ -5,19 +5,31 @@ next byte says whether it starts ``\\r\\n``. ``data:`` lines accumulate, a blank
 ``:`` starts a comment, one space after the colon is dropped, other fields are ignored. Each event is returned
 with the ``now_ns`` of the feed that completed it. Splitting uses ``bytes.split`` (C); only whole lines reach
 the Python loop.
+
+Memory is bounded: a line, or an event's data, longer than ``max_event_bytes`` is not buffered; the decoder sets
+``overflow`` (a message) and ignores the rest of the stream (a server that never ends a line would otherwise
+grow the buffer without limit).
 """
 
 from __future__ import annotations
 
 
+MAX_EVENT_BYTES = 1 << 20
+
+
 class SseDecoder:
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._buf = b""
         self._data: list[str] = []
+        self._data_bytes = 0
         self._has_data = False
+        self.max_event_bytes = max_event_bytes
+        self.overflow: str | None = None  # set once a line or event went over max_event_bytes
 
     def feed(self, chunk: bytes, now_ns: int) -> list[tuple[int, str]]:
         """Decode ``chunk``; return ``(now_ns, data)`` for every event it completed."""
+        if self.overflow is not None:
+            return []
         buf = self._buf + chunk
         held = b""
         if b"\r" in buf:
@@ -26,20 +38,30 @@ class SseDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         self._buf = lines.pop() + held
+        if len(self._buf) > self.max_event_bytes:
+            return self._overflow("a line")
         events: list[tuple[int, str]] = []
         for line in lines:
             if not line:
                 if self._has_data:
                     events.append((now_ns, "\n".join(self._data)))
-                    self._data, self._has_data = [], False
+                    self._data, self._data_bytes, self._has_data = [], 0, False
             elif line.startswith(b"data:"):
                 value = line[6:] if line.startswith(b"data: ") else line[5:]
+                self._data_bytes += len(value)
+                if self._data_bytes > self.max_event_bytes:
+                    return events + self._overflow("an event")
                 self._data.append(value.decode("utf-8", errors="replace"))
                 self._has_data = True
             elif line == b"data":
                 self._data.append("")
                 self._has_data = True
         return events
+
+    def _overflow(self, what: str) -> list[tuple[int, str]]:
+        self.overflow = f"{what} over {self.max_event_bytes} bytes (target.max_event_bytes)"
+        self._buf, self._data, self._has_data = b"", [], False
+        return []
 
     def pending(self) -> bool:
         """Bytes or data lines not yet dispatched (a stream that ends here was cut mid-event)."""

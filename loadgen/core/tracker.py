@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .openai_stream import Parsed, local_token_weight, parse_event
 from .records import ChunkRecord, RequestRecord
-from .sse import SseDecoder
+from .sse import MAX_EVENT_BYTES, SseDecoder
 
 
 @dataclass(slots=True)
@@ -51,12 +51,12 @@ class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
                  "_summary", "_error")
 
-    def __init__(self, meta: RequestMeta, t_sent_ns: int) -> None:
+    def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.meta = meta
         self.t_sent_ns = t_sent_ns
         self.last_read_ns = 0  # for idle timeouts
         self._head = bytearray()  # the body's first bytes: the message of a non-200 answer
-        self._decoder = SseDecoder()
+        self._decoder = SseDecoder(max_event_bytes)
         self._chunks: list[ChunkRecord] = []
         self._exact = True  # every content chunk so far carried a running completion_tokens
         self._last_count = 0
@@ -96,6 +96,11 @@ class StreamTracker:
         """Has any generated text arrived yet?"""
         return bool(self._chunks)
 
+    @property
+    def broken(self) -> str | None:
+        """Why the rest of this stream cannot be read (an event over the size cap): the driver aborts it."""
+        return self._decoder.overflow
+
     def finish(self, now_ns: int, status: int = 200, error_kind: str | None = None,
                error_message: str | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
         """The records of this request; ``error_kind`` is the driver's (connect, timeouts, cancelled)."""
@@ -104,6 +109,8 @@ class StreamTracker:
             return self._record(now_ns, [], Parsed(), status, error_kind or error_kind_for_status(status),
                                 error_message or _error_text(body)), []
         kind, message = error_kind, error_message
+        if kind is None and self._decoder.overflow:
+            kind, message = "protocol", self._decoder.overflow
         if kind is None:
             kind, message = self._error or (None, None)
         if kind is None and not self._summary.done:

@@ -10,8 +10,14 @@ request's body is serialized before its deadline and its send path (httpx, conne
 httpx's own overhead does not make it late.
 
 Each response's bytes go to a ``StreamTracker`` with a timestamp; nothing is parsed here. A watchdog task
-enforces ``ttft_timeout_s``/``idle_timeout_s`` every 100 ms. Stopping (end of plan, Ctrl-C, SIGTERM) cancels
-what is in flight; each cancelled request is still recorded, as ``cancelled``.
+checks every request in flight every 100 ms and cancels, with its reason, one that passed ``ttft_timeout_s``
+(``timeout_ttft``), ``idle_timeout_s`` (``timeout_idle``) or ``request_timeout_s`` (``timeout_request``), or whose
+stream broke the SSE size cap (``protocol``). The run has a hard end, known before the first send: the last
+planned send (closed loop: the end of warm-up + duration) plus ``drain_timeout_s``; whatever is still in flight
+then is cancelled with that reason, so a server that trickles tokens forever cannot hold the run open. Stopping
+(end of plan, Ctrl-C, SIGTERM) cancels what is in flight; each cancelled request is still recorded, as
+``cancelled``. A request whose body cannot be prepared (the server's /tokenize failed mid-run) is recorded as a
+``protocol`` error, never raised.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class EngineStats:
     cancelled: int = 0
     output_tokens: int = 0
     t0_ns: int = 0
+    cut_at_end: int = 0  # requests still in flight at the run's hard end (cancelled then)
     cpu_s: float = 0.0  # this process's CPU time while the engine ran (generator saturation check)
     wall_s: float = 0.0
     in_flight: dict[int, tuple[asyncio.Task[None], StreamTracker]] = field(default_factory=dict)
@@ -66,6 +73,18 @@ class EngineConfig:
     warmup_s: float
     concurrency: int | None
     send_ahead_ms: float = 0.0  # > 0 only with a transport that holds a request until its time (lean)
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
+    max_event_bytes: int = 1 << 20
+
+    def hard_end_offset_s(self, plan: Plan) -> float | None:
+        """Seconds after t0 at which the run ends whatever is in flight (None: a closed loop bounded by count,
+        whose every request is bounded by request_timeout_s)."""
+        if plan.offsets_s is not None:
+            return (plan.offsets_s[-1] if plan.offsets_s else 0.0) + self.drain_timeout_s
+        if self.duration_s is not None:
+            return self.warmup_s + self.duration_s + self.drain_timeout_s
+        return None
 
 
 class AsyncioEngine:
@@ -94,6 +113,8 @@ class AsyncioEngine:
 
     async def _run(self) -> EngineStats:
         self.stats.t0_ns = time.monotonic_ns() + int(START_LEAD_MS * 1e6)
+        end_s = self.cfg.hard_end_offset_s(self.plan)
+        self._hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
         watchdog = asyncio.create_task(self._watchdog())
         try:
             if self.plan.closed_loop:
@@ -121,11 +142,24 @@ class AsyncioEngine:
         assert self.plan.requests is not None
         for req in self.plan.requests:
             deadline = self.stats.t0_ns + req.t_intended_offset_ns
-            body = json.dumps(await self.body_for(req)).encode()  # built before the deadline, not after it
+            body = await self._body(req, deadline)  # built before the deadline, not after it
             await _sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
             if self._stopping:
                 return
-            self._spawn(req, deadline, body)
+            if body is not None:
+                self._spawn(req, deadline, body)
+
+    async def _body(self, req: PlannedRequest, t_intended_ns: int) -> bytes | None:
+        """The request's JSON body; if it cannot be built (a server call failed), the request is recorded as
+        failed and None returned."""
+        try:
+            return json.dumps(await self.body_for(req)).encode()
+        except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
+            meta = RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens,
+                               req.output_tokens)
+            tracker = StreamTracker(meta, t_sent_ns=0)
+            self._record(tracker, 0, "protocol", f"the request could not be prepared: {type(exc).__name__}: {exc}")
+            return None
 
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
@@ -136,10 +170,12 @@ class AsyncioEngine:
             if self.plan.size is not None and seq >= self.plan.size:
                 return
             req = self.plan.request(seq)
-            body = json.dumps(await self.body_for(req)).encode()  # a prompt may need /tokenize: not lag
+            body = await self._body(req, time.monotonic_ns())  # a prompt may need /tokenize: not lag
             now = time.monotonic_ns()  # the user is ready to send now: the intended time
-            if end_ns is not None and now >= end_ns:
+            if end_ns is not None and now >= end_ns or self._stopping:
                 return
+            if body is None:
+                continue
             req = dataclasses.replace(req, t_intended_offset_ns=now - self.stats.t0_ns,
                                       warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
@@ -147,7 +183,7 @@ class AsyncioEngine:
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
         meta = RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens,
                            req.output_tokens)
-        tracker = StreamTracker(meta, t_sent_ns=0)  # stamped when the request leaves
+        tracker = StreamTracker(meta, 0, self.cfg.max_event_bytes)  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         self.stats.in_flight[req.seq] = (task, tracker)
         return task
@@ -179,6 +215,7 @@ class AsyncioEngine:
         self._record(tracker, status or 200, kind, message)
 
     def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> None:
+        """Finish the tracker's records and hand them on (``status`` 0: nothing came back)."""
         now = time.monotonic_ns()
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
@@ -193,22 +230,43 @@ class AsyncioEngine:
         self.on_record(record, chunks)
 
     # ---- timeouts -------------------------------------------------------------------------------------
+    _hard_end_ns: int | None = None
+
     async def _watchdog(self) -> None:
-        ttft_ns, idle_ns = int(self.cfg.ttft_timeout_s * 1e9), int(self.cfg.idle_timeout_s * 1e9)
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
             now = time.monotonic_ns()
+            if self._hard_end_ns is not None and now >= self._hard_end_ns and not self._stopping:
+                self._end_run()
             for seq, (task, tracker) in list(self.stats.in_flight.items()):
                 if tracker.t_sent_ns == 0 or seq in self._timeouts:
                     continue  # not sent yet (waiting for the in-flight cap)
-                last = tracker.last_read_ns or tracker.t_sent_ns
-                if now - tracker.t_sent_ns > ttft_ns and not tracker.has_content():
-                    self._timeouts[seq] = ("timeout_ttft", f"no token within {self.cfg.ttft_timeout_s:g} s")
-                elif now - last > idle_ns:
-                    self._timeouts[seq] = ("timeout_idle", f"no bytes for {self.cfg.idle_timeout_s:g} s")
-                else:
-                    continue
-                task.cancel()
+                reason = self._overdue(tracker, now)
+                if reason is not None:
+                    self._timeouts[seq] = reason
+                    task.cancel()
+
+    def _overdue(self, tracker: StreamTracker, now: int) -> tuple[str, str] | None:
+        """Why this request must be cut now, if it must: (error kind, message)."""
+        cfg, age_ns = self.cfg, now - tracker.t_sent_ns
+        if tracker.broken:
+            return "protocol", tracker.broken
+        if age_ns > cfg.ttft_timeout_s * 1e9 and not tracker.has_content():
+            return "timeout_ttft", f"no token within {cfg.ttft_timeout_s:g} s"
+        if now - (tracker.last_read_ns or tracker.t_sent_ns) > cfg.idle_timeout_s * 1e9:
+            return "timeout_idle", f"no bytes for {cfg.idle_timeout_s:g} s"
+        if age_ns > cfg.request_timeout_s * 1e9:
+            return "timeout_request", f"not finished within {cfg.request_timeout_s:g} s (target.request_timeout_s)"
+        return None
+
+    def _end_run(self) -> None:
+        """The hard end: stop sending; cancel what is in flight, saying why."""
+        self.stats.cut_at_end = len(self.stats.in_flight)
+        reason = ("cancelled", f"still in flight {self.cfg.drain_timeout_s:g} s after the last send "
+                  "(load.drain_timeout_s): cut at the run's end")
+        for seq in self.stats.in_flight:
+            self._timeouts.setdefault(seq, reason)
+        self.stop()
 
 
 @contextlib.contextmanager

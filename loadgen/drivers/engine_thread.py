@@ -160,7 +160,7 @@ class EngineThread:
             raise AssertionError("unused")
 
         def on_record(record: RequestRecord, chunks: list[ChunkRecord]) -> None:
-            record.error_message = target.redact(record.error_message)
+            record.error_message = target.redact(record.error_message)  # the worker's records leave by message
             done = self._on_done.pop(record.seq, None)
             if done is not None:
                 done(record, chunks)

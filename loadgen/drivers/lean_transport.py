@@ -12,13 +12,16 @@ chunked reader cost ~20 µs a chunk, the largest item in a profile at 64 streams
   stream yields nothing (the caller just drains it) — the hot path is one callback, no task switch.
 
 Without a context it behaves as an ordinary transport (body bytes are yielded), so the same client serves
-``/models`` and ``/tokenize``. Plain ``http://`` only; use httpx's default transport for TLS.
+``/models`` and ``/tokenize``. ``https://`` runs over asyncio's TLS transport with the same protocol object
+(``ssl_context``): the send stamp is taken just before the plaintext goes to the TLS layer's ``write`` (which
+encrypts and writes at once), reads are stamped when the TLS layer hands over decrypted bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -41,7 +44,7 @@ class StreamContext:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, origin: tuple[str, int]) -> None:
+    def __init__(self, origin: tuple[str, str, int]) -> None:
         self.origin = origin
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
@@ -164,14 +167,16 @@ class _Body(httpx.AsyncByteStream):
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
-    def __init__(self, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, connect_timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self.ssl_context = ssl_context
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "http":
-            raise httpx.UnsupportedProtocol("the lean transport speaks plain http:// only")
-        origin = (request.url.host, request.url.port or 80)
+        scheme = request.url.scheme
+        if scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {scheme}://")
+        origin = (scheme, request.url.host, request.url.port or (443 if scheme == "https" else 80))
         conn = await self._acquire(origin)
         try:
             status, headers = await conn.send(request)
@@ -181,18 +186,25 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return httpx.Response(status, headers=headers, stream=_Body(conn, self._release),
                               extensions={"http_version": b"HTTP/1.1"})
 
-    async def _acquire(self, origin: tuple[str, int]) -> _Connection:
+    async def _acquire(self, origin: tuple[str, str, int]) -> _Connection:
         idle = self._idle.get(origin)
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
                 return conn
         loop = asyncio.get_running_loop()
+        scheme, host, port = origin
+        tls: dict[str, object] = {}
+        if scheme == "https":
+            tls = {"ssl": self.ssl_context or ssl.create_default_context(), "server_hostname": host}
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(origin), *origin),
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(origin), host, port, **tls),
                                              self.connect_timeout_s)
+        except ssl.SSLError as exc:
+            raise httpx.ConnectError(f"{host}:{port}: TLS: {exc.reason or exc}") from None
         except (OSError, asyncio.TimeoutError) as exc:
-            raise httpx.ConnectError(f"{origin[0]}:{origin[1]}: {exc or 'connect timeout'}") from None
+            reason = exc or f"no connection within {self.connect_timeout_s:g} s"
+            raise httpx.ConnectError(f"{host}:{port}: {reason}") from None
         return conn
 
     def _release(self, conn: _Connection) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import polars as pl
 
+from ..secrets import write_text
 from .charts import build_charts
 from .html import render_page, write_pngs
 from .timeline import choose_window
@@ -25,4 +26,4 @@ def write_reports(run_dir: Path, summary: dict[str, Any], name: str, tables: dic
         images = [(c.title, p.relative_to(run_dir).as_posix())
                   for c, p in zip(charts, write_pngs(charts, run_dir / "charts"))]
     write_all(run_dir, summary, name, tables, images)
-    (run_dir / "report.html").write_text(render_page(summary, name, run_dir.name, charts), encoding="utf-8")
+    write_text(run_dir / "report.html", render_page(summary, name, run_dir.name, charts))

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..analysis.compare import MetricComparison
+from ..secrets import write_text
 from .console import compact
 from .writers import fmt, md_escape
 
@@ -90,5 +91,5 @@ def print_comparison(console: Console, doc: dict[str, Any], results: list[Metric
 
 def write_comparison(out_dir: Path, doc: dict[str, Any], results: list[MetricComparison]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out_dir / "compare.md").write_text(compare_markdown(doc, results))
+    write_text(out_dir / "compare.json", json.dumps(doc, indent=2) + "\n")
+    write_text(out_dir / "compare.md", compare_markdown(doc, results))

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from ..secrets import write_bytes, write_text
+
 ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
 ICON = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
@@ -150,6 +152,6 @@ def write_all(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[st
               images: list[tuple[str, str]] | None = None) -> None:
     for table, frame in (tables or {}).items():
         frame.write_parquet(run_dir / f"{table}.parquet")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (run_dir / "summary.md").write_text(summary_markdown(summary, name, images))
-    (run_dir / "junit.xml").write_bytes(junit_xml(summary, name))
+    write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_text(run_dir / "summary.md", summary_markdown(summary, name, images))
+    write_bytes(run_dir / "junit.xml", junit_xml(summary, name))

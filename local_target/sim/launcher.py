@@ -1,7 +1,13 @@
-"""Start the simulator in a child process (its own interpreter, GIL and loop) and stop it."""
+"""Start the simulator in a child process (its own interpreter, GIL and loop) and stop it.
+
+The child never outlives its parent: it runs in its own session (a terminal's Ctrl-C goes to the parent, which
+stops it in order) and, on Linux, asks the kernel for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``), so a
+SIGKILL or an out-of-memory kill of the parent takes it down too.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import signal
@@ -57,12 +63,30 @@ def start_simulator(cfg: EngineConfig, trace_path: Path | None = None, host: str
            "--host", host, "--port", str(port)]
     if trace_path is not None:
         cmd += ["--trace", str(trace_path)]
-    preexec = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        die_with_parent(parent)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=preexec, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=preexec, env=env,
+                            start_new_session=True)
     line = _read_ready_line(proc, timeout_s)
     return SimProcess(line.split()[0], proc, trace_path)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child before exec: SIGTERM when the parent dies (Linux); exit now if it already has."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _read_ready_line(proc: subprocess.Popen[str], timeout_s: float) -> str:

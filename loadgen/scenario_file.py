@@ -1,0 +1,222 @@
+"""Reading a scenario file: the one place YAML is read.
+
+Loading order: bytes → UTF-8 text → YAML nodes (with a budget on what aliases expand to) → Python values →
+``${VAR:-default}`` expansion in strings → ``--set`` overrides (dotted paths, list indices as numbers) →
+validation (scenario.py's models). Every error is one ``ScenarioError`` line naming the field, the bad value and
+its line in the file — or the flag or ``--set`` that gave the value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from .scenario import Empirical, Scenario, ScenarioError
+
+MAX_YAML_VALUES = 100_000  # values a scenario may expand to, aliases counted at each use (an alias bomb: billions)
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_UNION_TAGS = {"fixed", "uniform", "normal", "lognormal", "exponential", "empirical", "mixture"}
+
+
+def load_scenario(path: Path | str, overrides: list[str] | None = None,
+                  flags: dict[str, str] | None = None) -> Scenario:
+    """Read, expand, override and validate; ``flags`` names the command-line flag behind an override key
+    (``{"load.duration_s": "--duration"}``) so that its errors blame the flag, not the file."""
+    path = Path(path)
+    root, data = _read_yaml(path)
+    data = _expand(data)
+    blame: dict[str, str] = {}
+    for item in overrides or []:
+        key, value = parse_override(item)
+        apply_override(data, key, value)
+        blame[key] = (flags or {}).get(key) or f"--set {item}"
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format_error(exc, str(path), root, blame)) from None
+    return _resolve_paths(scenario, path.parent)
+
+
+def _read_yaml(path: Path) -> tuple[yaml.Node | None, dict[str, Any]]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ScenarioError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                            "save the file as UTF-8") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        _check_size(root, str(path))
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as exc:
+        mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        opened = f" ({exc.context} at line {context.line + 1})" if context and context != mark else ""
+        raise ScenarioError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}{opened}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{path}: a scenario must be a mapping with name, load and workload")
+    return root, data
+
+
+def _check_size(root: yaml.Node | None, source: str) -> None:
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or refer to themselves.
+    Sizes are memoized per node, so this is linear in the file even when its expansion is not."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise ScenarioError(f"{source}:{node.start_mark.line + 1}: an alias refers to itself (recursive YAML)")
+        open_nodes.add(key)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_VALUES:
+                raise ScenarioError(f"{source}:{node.start_mark.line + 1}: the YAML expands to over "
+                                    f"{MAX_YAML_VALUES:,} values (aliases repeated inside aliases?)")
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    if root is not None:
+        size(root)
+
+
+def _expand(value: Any, where: str = "") -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if os.environ.get(name):  # as in the shell, ":-" also replaces an empty value (an unset CI secret)
+                return os.environ[name]
+            if default is None and name in os.environ:
+                return ""
+            if default is None:
+                raise ScenarioError(f"{where or 'value'}: environment variable {name} is not set and has no "
+                                    f"default (write ${{{name}:-default}})")
+            return default
+        return _ENV.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{where}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE, e.g. load.rate_per_s=8")
+    try:
+        return key.strip(), yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
+    node: Any = data
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ScenarioError(f"--set {key}: {'.'.join(parts[:i]) or 'value'} has no item {part}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        else:
+            raise ScenarioError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
+
+
+def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """1-based line of the deepest node on ``loc`` that exists in the YAML file."""
+    node, line = root, None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def _format_error(exc: ValidationError, source: str, root: yaml.Node | None, blame: dict[str, str]) -> str:
+    first = exc.errors()[0]
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" (got {value!r})"
+    more = len(exc.errors()) - 1
+    culprits = [flag for key, flag in blame.items()
+                if field == key or field.startswith(key + ".") or key.startswith(field + ".")]
+    culprit = ", ".join(culprits) if culprits else None
+    if culprit is None:
+        line = _line_of(root, loc)
+        culprit = f"{source}:{line}" if line else source
+    return f"{culprit}: {field}: {first['msg']}{shown}" + (f" [+{more} more]" if more else "")
+
+
+def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
+    """Relative files (traces, empirical histograms, tokenizers, TLS files) are relative to the scenario file."""
+    def resolve(p: Path | None) -> Path | None:
+        return base / p if p is not None and not p.is_absolute() else p
+
+    if scenario.load.trace:
+        scenario.load.trace.path = resolve(scenario.load.trace.path)  # type: ignore[assignment]
+    for cls in scenario.workload.classes:
+        for dist in (cls.prompt_tokens, cls.output_tokens):
+            if isinstance(dist, Empirical) and dist.file:
+                dist.file = resolve(dist.file)
+    t = scenario.target
+    t.tokenizer = resolve(t.tokenizer)
+    t.tls.ca_bundle, t.tls.client_cert, t.tls.client_key = (resolve(t.tls.ca_bundle), resolve(t.tls.client_cert),
+                                                            resolve(t.tls.client_key))
+    _check_files(scenario)
+    return scenario
+
+
+def _check_files(scenario: Scenario) -> None:
+    """Files the target needs exist, and the tokenizer file has its library (before anything is sent)."""
+    t = scenario.target
+    for field, path in (("target.tokenizer", t.tokenizer), ("target.tls.ca_bundle", t.tls.ca_bundle),
+                        ("target.tls.client_cert", t.tls.client_cert), ("target.tls.client_key", t.tls.client_key)):
+        if path is not None and not path.is_file():
+            raise ScenarioError(f"{field}: no such file: {path}")
+    if t.tokenizer is not None:
+        try:
+            import tokenizers  # noqa: F401
+        except ImportError:
+            raise ScenarioError("target.tokenizer needs the tokenizers library: pip install 'loadgen[tokenizers]'") \
+                from None
