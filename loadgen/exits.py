@@ -26,6 +26,7 @@ from typing import Any
 from .secrets import write_text
 
 PASS, SLO_FAILED, USAGE, INCONCLUSIVE, INTERNAL = 0, 1, 2, 3, 4
+TYPER_INTERRUPTED = 130
 
 
 class Interrupted(Exception):
@@ -91,4 +92,7 @@ def run_app(app: Any) -> int:
         print(f"loadgen: internal error ({type(exc).__name__}: {message}); traceback written to {path} "
               "— please report it", file=sys.stderr, flush=True)
         return INTERNAL
+    if code == TYPER_INTERRUPTED:  # typer turns KeyboardInterrupt (our SIGTERM too) into exit 130
+        print(f"loadgen: {interrupted_line()}", file=sys.stderr, flush=True)
+        return INCONCLUSIVE
     return code if isinstance(code, int) else PASS

@@ -33,7 +33,7 @@ from .schedule import Plan, PlannedRequest, build_plan
 from .secrets import REDACTOR, redact_headers, redact_url, write_text
 from . import server_metrics
 from .server_metrics import Scraper
-from .sinks import RecordSink, load_records
+from .sinks import RecordSink, as_os_error, load_records
 from .target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
 from .workload import Prompt, PromptFactory, build_prompts, request_body
 
@@ -227,8 +227,12 @@ class Run:
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:
             run_task = asyncio.create_task(engine.run())
-            await self._tick(run_task, engine, progress)
-            await run_task
+            try:
+                await self._tick(run_task, engine, progress)
+            finally:  # whatever happened, the engine ends (and records what is in flight) before the client closes
+                if not run_task.done():
+                    engine.stop()
+                await run_task
 
     async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: Progress) -> None:
         task = progress.add_task("running", total=self.plan.size)
@@ -327,8 +331,8 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
     try:
         write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
-    except OSError as exc:
-        summary["notes"].append(f"the report files could not all be written: {exc.strerror or exc}")
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        summary["notes"].append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return summary
 
 

@@ -93,13 +93,19 @@ def redact_url(url: str | None) -> str | None:
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write a text file that leaves the process (every report and record-side text file), redacted."""
-    path.write_text(REDACTOR(text) or "", encoding="utf-8")
+    """Write a text file that leaves the process (every report and record-side text file), redacted; whole or
+    not at all (written aside, then renamed: a reader or a crash never sees half a run.json)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(REDACTOR(text) or "", encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     """``write_text`` for UTF-8 bytes (junit.xml)."""
-    path.write_bytes((REDACTOR(data.decode("utf-8")) or "").encode("utf-8"))
+    write_text(path, data.decode("utf-8"))
 
 
 class _RedactingStream(io.TextIOBase):

@@ -11,6 +11,9 @@ stall of the driver's loop that showed in its timing.
 
 from __future__ import annotations
 
+import io
+import os
+import re
 import threading
 from pathlib import Path
 
@@ -104,17 +107,31 @@ def _empty(columns: tuple[str, ...]) -> dict[str, list[object]]:
 
 
 def _write_atomic(files: dict[Path, pl.DataFrame]) -> None:
-    """Write each frame beside its path, then rename them all into place; on failure remove what was written."""
+    """Write each frame beside its path, then rename them all into place; on failure remove what was written.
+    Each file is encoded in memory and written by Python, so a full disk is the OSError it is (ENOSPC; polars
+    writing itself reports it as "Invalid thrift: transport error")."""
     tmps = {path: path.with_name(f".{path.name}.tmp") for path in files}
     try:
         for path, frame in files.items():
-            frame.write_parquet(tmps[path])
+            encoded = io.BytesIO()
+            frame.write_parquet(encoded)
+            tmps[path].write_bytes(encoded.getbuffer())
     except BaseException:
         for tmp in tmps.values():
             tmp.unlink(missing_ok=True)
         raise
     for path, tmp in tmps.items():
         tmp.replace(path)
+
+
+def as_os_error(exc: Exception) -> OSError:
+    """polars' "... (os error 28)" as the OSError it was (ENOSPC: "No space left on device")."""
+    if isinstance(exc, OSError):
+        return exc
+    found = re.search(r"\(os error (\d+)\)", str(exc))
+    if found:
+        return OSError(int(found.group(1)), os.strerror(int(found.group(1))))
+    return OSError(str(exc))
 
 
 def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[Path]]:

@@ -14,13 +14,15 @@ the generation requests (``max_tokens`` > 1) misbehave:
 | ``models-list`` | ``/v1/models`` answers a JSON list instead of ``{"data": [...]}`` |
 | ``fail`` | answers the preflight; every generation request gets HTTP 500 |
 
-Every request's headers are kept (``seen``) so tests can check what was sent.
+Every request's headers are kept (``seen``) so tests can check what was sent. With ``ssl_context`` it serves
+https (``url`` says so).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import threading
 from typing import Any
 
@@ -30,7 +32,8 @@ TOKEN_EVERY_S = {"ok": 0.005, "trickle": 0.5}
 
 
 class MisbehavingServer:
-    def __init__(self) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context  # serve https with it
         self.port = 0
         self.seen: list[tuple[str, dict[str, str]]] = []
         self._loop = asyncio.new_event_loop()
@@ -39,7 +42,8 @@ class MisbehavingServer:
         self._thread = threading.Thread(target=self._main, daemon=True)
 
     def url(self, mode: str, userinfo: str = "") -> str:
-        return f"http://{userinfo}127.0.0.1:{self.port}/{mode}/v1"
+        scheme = "https" if self.ssl_context else "http"
+        return f"{scheme}://{userinfo}127.0.0.1:{self.port}/{mode}/v1"
 
     def __enter__(self) -> "MisbehavingServer":
         self._thread.start()
@@ -54,7 +58,8 @@ class MisbehavingServer:
     # ---- the server's thread ----------------------------------------------------------------------------
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0,
+                                                                          ssl=self.ssl_context))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -72,7 +77,7 @@ class MisbehavingServer:
         self._tasks.add(task)
         try:
             await self._connection(reader, writer)
-        except (ConnectionError, asyncio.CancelledError, h11.ProtocolError):
+        except (ConnectionError, asyncio.CancelledError, h11.ProtocolError, ssl.SSLError):
             pass
         finally:
             self._tasks.discard(task)

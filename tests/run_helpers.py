@@ -14,9 +14,27 @@ from local_target.sim import read_trace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=ROOT,
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300,
+            cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loadgen", *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **(env or {}), "COLUMNS": "200"}, timeout=timeout)
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``loadgen ARGS`` in the background (for signals): stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-m", "loadgen", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {}), "COLUMNS": "200"})
+
+
+def wait_for(condition: Any, timeout_s: float, what: str) -> None:
+    """Poll ``condition()`` until true (a state to reach, not a duration to wait); AssertionError after timeout_s."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.02)
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
