@@ -3,6 +3,7 @@
     python bench/fidelity.py                 # the accuracy table (TTFT 100 ms, ITL 20 ms, 128 tokens)
     python bench/fidelity.py --capacity      # highest tokens/s at chunk-gap p99 error <= 2 ms (ITL 5 ms)
     python bench/fidelity.py --poisson       # open-loop Poisson at 200 req/s: achieved rate and send lag
+    python bench/fidelity.py --tls           # 64 streams over http and over https (lean transport + TLS)
 
 The emitter runs pinned to CPU 0, ``loadgen run`` pinned to CPU 1 (taskset); both read CLOCK_MONOTONIC.
 Errors, in ms: TTFT error = loadgen's first-token stamp − the emitter's write of that token (loadgen stamps
@@ -31,10 +32,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+TLS: dict[str, str] = {}  # --tls: {"cert": server PEM, "ca": CA PEM}; empty: plain http
+
+
 def scenario_yaml(port: int, load: str, tokens: int) -> str:
+    scheme, tls = ("https", f", tls: {{ca_bundle: {TLS['ca']}}}") if TLS else ("http", "")
     return f"""
 name: fidelity
-target: {{base_url: "http://127.0.0.1:{port}/v1", model: auto, ttft_timeout_s: 30, idle_timeout_s: 30}}
+target: {{base_url: "{scheme}://127.0.0.1:{port}/v1", model: auto, ttft_timeout_s: 30, idle_timeout_s: 30{tls}}}
 load: {load}
 workload:
   classes: [{{name: c, prompt_tokens: {{dist: fixed, value: 16}}, output_tokens: {{dist: fixed, value: {tokens}}}}}]
@@ -48,7 +53,8 @@ def run(ttft_ms: float, itl_ms: float, tokens: int, load: str, tmp: Path) -> dic
     tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / "writes.json"
     emitter = subprocess.Popen(["taskset", "-c", "0", sys.executable, str(ROOT / "bench/reference_emitter.py"),
-                                "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--log", str(log)],
+                                "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--log", str(log),
+                                *(["--tls-cert", TLS["cert"]] if TLS else [])],
                                stdout=subprocess.PIPE, text=True)
     port = int(emitter.stdout.readline().split()[1])
     path = tmp / "s.yaml"
@@ -79,10 +85,10 @@ def errors(result: dict) -> tuple[list[float], list[float]]:
     return ttft_err, gap_err
 
 
-def accuracy(tmp: Path) -> None:
+def accuracy(tmp: Path, streams: tuple[int, ...] = (1, 16, 64, 256)) -> None:
     print("| streams | TTFT err median | TTFT err p99 | chunk-gap err median | chunk-gap err p99 |")
     print("| ---: | ---: | ---: | ---: | ---: |")
-    for n in (1, 16, 64, 256):
+    for n in streams:
         r = run(100, 20, 128, f"{{arrival: concurrency, concurrency: {n}, requests: {2 * n}, max_in_flight: {n}}}",
                 tmp / f"a{n}")
         t, g = errors(r)
@@ -110,6 +116,21 @@ def capacity(tmp: Path) -> None:
         print(f"| {n} | {toks:.0f} | {pct([abs(x) for x in g], .99):.3f} | {pct(t, .99):.3f} | {cpu} |", flush=True)
 
 
+def tls_vs_http(tmp: Path, repeats: int) -> None:
+    """The same 64-stream accuracy run over http and over https (a trustme CA; the emitter serves TLS)."""
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp / "ca.pem"))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(tmp / "server.pem"))
+    for label, tls in (("http", {}), ("https", {"cert": str(tmp / "server.pem"), "ca": str(tmp / "ca.pem")})):
+        TLS.clear()
+        TLS.update(tls)
+        print(f"\n{label}, 64 streams (TTFT 100 ms, ITL 20 ms, 128 tokens), {repeats} runs:")
+        for i in range(repeats):
+            accuracy(tmp / f"{label}{i}", streams=(64,))
+
+
 def poisson(tmp: Path) -> None:
     r = run(20, 5, 8, "{arrival: poisson, rate_per_s: 200, duration_s: 20, max_in_flight: 512}", tmp / "p")
     s, req = r["summary"], r["requests"]
@@ -125,13 +146,17 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--poisson", action="store_true")
+    ap.add_argument("--tls", action="store_true", help="64 streams over http, then over https")
+    ap.add_argument("--repeats", type=int, default=3, help="--tls: runs of each")
     ap.add_argument("--engine", default="asyncio", choices=["asyncio", "locust"],
                     help="loadgen run --engine (locust: one Locust process, the same CPU pin)")
     args = ap.parse_args()
     ENGINE = args.engine
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        if args.capacity:
+        if args.tls:
+            tls_vs_http(tmp, args.repeats)
+        elif args.capacity:
             capacity(tmp)
         elif args.poisson:
             poisson(tmp)

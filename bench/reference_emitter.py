@@ -3,6 +3,10 @@ arrived and then one token every ITL; each write's true time is logged, so a cli
 be computed exactly. Serves /v1/models, /tokenize (1 token per word) and streaming chat completions.
 
     python bench/reference_emitter.py --ttft-ms 100 --itl-ms 20 --log writes.json
+    python bench/reference_emitter.py --tls-cert server.pem --log writes.json      # https (cert + key in one PEM)
+
+With TLS a write's logged time is taken just before the plaintext goes to the TLS layer (which encrypts and
+writes at once), as loadgen stamps its own sends.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import itertools
 import json
 import signal
 import socket
+import ssl
 import time
 
 import h11
@@ -110,7 +115,11 @@ class Emitter(asyncio.Protocol):
 async def main(args: argparse.Namespace) -> None:
     log: dict[str, list[int]] = {}
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Emitter(args, log), "127.0.0.1", args.port, backlog=4096)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.tls_cert)
+    server = await loop.create_server(lambda: Emitter(args, log), "127.0.0.1", args.port, backlog=4096, ssl=tls)
     print("listening", server.sockets[0].getsockname()[1], flush=True)
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -127,4 +136,5 @@ if __name__ == "__main__":
     ap.add_argument("--itl-ms", type=float, default=20)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--log", required=True)
+    ap.add_argument("--tls-cert", help="serve https with this PEM (certificate and private key)")
     uvloop.run(main(ap.parse_args()))

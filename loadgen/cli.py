@@ -29,18 +29,23 @@ def _fail(message: str) -> typer.Exit:
 
 
 FLAGS = {"target.base_url": "--base-url", "target.model": "--model", "target.api_key_env": "--api-key-env",
-         "load.duration_s": "--duration"}
+         "load.duration_s": "--duration", "target.request_timeout_s": "--request-timeout",
+         "load.drain_timeout_s": "--drain-timeout"}
 
 
-def _overrides(sets: list[str], base_url: str | None, model: str | None, api_key_env: str | None,
-               duration: float | None) -> list[str]:
-    if duration is not None and not (math.isfinite(duration) and duration > 0):
-        raise _fail(f"--duration {duration}: give a finite number of seconds above 0")
+def _overrides(sets: list[str], base_url: str | None = None, model: str | None = None,
+               api_key_env: str | None = None, seconds: dict[str, float | None] | None = None) -> list[str]:
+    """--set items, then the dedicated flags as overrides of their fields (``seconds``: field → value)."""
     items = list(sets)
-    for key, value in (("target.base_url", base_url), ("target.model", model),
-                       ("target.api_key_env", api_key_env), ("load.duration_s", duration)):
+    for key, value in (("target.base_url", base_url), ("target.model", model), ("target.api_key_env", api_key_env)):
         if value is not None:
             items.append(f"{key}={json.dumps(value)}")
+    for field, value in (seconds or {}).items():
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value > 0 or field == "load.drain_timeout_s" and value == 0):
+            raise _fail(f"{FLAGS[field]} {value}: give a finite number of seconds above 0")
+        items.append(f"{field}={json.dumps(value)}")
     return items
 
 
@@ -79,6 +84,12 @@ def run(
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the run here (default reports/<time>-<name>)"),
     duration: Optional[float] = typer.Option(None, "--duration", help="measured seconds (load.duration_s)"),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="seconds from send to a "
+                                                    "request's last byte, at most (target.request_timeout_s, "
+                                                    "default 600)"),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="seconds in-flight requests get "
+                                                  "after the last send before the run ends (load.drain_timeout_s, "
+                                                  "default 30)"),
     set_: list[str] = typer.Option([], "--set", help="override any field: --set load.rate_per_s=8 (repeatable)"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
     no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
@@ -105,7 +116,9 @@ def run(
     from .runner import RunOptions, TargetError, run_scenario
 
     try:
-        overrides = _overrides(set_, base_url, model, api_key_env, duration)
+        overrides = _overrides(set_, base_url, model, api_key_env, seconds={
+            "load.duration_s": duration, "target.request_timeout_s": request_timeout,
+            "load.drain_timeout_s": drain_timeout})
         sc = _load(scenario, overrides)
         opts = RunOptions(out=out, progress=not no_progress, png=not no_png, server_metrics=not no_server_metrics,
                           server_metrics_period_s=server_metrics_period_s)
@@ -144,7 +157,7 @@ def ui(
     from .target import TargetError
 
     try:
-        sc = _load(scenario, _overrides(set_, base_url, None, None, None))
+        sc = _load(scenario, _overrides(set_, base_url))
         opts = RunOptions(reports_dir=reports_dir, progress=False, png=not no_png)
         session = locust_run.UiSession(sc, opts, console, host, port, web_login, master,
                                        (master_bind_host, master_port))
@@ -167,7 +180,7 @@ def worker(
     from .target import TargetError
 
     try:
-        sc = _load(scenario, _overrides(set_, base_url, None, None, None))
+        sc = _load(scenario, _overrides(set_, base_url))
         if sc.target.embedded:
             raise _fail("a worker needs the target's URL (--base-url): the master's simulator is not shared")
         raise typer.Exit(locust_run.run_worker(sc, master_host, master_port))
@@ -189,8 +202,11 @@ def validate(
     except ScenarioError as exc:
         raise _fail(str(exc)) from None
     size = plan.size if plan.size is not None else f"closed loop × {sc.load.concurrency}"
-    console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, "
-                  f"{len(sc.workload.classes)} class(es), target {redact_url(sc.target.base_url)}", highlight=False)
+    end_s = plan.hard_end_s(sc.load.drain_timeout_s)
+    bound = (f"ends at most {end_s:.1f} s after its first send" if end_s is not None else
+             f"each request ends within {sc.target.request_timeout_s:g} s")
+    console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, {len(sc.workload.classes)} class(es), "
+                  f"target {redact_url(sc.target.base_url)}; {bound}", highlight=False)
 
 
 @app.command()

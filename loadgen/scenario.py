@@ -222,7 +222,8 @@ class RequestClass(_Strict):
     weight: float = Field(1.0, gt=0)
     prompt_tokens: Distribution
     output_tokens: Distribution
-    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="tokens of a system prompt shared by the class")
+    shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS,
+                                      description="tokens of a system prompt shared by the class")
     ignore_eos: bool = Field(True, description="force exactly the sampled output length")
 
 

@@ -199,6 +199,17 @@ class Plan:
         warmup = offset_s < self.scenario.load.warmup_s if not self.closed_loop else False
         return PlannedRequest(seq, int(offset_s * 1e9), cls.name, prompt, output, warmup)
 
+    def hard_end_s(self, drain_timeout_s: float) -> float | None:
+        """Seconds after the first planned send at which the run ends, whatever is still in flight: the last
+        send (closed loop: the end of warm-up + duration) plus the drain. None: a closed loop bounded only by
+        its request count, each request bounded by ``target.request_timeout_s``."""
+        if self.offsets_s is not None:
+            return (self.offsets_s[-1] if self.offsets_s else 0.0) + drain_timeout_s
+        load = self.scenario.load
+        if load.duration_s is not None:
+            return load.warmup_s + load.duration_s + drain_timeout_s
+        return None
+
     def class_of(self, name: str) -> RequestClass:
         return next(c for c in self._classes if c.name == name)
 

@@ -23,9 +23,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
 MASK = "***"
-_URL_PASSWORD = re.compile(r"(\w+://[^/\s:@]*:)[^@/\s]+@")
-_QUERY_SECRET = re.compile(r"([?&][^=&\s]*(?:api[-_]?key|token|secret|password|sig)[^=&\s]*=)[^&\s#\"']+",
-                           re.IGNORECASE)
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")  # patterns are masked inside URLs only
+_URL_PASSWORD = re.compile(r"^([^:/]+://[^/@:]*:)[^@/]+@")
+_QUERY_SECRET = re.compile(r"([?&](?:[^=&#]*[-_])?(?:api[-_]?key|key|token|secret|password|passwd|sig|signature|"
+                           r"auth)=)[^&#]+", re.IGNORECASE)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]{4,}")
 
 
@@ -48,12 +49,16 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, MASK)
         if "://" in text:
-            text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
-        if "=" in text:
-            text = _QUERY_SECRET.sub(rf"\1{MASK}", text)
+            text = _URL.sub(_mask_url, text)
         if "Bearer" in text:
             text = _BEARER.sub(rf"\1{MASK}", text)
         return text
+
+
+def _mask_url(found: re.Match[str]) -> str:
+    """A URL with its password and key-like query values masked (``user:pw@``, ``?api_key=``, ``&token=``)."""
+    url = _URL_PASSWORD.sub(rf"\1{MASK}@", found.group(0))
+    return _QUERY_SECRET.sub(rf"\1{MASK}", url) if "=" in url else url
 
 
 REDACTOR = Redactor()
@@ -114,7 +119,10 @@ class _RedactingStream(io.TextIOBase):
     def __init__(self, inner: TextIO) -> None:
         self._inner = inner
 
-    def write(self, text: str) -> int:
+    def write(self, text: str | bytes) -> int:
+        if isinstance(text, (bytes, bytearray)):  # click's echo probes for a binary writer with bytes
+            self._inner.write(REDACTOR(bytes(text).decode("utf-8", errors="replace")) or "")
+            return len(text)
         self._inner.write(REDACTOR(text) or "")
         return len(text)
 

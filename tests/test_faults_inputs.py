@@ -55,6 +55,11 @@ def test_bad_values_are_one_line_and_exit_2_naming_the_flag(scenario, tmp_path, 
     assert_clean(res, None)
 
 
+def test_help_into_a_pipe_works_through_the_redacting_stdout():
+    res = run_cli("run", "--help", timeout=60)  # stdout is a pipe: click probes it with bytes
+    assert res.returncode == 0 and "--request-timeout" in res.stdout and "--drain-timeout" in res.stdout
+
+
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(ALIAS_BOMB)  # 10^9 values when expanded

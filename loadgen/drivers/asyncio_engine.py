@@ -77,15 +77,6 @@ class EngineConfig:
     drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
     max_event_bytes: int = 1 << 20
 
-    def hard_end_offset_s(self, plan: Plan) -> float | None:
-        """Seconds after t0 at which the run ends whatever is in flight (None: a closed loop bounded by count,
-        whose every request is bounded by request_timeout_s)."""
-        if plan.offsets_s is not None:
-            return (plan.offsets_s[-1] if plan.offsets_s else 0.0) + self.drain_timeout_s
-        if self.duration_s is not None:
-            return self.warmup_s + self.duration_s + self.drain_timeout_s
-        return None
-
 
 class AsyncioEngine:
     def __init__(self, cfg: EngineConfig, plan: Plan, body_for: BodyFor, on_record: OnRecord,
@@ -113,7 +104,7 @@ class AsyncioEngine:
 
     async def _run(self) -> EngineStats:
         self.stats.t0_ns = time.monotonic_ns() + int(START_LEAD_MS * 1e6)
-        end_s = self.cfg.hard_end_offset_s(self.plan)
+        end_s = self.plan.hard_end_s(self.cfg.drain_timeout_s)
         self._hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
         watchdog = asyncio.create_task(self._watchdog())
         try:
