@@ -72,16 +72,40 @@ def interrupted_line() -> str:
             f"(`loadgen report {run_dir}` rebuilds the reports)")
 
 
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Click's usage errors: typer 0.29+ vendors click (typer._click), older typer uses click itself."""
+    found: list[type[BaseException]] = []
+    try:
+        from typer._click.exceptions import ClickException
+        found.append(ClickException)
+    except ImportError:
+        pass
+    try:
+        import click
+        found.append(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def _show_usage_error(exc: Any) -> None:
+    try:  # typer's own framing (a box naming the command and its --help), as in standalone mode
+        from typer import rich_utils
+        rich_utils.rich_format_error(exc)
+    except Exception:  # noqa: BLE001 - plain text when typer's rich helper is not there
+        exc.show()
+
+
 def run_app(app: Any) -> int:
     """Run the typer app under the contract above; returns the exit code."""
-    import click
+    import typer
 
     try:
         code = app(standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
+    except _usage_error_types() as exc:
+        _show_usage_error(exc)
         return USAGE
-    except (click.Abort, KeyboardInterrupt, Interrupted):
+    except (typer.Abort, KeyboardInterrupt, Interrupted):
         print(f"loadgen: {interrupted_line()}", file=sys.stderr, flush=True)
         return INCONCLUSIVE
     except SystemExit as exc:

@@ -24,6 +24,7 @@ from typing import Any  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from .analysis.slo import EXIT_CODES  # noqa: E402
+from .report.llm_tab import live_rows  # noqa: E402
 from .report.console import print_summary  # noqa: E402
 from .runner import RunOptions, Run, make_run_dir  # noqa: E402
 from .scenario import Scenario  # noqa: E402
@@ -380,34 +381,3 @@ class UiSession:
             data["extended_stats"] = [{"key": "llm", "data": self.live_rows}]
             response.set_data(json.dumps(data))
         return response
-
-
-def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
-    """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
-    from .analysis.summary import summarize
-    from .sinks import chunks_frame, requests_frame
-
-    requests = requests_frame([r for r, _ in records])
-    chunks = chunks_frame([c for _, cs in records for c in cs])
-    summary, _ = summarize(scenario, requests, chunks, planned)
-    rows = []  # Locust's table sorts rows by name: the prefixes keep latency, SLOs and stalls together
-    classes = list(summary["classes"].items())
-    for cls, block in [("all", summary), *(classes if len(classes) > 1 else [])]:
-        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            m = block["metrics"][name]
-            rows.append({"name": f"latency · {name}", "cls": cls, "count": m["count"],
-                         **{k: _ms(m[k]) for k in ("p50", "p90", "p99", "max")}, "note": ""})
-    for o in summary["slo"]:
-        state = {True: "pass", False: "FAIL", None: "inconclusive"}[o["passed"]]
-        rows.append({"name": f"slo · {o['objective']}", "cls": "all", "count": o["samples"], "p50": "",
-                     "p90": "", "p99": "", "max": "",
-                     "note": f"{state}: {_ms(o['value'])} {o['comparison']} {o['threshold']}"})
-    st = summary["stalls"]
-    rows.append({"name": "stalls", "cls": "all", "count": st["count"], "p50": "", "p90": "",
-                 "p99": "", "max": _ms(st.get("worst_gap_ms")),
-                 "note": f"{st['prefill_induced']} prefill-induced; {st['per_1k_tokens']:.2f} per 1k tokens"})
-    return rows
-
-
-def _ms(value: Any) -> str:
-    return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)

@@ -60,6 +60,13 @@ def test_help_into_a_pipe_works_through_the_redacting_stdout():
     assert res.returncode == 0 and "--request-timeout" in res.stdout and "--drain-timeout" in res.stdout
 
 
+@pytest.mark.parametrize("args", [["run", "scenarios/smoke.yaml", "--bogus"], ["run"],
+                                  ["report", "/nonexistent"], ["target", "vllm", "--model", "/m", "--device", "tpu"]])
+def test_usage_errors_are_exit_2_without_a_traceback(args):
+    res = run_cli(*args, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr and "internal error" not in res.stderr
+
+
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(ALIAS_BOMB)  # 10^9 values when expanded

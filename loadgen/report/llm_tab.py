@@ -1,0 +1,39 @@
+"""The rows of the Locust web UI's LLM tab: exact percentiles, SLOs and stalls recomputed from the raw records
+(not Locust's rounded histogram). Pure: records in, rows out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..scenario import Scenario
+
+
+def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
+    """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
+    from ..analysis.summary import summarize
+    from ..sinks import chunks_frame, requests_frame
+
+    requests = requests_frame([r for r, _ in records])
+    chunks = chunks_frame([c for _, cs in records for c in cs])
+    summary, _ = summarize(scenario, requests, chunks, planned)
+    rows = []  # Locust's table sorts rows by name: the prefixes keep latency, SLOs and stalls together
+    classes = list(summary["classes"].items())
+    for cls, block in [("all", summary), *(classes if len(classes) > 1 else [])]:
+        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            m = block["metrics"][name]
+            rows.append({"name": f"latency · {name}", "cls": cls, "count": m["count"],
+                         **{k: _ms(m[k]) for k in ("p50", "p90", "p99", "max")}, "note": ""})
+    for o in summary["slo"]:
+        state = {True: "pass", False: "FAIL", None: "inconclusive"}[o["passed"]]
+        rows.append({"name": f"slo · {o['objective']}", "cls": "all", "count": o["samples"], "p50": "",
+                     "p90": "", "p99": "", "max": "",
+                     "note": f"{state}: {_ms(o['value'])} {o['comparison']} {o['threshold']}"})
+    st = summary["stalls"]
+    rows.append({"name": "stalls", "cls": "all", "count": st["count"], "p50": "", "p90": "",
+                 "p99": "", "max": _ms(st.get("worst_gap_ms")),
+                 "note": f"{st['prefill_induced']} prefill-induced; {st['per_1k_tokens']:.2f} per 1k tokens"})
+    return rows
+
+
+def _ms(value: Any) -> str:
+    return "" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
