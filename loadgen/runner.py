@@ -116,7 +116,7 @@ class Run:
         self.sink = RecordSink(run_dir)
         self.interrupted = False
         self.disk_error: str | None = None
-        self.lean_transport = False
+        self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
         self.engine_name = "asyncio"
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -125,7 +125,6 @@ class Run:
         """Preflight, prompts, the run; returns the resolved target (the records are in the sink). SIGINT and
         SIGTERM: before sending, exits.Interrupted; while sending, the engine stops (in-flight → cancelled)."""
         loop, main = asyncio.get_running_loop(), asyncio.current_task()
-        self._engine: AsyncioEngine | None = None
 
         def on_signal() -> None:
             self.interrupted = True
@@ -146,7 +145,7 @@ class Run:
                 loop.remove_signal_handler(sig)
 
     async def _execute(self, base_url: str, headers: dict[str, str], sim: Any) -> ResolvedTarget:
-        client, self.lean_transport = open_client(self.scenario, base_url)
+        client = open_client(self.scenario, base_url)
         async with client:
             target = await resolve(self.scenario, client, base_url, headers, REDACTOR)
             target.sim = sim
@@ -221,8 +220,7 @@ class Run:
             return request_body(s, target.model, self.plan.class_of(req.class_name), prompt, req.output_tokens,
                                 target.continuous_usage)
 
-        return AsyncioEngine(engine_config(s, target, self.lean_transport), self.plan, body_for, self.sink.add,
-                             client)
+        return AsyncioEngine(engine_config(s, target), self.plan, body_for, self.sink.add, client)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:

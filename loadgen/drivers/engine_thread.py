@@ -138,12 +138,12 @@ class EngineThread:
         self._stop = asyncio.Event()
         s = self.scenario
         headers, redact = auth_headers(s)
-        client, lean = open_client(s, self.base_url)
+        client = open_client(s, self.base_url)
         async with client:
             self.target = await resolve(s, client, self.base_url, headers, redact)
             self.factory = PromptFactory(s, await token_counter(s, client, self.target))
             await self.factory.prepare_classes()
-            self.engine = self._engine(client, lean)
+            self.engine = self._engine(client)
             watchdog = self.engine.start_watchdog()
             self.ready = True
             await self._stop.wait()
@@ -152,7 +152,7 @@ class EngineThread:
                 await asyncio.sleep(0.01)
             watchdog.cancel()
 
-    def _engine(self, client: httpx.AsyncClient, lean: bool) -> AsyncioEngine:
+    def _engine(self, client: httpx.AsyncClient) -> AsyncioEngine:
         target = self.target
         assert target is not None
 
@@ -165,7 +165,7 @@ class EngineThread:
             if done is not None:
                 done(record, chunks)
 
-        return AsyncioEngine(engine_config(self.scenario, target, lean), self.plan, no_body, on_record, client)
+        return AsyncioEngine(engine_config(self.scenario, target), self.plan, no_body, on_record, client)
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
         target = self.target

@@ -32,23 +32,23 @@ def ssl_context(scenario: Scenario) -> ssl.SSLContext | None:
     return ctx
 
 
-def open_client(scenario: Scenario, base_url: str) -> tuple[httpx.AsyncClient, bool]:
-    """(client, lean): the lean transport, for http:// and https:// alike (TLS by ``target.tls``)."""
+def open_client(scenario: Scenario, base_url: str) -> httpx.AsyncClient:
+    """A client on the lean transport, for http:// and https:// alike (TLS by ``target.tls``)."""
     room = scenario.load.max_in_flight + 8
     t = scenario.target
     transport = LeanTransport(connect_timeout_s=t.connect_timeout_s, ssl_context=ssl_context(scenario))
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=room, max_keepalive_connections=room),
                                timeout=httpx.Timeout(connect=t.connect_timeout_s, read=None, write=30.0, pool=None),
                                transport=transport)
-    return client, True
+    return client
 
 
-def engine_config(scenario: Scenario, target: ResolvedTarget, lean: bool) -> EngineConfig:
+def engine_config(scenario: Scenario, target: ResolvedTarget) -> EngineConfig:
     s, load = scenario, scenario.load
     path = "/chat/completions" if s.target.api == "chat" else "/completions"
     return EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
                         ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
                         request_timeout_s=s.target.request_timeout_s, drain_timeout_s=load.drain_timeout_s,
                         max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
-                        concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS if lean else 0.0,
+                        concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS,
                         max_event_bytes=s.target.max_event_bytes)
