@@ -85,12 +85,15 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
     run_dir = make_run_dir(scenario, opts)
     exits.current.update(run_dir=run_dir, phase="preflight")
     sim = None
+    run = Run(scenario, plan, run_dir, console, opts)
     try:
         sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
-        run = Run(scenario, plan, run_dir, console, opts)
         target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, headers, sim))
     except (TargetError, exits.Interrupted, KeyboardInterrupt):  # KeyboardInterrupt: before the loop's handlers
         discard_if_empty(run_dir, created)
+        raise
+    except Exception:
+        run.close_sink()  # a bug: the records taken so far reach the disk before the crash report
         raise
     finally:
         if sim is not None:

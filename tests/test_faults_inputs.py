@@ -36,6 +36,7 @@ def one_line_exit_2(res, message: str) -> None:
     (["--duration", "inf"], "--duration inf: give a finite number of seconds above 0"),
     (["--duration", "nan"], "--duration nan: give a finite number"),
     (["--set", "load.duration_s=1e9"], "load.duration_s: Input should be less than or equal to 604800"),
+    (["--duration", "1e9"], "--duration: load.duration_s: Input should be less than or equal to 604800"),
     (["--set", "load.rate_per_s=1.0e9"], "the plan would hold ~2,000,000,000 requests"),
     (["--set", "load={arrival: concurrency, concurrency: 100000000, requests: 10}"],
      "load.concurrency: Input should be less than or equal to 10000"),
@@ -139,11 +140,13 @@ def test_a_signal_during_the_preflight_is_exit_3_with_a_line(server, scenario, t
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 3 and stderr.strip() == "loadgen: interrupted before anything was sent"
     assert not out.exists()
+    assert_clean(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), None)
 
 
 def test_a_second_ctrl_c_while_reports_are_written_is_exit_3_and_keeps_the_records(tmp_path):
     out = tmp_path / "run"
-    proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress")
+    proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress",
+                     *SECRET_ARGS, env=SECRET_ENV)
     wait_for(lambda: any(out.glob("requests.part-*.parquet")), 60, "the first flushed records")
     proc.send_signal(signal.SIGINT)  # the first: the run stops, reports begin (PNGs: a few seconds)
     wait_for(lambda: (out / "run.json").exists() and json.loads((out / "run.json").read_text())["finished"],
@@ -155,6 +158,7 @@ def test_a_second_ctrl_c_while_reports_are_written_is_exit_3_and_keeps_the_recor
     assert pl.read_parquet(out / "requests.parquet").height > 0
     again = run_cli("report", str(out), "--no-png")
     assert again.returncode == 3 and summary(out)["interrupted"]
+    assert_clean(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr + again.stdout), out)
 
 
 def _children(pid: int) -> list[int]:
@@ -166,7 +170,8 @@ def _children(pid: int) -> list[int]:
 
 def test_sigkill_of_loadgen_takes_the_simulator_down_and_report_says_inconclusive(tmp_path):
     out = tmp_path / "run"
-    proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress")
+    proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress",
+                     *SECRET_ARGS, env=SECRET_ENV)
     wait_for(lambda: any(out.glob("requests.part-*.parquet")), 60, "the first flushed records")
     sims = [c for c in _children(proc.pid) if "local_target.sim" in Path(f"/proc/{c}/cmdline").read_text()]
     assert len(sims) == 1
@@ -177,6 +182,7 @@ def test_sigkill_of_loadgen_takes_the_simulator_down_and_report_says_inconclusiv
     res = run_cli("report", str(out), "--no-png")
     assert res.returncode == 3 and "INCONCLUSIVE" in res.stdout and "Traceback" not in res.stderr
     assert "the run did not finish" in summary(out)["reasons"][0]
+    assert_clean(res, out)
 
 
 # ---- 5. a full disk ------------------------------------------------------------------------------------------
