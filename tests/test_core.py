@@ -136,3 +136,27 @@ def test_driver_errors_win_and_has_content():
 def test_scale_keeps_total_and_minimum(weights, total):
     out = _scale(weights, total)
     assert sum(out) == total and min(out) >= 1
+
+
+def test_a_line_over_the_cap_stops_buffering_and_says_why():
+    dec = SseDecoder(max_event_bytes=1024)
+    assert dec.feed(b'data: {"a": 1}\n\n', 1) == [(1, '{"a": 1}')]
+    for _ in range(100):  # a line that never ends: 100 x 512 bytes
+        assert dec.feed(b"x" * 512, 2) == []
+    assert dec.overflow == "a line over 1024 bytes (target.max_event_bytes)"
+    assert len(dec._buf) == 0 and dec.feed(b"\n\ndata: late\n\n", 3) == []  # nothing after it is decoded
+
+
+def test_an_event_of_many_data_lines_over_the_cap_is_refused():
+    dec = SseDecoder(max_event_bytes=1024)
+    events = dec.feed(b"data: ok\n\n" + b"data: " + b"y" * 600 + b"\n" + b"data: " + b"y" * 600 + b"\n\n", 1)
+    assert events == [(1, "ok")] and dec.overflow == "an event over 1024 bytes (target.max_event_bytes)"
+
+
+def test_the_tracker_reports_an_overflow_as_a_protocol_error():
+    tracker = StreamTracker(_meta(), t_sent_ns=0, max_event_bytes=1024)
+    tracker.feed(_chunk(content="hi", usage=(20, 1)), 10)
+    tracker.feed(b"data: " + b"z" * 4096, 20)
+    assert tracker.broken == "a line over 1024 bytes (target.max_event_bytes)"
+    record, chunks = tracker.finish(30)
+    assert (record.error_kind, record.error_message, len(chunks)) == ("protocol", tracker.broken, 1)
