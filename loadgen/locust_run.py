@@ -134,6 +134,7 @@ class LocustRun:
             else:
                 self._local(env, state)
             cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
+            self.run.note_cut_at_end(target, state.engine.engine.stats.cut_at_end)  # this process's engine
             if scraper is not None:
                 state.engine.stop_scraper(lu.sleep)
                 self.run.keep_server_metrics(scraper, target)

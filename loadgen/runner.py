@@ -165,10 +165,13 @@ class Run:
         st = engine.stats
         self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
                           "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
-        if st.cut_at_end:
-            target.notes.append(f"{st.cut_at_end} request(s) still in flight {self.scenario.load.drain_timeout_s:g}"
-                                " s after the last send were cancelled at the run's end (load.drain_timeout_s)")
+        self.note_cut_at_end(target, st.cut_at_end)
         return target
+
+    def note_cut_at_end(self, target: ResolvedTarget, cut: int) -> None:
+        if cut:
+            target.notes.append(f"{cut} request(s) still in flight {self.scenario.load.drain_timeout_s:g} s after "
+                                "the last send were cancelled at the run's end (load.drain_timeout_s)")
 
     def _warn_tls(self, target: ResolvedTarget) -> None:
         if target.base_url.startswith("https://") and not self.scenario.target.tls.verify:

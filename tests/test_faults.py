@@ -58,10 +58,10 @@ def assert_clean(res, out: Path | None) -> None:
 
 
 def fault_run(server: MisbehavingServer, scenario: Path, out: Path, mode: str, *sets: str, bound_s: float,
-              timeout: float = 120):
+              timeout: float = 120, engine: str = "asyncio"):
     """``loadgen run`` against MODE with the secrets planted; asserts the common contract, returns the result."""
     t0 = time.monotonic()
-    res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--no-png",
+    res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--no-png", "--engine", engine,
                   "--base-url", server.url(mode, f"tester:{URL_PASSWORD}@"), "--model", "m",
                   "--api-key-env", "LOADGEN_FAULT_KEY", "--set", "target.headers={X-Api-Key: " + HEADER_SECRET + "}",
                   *(x for s in sets for x in ("--set", s)), env={"LOADGEN_FAULT_KEY": API_KEY}, timeout=timeout)
@@ -161,3 +161,11 @@ def test_connection_refused_masks_the_url_password(scenario, tmp_path):
                   "--base-url", f"http://tester:{URL_PASSWORD}@127.0.0.1:9/v1")
     assert res.returncode == 2 and "cannot reach" in res.stderr
     assert_clean(res, tmp_path / "run")
+
+
+def test_the_locust_engine_also_cuts_a_trickling_stream_at_the_runs_hard_end(server, scenario, tmp_path):
+    out = tmp_path / "run"
+    res = fault_run(server, scenario, out, "trickle", bound_s=DURATION_S + DRAIN_S, engine="locust")
+    assert res.returncode == 3, res.stdout + res.stderr
+    s = summary(out)
+    assert kinds(out) == {"cancelled": 8} and any("cancelled at the run's end" in n for n in s["notes"])

@@ -105,7 +105,8 @@ class AsyncioEngine:
     async def _run(self) -> EngineStats:
         self.stats.t0_ns = time.monotonic_ns() + int(START_LEAD_MS * 1e6)
         end_s = self.plan.hard_end_s(self.cfg.drain_timeout_s)
-        self._hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
+        self.hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
+        self._owns_schedule = True  # at the hard end it also stops sending (the Locust driver owns its own)
         watchdog = asyncio.create_task(self._watchdog())
         try:
             if self.plan.closed_loop:
@@ -221,13 +222,15 @@ class AsyncioEngine:
         self.on_record(record, chunks)
 
     # ---- timeouts -------------------------------------------------------------------------------------
-    _hard_end_ns: int | None = None
+    hard_end_ns: int | None = None  # the run's hard end (monotonic ns): what is in flight then is cut
+    _owns_schedule = False
 
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
             now = time.monotonic_ns()
-            if self._hard_end_ns is not None and now >= self._hard_end_ns and not self._stopping:
+            if self.hard_end_ns is not None and now >= self.hard_end_ns:
+                self.hard_end_ns = None
                 self._end_run()
             for seq, (task, tracker) in list(self.stats.in_flight.items()):
                 if tracker.t_sent_ns == 0 or seq in self._timeouts:
@@ -251,13 +254,15 @@ class AsyncioEngine:
         return None
 
     def _end_run(self) -> None:
-        """The hard end: stop sending; cancel what is in flight, saying why."""
-        self.stats.cut_at_end = len(self.stats.in_flight)
+        """The hard end: cancel what is in flight, saying why (and stop sending, when this engine schedules)."""
+        self.stats.cut_at_end += len(self.stats.in_flight)
         reason = ("cancelled", f"still in flight {self.cfg.drain_timeout_s:g} s after the last send "
                   "(load.drain_timeout_s): cut at the run's end")
-        for seq in self.stats.in_flight:
+        for seq, (task, _) in list(self.stats.in_flight.items()):
             self._timeouts.setdefault(seq, reason)
-        self.stop()
+            task.cancel()
+        if self._owns_schedule:
+            self._stopping = True
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ class EngineThread:
         self.closed = False
         self._on_done: dict[int, OnDone] = {}
         self._pending: set[asyncio.Task[None]] = set()  # submitted, not yet sent (waiting for their time)
+        self._hard_end_ns: int | None = None
         start_thread(self._main, ())
 
     # ---- caller side (any thread) ---------------------------------------------------------------------
@@ -68,6 +69,12 @@ class EngineThread:
         task = self.loop.create_task(self._one(req, t_intended_ns))  # type: ignore[union-attr]
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def set_hard_end(self, t_ns: int | None) -> None:
+        """This run's hard end (monotonic ns; None: none): requests still in flight then are cancelled."""
+        self._hard_end_ns = t_ns  # applied when the engine exists, if it does not yet
+        if self.loop is not None and self.ready:
+            self.loop.call_soon_threadsafe(setattr, self.engine, "hard_end_ns", t_ns)
 
     def cancel_in_flight(self) -> None:
         """Cancel every request in flight (each is recorded as cancelled); later submits still go."""
@@ -144,6 +151,7 @@ class EngineThread:
             self.factory = PromptFactory(s, await token_counter(s, client, self.target))
             await self.factory.prepare_classes()
             self.engine = self._engine(client)
+            self.engine.hard_end_ns = self._hard_end_ns
             watchdog = self.engine.start_watchdog()
             self.ready = True
             await self._stop.wait()
