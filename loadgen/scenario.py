@@ -11,12 +11,10 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
-import yaml
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ScenarioError(ValueError):

@@ -6,6 +6,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from local_target.sim import SimProcess, build_config, start_simulator
+from tests.misbehaving_server import MisbehavingServer
 
 
 @pytest.fixture
@@ -23,3 +24,20 @@ def start_sim(tmp_path: Path) -> Iterator[Callable[..., SimProcess]]:
     yield _start
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MisbehavingServer]:
+    """The misbehaving server (tests/misbehaving_server.py): one per test module, every mode by URL."""
+    with MisbehavingServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Path:
+    """The fault tests' scenario (tests/test_faults.py's SCENARIO) as a file."""
+    from tests.test_faults import SCENARIO
+
+    path = tmp_path / "fault.yaml"
+    path.write_text(SCENARIO)
+    return path

@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Iterator
 
 import polars as pl
-import pytest
 
 from tests.misbehaving_server import MisbehavingServer
 from tests.run_helpers import run_cli, summary
@@ -31,19 +29,6 @@ load: {{arrival: constant, rate_per_s: 4, duration_s: {DURATION_S}, drain_timeou
 workload:
   classes: [{{name: c, prompt_tokens: {{dist: fixed, value: 16}}, output_tokens: {{dist: fixed, value: 8}}}}]
 """
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[MisbehavingServer]:
-    with MisbehavingServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "fault.yaml"
-    path.write_text(SCENARIO)
-    return path
 
 
 def assert_clean(res, out: Path | None) -> None:

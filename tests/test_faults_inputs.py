@@ -13,9 +13,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.misbehaving_server import MisbehavingServer
 from tests.run_helpers import ROOT, read_until, run_cli, start_cli, summary, wait_for
-from tests.test_faults import API_KEY, HEADER_SECRET, SCENARIO, assert_clean, scenario, server  # noqa: F401
+from tests.test_faults import API_KEY, HEADER_SECRET, SCENARIO, assert_clean
 
 SECRET_ARGS = ["--api-key-env", "LOADGEN_FAULT_KEY", "--set", "target.headers={X-Api-Key: " + HEADER_SECRET + "}"]
 SECRET_ENV = {"LOADGEN_FAULT_KEY": API_KEY}
@@ -47,7 +46,7 @@ def one_line_exit_2(res, message: str) -> None:
     (["--base-url", "http://127.0.0.1:99999/v1"], "the port must be a number from 1 to 65535"),
     (["--set", "target.tokenizer=/no/such/tokenizer.json"], "target.tokenizer: no such file"),
 ])
-def test_bad_values_are_one_line_and_exit_2_naming_the_flag(scenario, tmp_path, args, message):  # noqa: F811
+def test_bad_values_are_one_line_and_exit_2_naming_the_flag(scenario, tmp_path, args, message):
     out = tmp_path / "run"
     res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", *args, *SECRET_ARGS, env=SECRET_ENV,
                   timeout=60)
@@ -82,7 +81,7 @@ def test_non_utf8_yaml_is_exit_2_naming_the_byte(tmp_path):
     one_line_exit_2(run_cli("validate", str(path), timeout=30), "latin1.yaml:6: not UTF-8 text (byte 0xe9")
 
 
-def test_out_naming_a_file_or_an_unwritable_place_is_exit_2(scenario, tmp_path):  # noqa: F811
+def test_out_naming_a_file_or_an_unwritable_place_is_exit_2(scenario, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     one_line_exit_2(run_cli("run", str(scenario), "--out", str(afile), timeout=60), f"--out {afile}: not a directory")
@@ -90,7 +89,7 @@ def test_out_naming_a_file_or_an_unwritable_place_is_exit_2(scenario, tmp_path):
                     "--out /proc/loadgen-test/run: cannot write there")
 
 
-def test_a_tokenizer_file_without_the_tokenizers_library_names_the_extra(scenario, tmp_path):  # noqa: F811
+def test_a_tokenizer_file_without_the_tokenizers_library_names_the_extra(scenario, tmp_path):
     blocker = tmp_path / "site"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['tokenizers'] = None\n")
@@ -100,7 +99,7 @@ def test_a_tokenizer_file_without_the_tokenizers_library_names_the_extra(scenari
     one_line_exit_2(res, "target.tokenizer needs the tokenizers library: pip install 'loadgen[tokenizers]'")
 
 
-def test_an_internal_error_is_exit_4_with_one_line_naming_the_traceback_file(scenario, tmp_path):  # noqa: F811
+def test_an_internal_error_is_exit_4_with_one_line_naming_the_traceback_file(scenario, tmp_path):
     code = ("import sys, loadgen.runner as r\n"
             "def boom(*a, **k): raise RuntimeError('planted bug ' + 'sk-fault-key-1f2e3d4c')\n"
             "r.build_plan = boom\nsys.argv = ['loadgen'] + sys.argv[1:]\nfrom loadgen.cli import main\nmain()\n")
@@ -117,7 +116,7 @@ def test_an_internal_error_is_exit_4_with_one_line_naming_the_traceback_file(sce
 
 
 # ---- 9. run names are never paths ----------------------------------------------------------------------------
-def test_a_scenario_name_with_a_path_stays_inside_the_reports_directory(server, scenario, tmp_path):  # noqa: F811
+def test_a_scenario_name_with_a_path_stays_inside_the_reports_directory(server, scenario, tmp_path):
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
     res = run_cli("run", str(scenario), "--no-progress", "--no-png", "--set", "name=../../x",
@@ -130,7 +129,7 @@ def test_a_scenario_name_with_a_path_stays_inside_the_reports_directory(server, 
 
 # ---- 6, 7. signals in every phase, a killed loadgen ------------------------------------------------------------
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_during_the_preflight_is_exit_3_with_a_line(server, scenario, tmp_path, sig):  # noqa: F811
+def test_a_signal_during_the_preflight_is_exit_3_with_a_line(server, scenario, tmp_path, sig):
     out = tmp_path / "run"
     before = len(server.seen)
     proc = start_cli("run", str(scenario), "--out", str(out), "--no-progress", "--base-url",
@@ -200,7 +199,7 @@ def tiny_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(server, scenario, tiny_disk):  # noqa
+def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(server, scenario, tiny_disk):
     (tiny_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 96 * 1024))  # leave ~96 KiB
     out = tiny_disk / "run"
     res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--base-url", server.url("ok"),
@@ -226,7 +225,7 @@ def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(se
     ("{malformed_rate: 1.0}", [], 1, "protocol"),
     ("{stall_ms: 1500, stall_every_s: 0.5}", ["target.idle_timeout_s=0.5"], 1, "timeout_idle"),
 ], ids=["errors", "disconnects", "malformed", "stalls"])
-def test_simulator_faults_are_counted_with_their_kind(scenario, tmp_path, faults, sets, code, kind):  # noqa: F811
+def test_simulator_faults_are_counted_with_their_kind(scenario, tmp_path, faults, sets, code, kind):
     out = tmp_path / "run"
     res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--no-png", "--set",
                   f"target.simulator.faults={faults}", *(x for s in sets for x in ("--set", s)), *SECRET_ARGS,
