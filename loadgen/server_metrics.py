@@ -13,12 +13,14 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import polars as pl
 
 from .secrets import redact_url
+
+if TYPE_CHECKING:  # the scraper's client; the analysis imports this module for its pure helpers, not httpx
+    import httpx
 
 SERIES = {  # sample name in the text exposition → our column
     "vllm:num_requests_running": "running",
@@ -74,6 +76,7 @@ class Scraper:
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
+        import httpx
         while not stop.is_set():
             t_ns = time.monotonic_ns()
             try:
@@ -96,6 +99,8 @@ class Scraper:
 
     async def run_own_client(self, stop: asyncio.Event) -> None:
         """``run`` on a client of its own: a scrape never takes, or waits for, one of the streams' connections."""
+        import httpx
+
         async with httpx.AsyncClient(timeout=5.0, verify=self.verify) as client:
             await self.run(client, stop)
 

@@ -29,3 +29,8 @@ def test_core_public_api_is_pinned():
     assert sorted(loadgen.core.__all__) == sorted([
         "CHUNK_COLUMNS", "REQUEST_COLUMNS", "ChunkRecord", "ErrorKind", "RequestRecord", "SseDecoder",
         "RequestMeta", "StreamTracker", "error_kind_for_status"])
+
+
+def test_the_analysis_does_no_network_io():
+    loaded = _modules_after("import loadgen.analysis.summary, loadgen.analysis.compare, loadgen.analysis.slo")
+    assert not loaded & {"httpx", "httpcore", "locust", "gevent"}, loaded
