@@ -51,17 +51,18 @@ def install_sigterm() -> None:
 
 
 def crash_report(exc: BaseException) -> Path:
-    """Write the traceback (redacted) into the run directory if there is one, else the temp directory."""
+    """Write the traceback (redacted) into the run directory if there is one and it takes it, else the temp
+    directory."""
     run_dir = current.get("run_dir")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = (Path(run_dir) / "crash.txt" if run_dir and Path(run_dir).is_dir()
-            else Path(tempfile.gettempdir()) / f"loadgen-crash-{stamp}-{os.getpid()}.txt")
-    try:
-        write_text(path, "".join(traceback.format_exception(exc)))
-    except OSError:
-        path = Path(tempfile.gettempdir()) / f"loadgen-crash-{stamp}.txt"
-        write_text(path, "".join(traceback.format_exception(exc)))
-    return path
+    text = "".join(traceback.format_exception(exc))
+    fallback = Path(tempfile.gettempdir()) / f"loadgen-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    for path in ([Path(run_dir) / "crash.txt"] if run_dir and Path(run_dir).is_dir() else []) + [fallback]:
+        try:
+            write_text(path, text)
+            return path
+        except OSError:
+            continue
+    return fallback
 
 
 def interrupted_line() -> str:
