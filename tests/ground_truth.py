@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,20 +29,33 @@ class Score:
 
 
 def truth_pairs(run_dir: Path, long_prompt_tokens: int, min_step_ms: float) -> set[tuple[int, int, int]]:
-    """(victim seq, token index, culprit seq): the step that emitted the victim's token held a prefill of the
-    culprit's long prompt and lasted longer than ``min_step_ms``."""
+    """(victim seq, token index, culprit seq): the victim's gap before that token (from the step that emitted
+    its previous token to the step that emitted this one) held steps prefilling the culprit's long prompt that
+    together lasted longer than ``min_step_ms``. One rule for every scheduler: in a mixed batch (vLLM,
+    llama.cpp) the gap is the prefill's own step; under prefill-only batches (SGLang, TGI) it is the prefill
+    batch plus the decode step after it."""
     requests = pl.read_parquet(run_dir / "requests.parquet")
     seq_of = dict(zip(requests["request_id"].to_list(), requests["seq"].to_list()))
-    prompt_of = {e["id"]: e["prompt_tokens"] for e in read_trace(run_dir / "sim_trace.jsonl") if e["type"] == "request"}
-    pairs = set()
-    for e in read_trace(run_dir / "sim_trace.jsonl"):
-        if e["type"] != "step" or (e["t_end_ns"] - e["t_start_ns"]) / 1e6 <= min_step_ms:
-            continue
-        culprits = [rid for rid, _, _ in e["prefill"] if prompt_of[rid] >= long_prompt_tokens]
+    trace = read_trace(run_dir / "sim_trace.jsonl")
+    prompt_of = {e["id"]: e["prompt_tokens"] for e in trace if e["type"] == "request"}
+    steps = sorted((e for e in trace if e["type"] == "step"), key=lambda e: e["t_end_ns"])
+    ends = [e["t_end_ns"] for e in steps]
+    emitted: dict[str, dict[int, int]] = {}  # request → token index → step end
+    for e in steps:
         for rid, index, _ in e["tokens"]:
-            for c in culprits:
-                if c != rid and index > 0 and rid in seq_of and c in seq_of:
-                    pairs.add((seq_of[rid], index, seq_of[c]))
+            emitted.setdefault(rid, {})[index] = e["t_end_ns"]
+    pairs = set()
+    for rid, tokens in emitted.items():
+        for index, t_end in tokens.items():
+            t_prev = tokens.get(index - 1)
+            if index == 0 or t_prev is None or rid not in seq_of:
+                continue
+            held: dict[str, float] = {}
+            for e in steps[bisect.bisect_right(ends, t_prev):bisect.bisect_right(ends, t_end)]:
+                for c, _, _ in e["prefill"]:
+                    if c != rid and prompt_of[c] >= long_prompt_tokens and c in seq_of:
+                        held[c] = held.get(c, 0.0) + (e["t_end_ns"] - e["t_start_ns"]) / 1e6
+            pairs |= {(seq_of[rid], index, seq_of[c]) for c, ms in held.items() if ms > min_step_ms}
     return pairs
 
 

@@ -8,14 +8,14 @@ import polars as pl
 import pytest
 
 from loadgen.analysis import metrics as m
-from loadgen.analysis import spikes
+from loadgen.analysis import prefill, spikes
 from loadgen.analysis.slo import stall_objectives
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.scenario import Slo
 from loadgen.sinks import chunks_frame, requests_frame
 
 MS = 1_000_000
-FIT = spikes.PrefillFit(0.0, 0.03, 0.0, 0)  # prefill = 0.03 ms per prompt token
+FIT = prefill.PrefillFit(0.0, 0.03, 0.0, 0)  # prefill = 0.03 ms per prompt token
 CFG = spikes.SpikeConfig(spike_factor=4, min_gap_ms=0, long_prompt_tokens=5000, group_ms=5)
 
 
@@ -43,7 +43,7 @@ def _analyse(*items, fit=FIT, cfg=CFG):
                                       how="semi"))
     stalls = spikes.find_stalls(gaps.join(req.filter(pl.col("ok")).select("worker", "seq"),
                                           on=["worker", "seq"], how="semi"), base, cfg)
-    windows = spikes.prefill_windows(req, fit, cfg.long_prompt_tokens)
+    windows = prefill.prefill_windows(req, fit, cfg.long_prompt_tokens)
     return spikes.attribute(stalls, windows, req, cfg)
 
 
@@ -113,7 +113,7 @@ def test_prefill_fit_recovers_the_lower_envelope():
         truth = 8 + 0.0325 * p + 5e-6 * p * p
         queued = rng.random() < 0.6
         rows.append(_req(seq, p, 0, [truth + (rng.uniform(5, 500) if queued else rng.uniform(0, 1)), 2000]))
-    fit = spikes.fit_prefill(m.with_request_metrics(requests_frame([r for r, _ in rows])))
+    fit = prefill.fit_prefill(m.with_request_metrics(requests_frame([r for r, _ in rows])))
     for p in (100, 1000, 8000, 16000):
         expected = 8 + 0.0325 * p + 5e-6 * p * p
         got = fit.a + fit.b * p + fit.c * p * p

@@ -3,31 +3,42 @@
 1. Baseline: the median ``itl_ms`` per class. A **stall** is a chunk gap whose excess over what its tokens
    should have taken (``gap − (tokens − 1) × baseline``) is above ``max(spike_factor × baseline, floor)``;
    the floor is ``stalls.min_gap_ms`` or else the scenario's ``itl_ms`` p99 limit.
-2. **Prefill windows**: ``[t_first − est_prefill(prompt_tokens), t_first]``, never before ``t_sent``.
-   ``est_prefill`` is the lower envelope of ``ttft_service_ms`` against prompt length, fitted on this run
-   (least squares through the fastest request of each length bin: queueing is not prefill).
-3. **Attribution**: a *culprit* of a stall is another request with a long prompt (``>= long_prompt_tokens``,
-   default the run's p90) whose prefill finished as the stalled gap ended (an unchunked prefill ends with the
-   very step that ends the victim's gap) or whose window alone covers ``overlap_share`` of it (a prefill
-   chunked over many steps). The stall is prefill-induced when its culprits' windows together cover
-   ``overlap_share`` of the gap (several medium prompts can share one long step). Culprits (largest overlap
-   first) and overlaps are kept per stall. Otherwise the stall is labelled by what coincides: ``burst``
-   (sends during the gap far above the run's rate), ``max_in_flight`` (the cap was reached), or ``unknown``.
+2. **Prefill windows**: ``[t_first − est_prefill(prompt_tokens), t_first]``, never before ``t_sent``;
+   ``est_prefill`` is fitted on this run from each request's own evidence (``prefill.py``).
+3. **Attribution** (one rule for every scheduler): a *culprit* of a stall is another request with a long
+   prompt (``>= long_prompt_tokens``, default the run's p90) whose prefill window overlaps the gap and
+   - finished as the gap ended, within one engine step (``step_tol_ms``): an unchunked prefill ends with the
+     very step that ends the victim's gap (vLLM); under prefill-only batches the victim resumes one decode step
+     after it (SGLang, TGI); a prompt a bit longer than one ``n_batch`` slice gets its first token one short
+     step after the victim resumes (llama.cpp); or
+   - alone covers ``overlap_share`` of the gap (a prefill chunked over many steps); or
+   - lies inside the gap (within ``step_tol_ms``): one of several prefill batches run back to back while the
+     decodes waited (SGLang, TGI).
+   The stall is prefill-induced when its culprits' windows together cover ``overlap_share`` of the gap.
+   Otherwise it is labelled by what coincides (``CAUSES``); server evidence of a preemption overrides both.
 4. **Spike events**: stalls ending within ``group_ms`` of each other are one engine step (many victims).
 5. **Figures**: counts per 1k output tokens, the share of tail gaps (>= p99) that are prefill-induced, the
-   lift P(stall | long prefill overlaps) / P(stall | none) over all gaps, stalled ms per request, top culprits
-   by prompt length, and Metron's fluidity index; overall and per class.
+   lift P(stall | long prefill overlaps) / P(stall | none) over all gaps (infinite when every stall overlaps
+   one), stalled ms per request, top culprits by prompt length, and Metron's fluidity index; overall and per
+   class.
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
 
-NS_PER_MS = 1_000_000
+from .prefill import NS_PER_MS, fit_prefill, prefill_windows
+
+# Every label is something that can pause a stream that is already running. Server side: a long prefill
+# (named culprits), several prefills admitted at once, an arrival burst (the new requests' prefills), a
+# preemption (the server's counter). Client side: loadgen itself fell behind (its sends ran late while the
+# in-flight cap was not full), so it read late too. ``unknown``: none of these coincided.
+CAUSES = ("prefill", "prefill_burst", "burst", "preemption", "client_lag", "unknown")
 
 
 @dataclass(frozen=True)
@@ -38,120 +49,13 @@ class SpikeConfig:
     overlap_share: float = 0.5
     group_ms: float = 5.0
     burst_factor: float = 4.0
-    max_in_flight: int | None = None
+    max_in_flight: int | None = None  # the client's cap: a send held by it is not the client's lag
     fluidity_target_itl_ms: float | None = None
+    step_tol_ms: float | None = None  # one engine step; None: max(group_ms, 3 × the median ITL)
 
-
-# ---- prefill estimate ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PrefillFit:
-    """ttft_service_ms ≈ a + b·P + c·P² on the lower envelope (P = prompt tokens)."""
-
-    a: float
-    b: float
-    c: float
-    points: int
-
-    def ms(self, prompt_tokens: pl.Expr) -> pl.Expr:
-        return (self.a + self.b * prompt_tokens + self.c * prompt_tokens * prompt_tokens).clip(lower_bound=0.0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"a_ms": self.a, "b_ms_per_token": self.b, "c_ms_per_token2": self.c, "envelope_points": self.points}
-
-
-def prefill_evidence(requests: pl.DataFrame, gaps: pl.DataFrame | None, slack_ms: float) -> pl.DataFrame:
-    """Per request: ``ttft_service_ms``, lowered to the step duration seen by streams stalled with it."""
-    ok = requests.filter(pl.col("ok") & pl.col("ttft_service_ms").is_not_null())
-    if gaps is None or gaps.is_empty() or ok.is_empty():
-        return ok
-    slack_ns = int(slack_ms * NS_PER_MS)
-    firsts = ok.select(pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_first_token_ns")
-    steps = (gaps.select("worker", "seq", "t_ns", "chunk_gap_ms", "tokens").filter(pl.col("tokens") == 1)
-             .join_where(firsts, pl.col("t_ns") >= pl.col("t_first_token_ns") - slack_ns,
-                         pl.col("t_ns") <= pl.col("t_first_token_ns") + slack_ns)
-             .filter((pl.col("seq") != pl.col("r_seq")) | (pl.col("worker") != pl.col("r_worker")))
-             .group_by("r_worker", "r_seq").agg(step_ms=pl.col("chunk_gap_ms").min()))
-    return (ok.join(steps, left_on=["worker", "seq"], right_on=["r_worker", "r_seq"], how="left")
-            .with_columns(ttft_service_ms=pl.min_horizontal("ttft_service_ms", "step_ms")).drop("step_ms"))
-
-
-def fit_prefill(requests: pl.DataFrame, gaps: pl.DataFrame | None = None, bins: int = 16,
-                slack_ms: float = 5.0) -> PrefillFit:
-    ok = prefill_evidence(requests, gaps, slack_ms).sort("prompt_tokens", "ttft_service_ms", "worker", "seq")
-    if ok.is_empty():
-        return PrefillFit(0.0, 0.0, 0.0, 0)
-    lo, hi = ok["prompt_tokens"].min(), ok["prompt_tokens"].max()
-    width = max((hi - lo) / bins, 1e-9)  # type: ignore[operator]
-    quantile_bin = pl.int_range(pl.len()) * bins // pl.len()  # dense where most prompts are
-    width_bin = ((pl.col("prompt_tokens") - lo) / width).floor().clip(upper_bound=bins - 1) + bins  # long tail
-    points = (pl.concat([_envelope(ok, quantile_bin), _envelope(ok, width_bin)])
-              .group_by("prompt_tokens").agg(pl.col("ttft_service_ms").min()).sort("prompt_tokens"))
-    # Prefill never gets cheaper with length: the fastest request at P or longer bounds the cost at P. Without
-    # this, a bin of equal-length requests that all waited behind a long prefill lifted the line (a = 196 ms
-    # for 200-token prompts whose fastest TTFT was 20 ms).
-    points = (points.with_columns(pl.col("ttft_service_ms").reverse().cum_min().reverse()).unique()
-              .sort("prompt_tokens", "ttft_service_ms"))
-    xs, ys = points["prompt_tokens"].cast(pl.Float64).to_list(), points["ttft_service_ms"].to_list()
-    a, b, c = _nonnegative_quadratic(xs, ys)
-    return PrefillFit(a, b, c, len(xs))
-
-
-def _envelope(ok: pl.DataFrame, bin_expr: pl.Expr) -> pl.DataFrame:
-    """The fastest request of each bin (prompt length, ttft_service_ms)."""
-    return (ok.with_columns(bin=bin_expr).group_by("bin")
-            .agg(pl.col("prompt_tokens").sort_by("ttft_service_ms", "prompt_tokens").first(),
-                 pl.col("ttft_service_ms").min())
-            .select("prompt_tokens", "ttft_service_ms"))
-
-
-def _nonnegative_quadratic(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Best least-squares a + b·x + c·x² with a, b, c >= 0 (prefill never gets cheaper with length): with
-    three terms, trying every subset of them is the whole active-set search."""
-    best: tuple[float, tuple[float, float, float]] | None = None
-    for terms in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
-        if len(set(xs)) < len(terms):
-            continue
-        coef = _lstsq(xs, ys, terms)
-        if any(v < 0 for v in coef):
-            continue
-        full = [0.0, 0.0, 0.0]
-        for t, v in zip(terms, coef):
-            full[t] = v
-        err = sum((y - (full[0] + full[1] * x + full[2] * x * x)) ** 2 for x, y in zip(xs, ys))
-        if best is None or err < best[0]:
-            best = (err, (full[0], full[1], full[2]))
-    return best[1] if best else (min(ys), 0.0, 0.0)
-
-
-def _lstsq(xs: list[float], ys: list[float], powers: tuple[int, ...]) -> list[float]:
-    """Least-squares coefficients of ``Σ c_k x^powers[k]`` (normal equations, x scaled for stability)."""
-    scale = max(max(xs), 1.0)
-    cols = [[(x / scale) ** p for x in xs] for p in powers]
-    n = len(powers)
-    m = [[sum(a * b for a, b in zip(cols[i], cols[j])) for j in range(n)] for i in range(n)]
-    r = [sum(a * y for a, y in zip(cols[i], ys)) for i in range(n)]
-    for col in range(n):  # Gaussian elimination with partial pivoting
-        piv = max(range(col, n), key=lambda k: abs(m[k][col]))
-        m[col], m[piv], r[col], r[piv] = m[piv], m[col], r[piv], r[col]
-        if abs(m[col][col]) < 1e-12:
-            return [-1.0] * n  # singular: reported as invalid (negative)
-        for k in range(col + 1, n):
-            f = m[k][col] / m[col][col]
-            m[k] = [a - f * b for a, b in zip(m[k], m[col])]
-            r[k] -= f * r[col]
-    sol = [0.0] * n
-    for i in reversed(range(n)):
-        sol[i] = (r[i] - sum(m[i][j] * sol[j] for j in range(i + 1, n))) / m[i][i]
-    return [c / scale ** p for c, p in zip(sol, powers)]
-
-
-def prefill_windows(requests: pl.DataFrame, fit: PrefillFit, long_prompt_tokens: int) -> pl.DataFrame:
-    est_ns = (fit.ms(pl.col("prompt_tokens").cast(pl.Float64)) * NS_PER_MS).cast(pl.Int64)
-    return (requests.filter(pl.col("t_first_token_ns").is_not_null())
-            .select("worker", "seq", "prompt_tokens",
-                    w_start_ns=pl.max_horizontal(pl.col("t_first_token_ns") - est_ns, pl.col("t_sent_ns")),
-                    w_end_ns=pl.col("t_first_token_ns"))
-            .filter(pl.col("prompt_tokens") >= long_prompt_tokens))
+    @property
+    def tol_ms(self) -> float:
+        return self.step_tol_ms if self.step_tol_ms is not None else self.group_ms
 
 
 # ---- stalls ----------------------------------------------------------------------------------------------
@@ -176,25 +80,26 @@ def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig
                     "chunk_gap_ms", "excess_ms", "baseline_itl_ms", "threshold_ms"))
 
 
-def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, slack_ms: float) -> pl.DataFrame:
+def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, tol_ms: float) -> pl.DataFrame:
     """(interval, window of another request) pairs where that prefill finished with the interval (within
-    ``slack_ms``: delivery order inside one engine step) or its window alone covers ``share`` of it."""
+    ``tol_ms``, one engine step), or its window alone covers ``share`` of it, or lies inside it."""
     w = windows.select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
                        pl.col("prompt_tokens").alias("c_prompt_tokens"), "w_start_ns", "w_end_ns")
     pairs = intervals.join_where(w, pl.col("w_start_ns") < pl.col("t_end_ns"),
                                  pl.col("w_end_ns") > pl.col("t_start_ns"))
     overlap_ms = (pl.min_horizontal("t_end_ns", "w_end_ns") - pl.max_horizontal("t_start_ns", "w_start_ns")) / 1e6
     gap_ms = (pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6
-    slack_ns = int(slack_ms * NS_PER_MS)
-    ends_with_gap = (pl.col("w_end_ns") - pl.col("t_end_ns")).abs() <= slack_ns
+    tol_ns = int(tol_ms * NS_PER_MS)
+    ends_with_gap = (pl.col("w_end_ns") - pl.col("t_end_ns")).abs() <= tol_ns
+    inside = (pl.col("w_start_ns") >= pl.col("t_start_ns") - tol_ns) & (pl.col("w_end_ns") <= pl.col("t_end_ns"))
     return (pairs.with_columns(overlap_ms=overlap_ms)
             .filter(~((pl.col("c_seq") == pl.col("seq")) & (pl.col("c_worker") == pl.col("worker"))))
-            .filter(ends_with_gap | (pl.col("overlap_ms") >= share * gap_ms)))
+            .filter(ends_with_gap | (pl.col("overlap_ms") >= share * gap_ms) | inside))
 
 
 def covered(pairs: pl.DataFrame, keys: list[str], share: float) -> pl.DataFrame:
-    """Per interval: do its culprits' windows together cover ``share`` of it? (They all reach the interval's
-    end region, so their hull is their union.)"""
+    """Per interval: do its culprits' windows together cover ``share`` of it? (Their hull: they reach the
+    gap's end, or run back to back inside it.)"""
     hull_ms = (pl.min_horizontal(pl.col("t_end_ns").first(), pl.col("w_end_ns").max())
                - pl.max_horizontal(pl.col("t_start_ns").first(), pl.col("w_start_ns").min())) / 1e6
     gap_ms = (pl.col("t_end_ns").first() - pl.col("t_start_ns").first()) / 1e6
@@ -204,7 +109,7 @@ def covered(pairs: pl.DataFrame, keys: list[str], share: float) -> pl.DataFrame:
 def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFrame,
               cfg: SpikeConfig) -> pl.DataFrame:
     keys = ["worker", "seq", "t_end_ns"]
-    pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.group_ms)
+    pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.tol_ms)
     culprits = (pairs.sort("overlap_ms", descending=True)
                 .group_by(keys).agg(culprits=pl.col("c_seq"), culprit_prompt_tokens=pl.col("c_prompt_tokens"),
                                     overlap_ms=pl.col("overlap_ms"))
@@ -221,27 +126,39 @@ def _other_causes(stalls: pl.DataFrame, requests: pl.DataFrame, cfg: SpikeConfig
     sends = sorted(requests["t_sent_ns"].to_list())
     dones = sorted(requests["t_done_ns"].to_list())
     firsts = sorted(requests["t_first_token_ns"].drop_nulls().to_list())
+    intended = sorted(zip(requests["t_intended_ns"].to_list(), requests["t_sent_ns"].to_list()))
     slack_ns = int(cfg.group_ms * NS_PER_MS)
     span_s = max((sends[-1] - sends[0]) / 1e9, 1e-9) if len(sends) > 1 else 1.0
     rate_per_s = len(sends) / span_s
     out = []
-    for row in stalls.select("t_start_ns", "t_end_ns", "prefill_induced").iter_rows():
-        t0, t1, induced = row
+    for t0, t1, induced in stalls.select("t_start_ns", "t_end_ns", "prefill_induced").iter_rows():
         if induced:
             out.append("prefill")
             continue
         sent = bisect.bisect_right(sends, t1) - bisect.bisect_left(sends, t0)
-        in_flight = bisect.bisect_right(sends, t0) - bisect.bisect_right(dones, t0)
         admitted = bisect.bisect_right(firsts, t1 + slack_ns) - bisect.bisect_left(firsts, t1 - slack_ns)
         if admitted >= 3:
             out.append("prefill_burst")
         elif sent >= max(3, cfg.burst_factor * rate_per_s * (t1 - t0) / 1e9):
             out.append("burst")
-        elif cfg.max_in_flight is not None and in_flight >= cfg.max_in_flight:
-            out.append("max_in_flight")
+        elif _client_lagged(intended, sends, dones, t0, t1, cfg.max_in_flight):
+            out.append("client_lag")
         else:
             out.append("unknown")
     return out
+
+
+def _client_lagged(intended: list[tuple[int, int]], sends: list[int], dones: list[int], t0: int, t1: int,
+                   cap: int | None) -> bool:
+    """A send due during the gap went out more than half the gap late, and not because the in-flight cap
+    held it: the client's own loop was behind, so it read the streams late too."""
+    lo = bisect.bisect_left(intended, (t0, -1))
+    hi = bisect.bisect_right(intended, (t1, math.inf))
+    for t_due, t_sent in intended[lo:hi]:
+        in_flight = bisect.bisect_right(sends, t_due) - bisect.bisect_right(dones, t_due)
+        if t_sent - t_due > (t1 - t0) / 2 and (cap is None or in_flight < cap):
+            return True
+    return False
 
 
 def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
@@ -260,21 +177,22 @@ def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
 
 # ---- figures ---------------------------------------------------------------------------------------------
 def lift(gaps: pl.DataFrame, stalls: pl.DataFrame, windows: pl.DataFrame, share: float,
-         slack_ms: float) -> float | None:
-    """P(stall | a long prefill covers the gap) / P(stall | none); None when the baseline rate is zero."""
+         tol_ms: float) -> float | None:
+    """P(stall | a long prefill covers the gap) / P(stall | none): ``math.inf`` when no gap stalled without a
+    long prefill; None when no gap had one, or none of those stalled."""
     intervals = gaps.select("worker", "seq", t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS)
                             .cast(pl.Int64), t_end_ns=pl.col("t_ns"))
     keys = ["worker", "seq", "t_end_ns"]
-    hit = covered(culprit_pairs(intervals, windows, share, slack_ms), keys, share).filter(pl.col("covered"))
+    hit = covered(culprit_pairs(intervals, windows, share, tol_ms), keys, share).filter(pl.col("covered"))
     flagged = intervals.join(hit, on=keys, how="left").join(
         stalls.select(*keys, stall=pl.lit(True)), on=keys, how="left")
     flagged = flagged.with_columns(pl.col("covered").fill_null(False), pl.col("stall").fill_null(False))
     p = flagged.group_by("covered").agg(rate=pl.col("stall").mean())
     rates = dict(zip(p["covered"].to_list(), p["rate"].to_list()))
     with_, without = rates.get(True), rates.get(False)
-    if with_ is None or not without:
+    if not with_:
         return None
-    return with_ / without
+    return with_ / without if without else math.inf
 
 
 def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:
@@ -314,7 +232,7 @@ def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requ
         "per_1k_tokens": stalls.height / ktok, "prefill_induced_per_1k_tokens": induced.height / ktok,
         "events": events.height, "events_per_1k_tokens": events.height / ktok,
         "prefill_induced_events_per_1k_tokens": events.filter(pl.col("prefill_induced")).height / ktok,
-        "lift": lift(gaps, stalls, windows, cfg.overlap_share, cfg.group_ms),
+        **_lift_fields(lift(gaps, stalls, windows, cfg.overlap_share, cfg.tol_ms)),
         "tail_gaps": tail.height, "tail_prefill_induced_share": tail_induced / tail.height if tail.height else None,
         "stalled_ms_per_request": {"mean": float(per_req.mean()) if len(per_req) else 0.0,  # type: ignore[arg-type]
                                    "max": float(per_req.max()) if len(per_req) else 0.0},  # type: ignore[arg-type]
@@ -348,19 +266,20 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
     """``all_requests`` (warm-up included: its prefills can stall measured streams), the ``measured`` ones, and
     the measured requests' chunk ``gaps``; all with metric columns (analysis.metrics)."""
     ok = measured.filter(pl.col("ok"))
-    fit = fit_prefill(ok, gaps, slack_ms=cfg.group_ms)
+    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
+    base = baselines(ok_gaps)
+    cfg = with_step_tolerance(cfg, ok_gaps)
+    found = find_stalls(ok_gaps, base, cfg)
+    fit = fit_prefill(ok, found, tol_ms=cfg.tol_ms)
     prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
     long_tokens = cfg.long_prompt_tokens or int(prompt_p90 or 1)
     windows = prefill_windows(all_requests, fit, long_tokens)
-    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
-    base = baselines(ok_gaps)
-    stalls = confirm_preemptions(attribute(find_stalls(ok_gaps, base, cfg), windows, all_requests, cfg),
-                                 preemptions or [])
+    stalls = confirm_preemptions(attribute(found, windows, all_requests, cfg), preemptions or [])
     events = group_events(stalls, cfg.group_ms)
     stalls = _with_event_ids(stalls, cfg.group_ms)
     summary = figures(stalls, events, ok_gaps, ok, windows, cfg)
     summary.update(baseline_itl_ms=base, long_prompt_tokens=long_tokens, spike_factor=cfg.spike_factor,
-                   min_gap_ms=cfg.min_gap_ms, prefill_fit=fit.as_dict(),
+                   min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms, prefill_fit=fit.as_dict(),
                    top_culprits=top_culprits(stalls, all_requests), worst_events=worst_events(events, all_requests,
                                                                                             ok))
     if cfg.fluidity_target_itl_ms:
@@ -372,6 +291,15 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
         per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms),
                                   ok_gaps.filter(pl.col("class_name") == name), c_ok, windows, cfg)
     return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def with_step_tolerance(cfg: SpikeConfig, gaps: pl.DataFrame) -> SpikeConfig:
+    """One engine step, for "finished with the gap": 3 × the run's median ITL (a decode step and the delivery
+    jitter around it), at least ``group_ms``."""
+    if cfg.step_tol_ms is not None:
+        return cfg
+    median = gaps["itl_ms"].median() if gaps.height else None
+    return replace(cfg, step_tol_ms=max(cfg.group_ms, 3 * float(median or 0.0)))  # type: ignore[arg-type]
 
 
 def confirm_preemptions(stalls: pl.DataFrame, windows: list[tuple[int, int]]) -> pl.DataFrame:
@@ -426,13 +354,26 @@ def worst_events(events: pl.DataFrame, requests: pl.DataFrame, measured: pl.Data
     return out
 
 
+def _lift_fields(value: float | None) -> dict[str, Any]:
+    """JSON has no infinity: an infinite lift is ``lift: null, lift_infinite: true``."""
+    infinite = value is not None and math.isinf(value)
+    return {"lift": None if infinite else value, "lift_infinite": infinite}
+
+
+def lift_words(figures_: dict[str, Any]) -> str:
+    if figures_.get("lift_infinite"):
+        return "lift ×∞: no stall outside long prefills"
+    if figures_.get("lift") is None:
+        return "lift n/a: no stall overlapped a long prefill"
+    return f"lift ×{figures_['lift']:.1f}"
+
+
 def headline(stalls_summary: dict[str, Any], stalls: pl.DataFrame, requests: pl.DataFrame) -> str:
     """'N stalls, M of them prefill-induced (lift ×K), worst gap X ms caused by request R (P prompt tokens)'."""
     n, m = stalls_summary["count"], stalls_summary["prefill_induced"]
     if n == 0:
         return "no stalls"
-    lift_ = stalls_summary["lift"]
-    lift_text = f"lift ×{lift_:.1f}" if lift_ is not None else "lift n/a"
+    lift_text = lift_words(stalls_summary)
     worst = stalls.sort("chunk_gap_ms", descending=True).row(0, named=True)
     text = f"{n} stalls, {m} of them prefill-induced ({lift_text}), worst gap {worst['chunk_gap_ms']:.0f} ms"
     if worst["prefill_induced"]:

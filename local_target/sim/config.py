@@ -7,7 +7,7 @@ engine runs in real time (0.1 runs ten times faster than the modelled hardware).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -39,11 +39,15 @@ class EngineConfig(BaseModel):
 
     model: str = "sim-llama"
     max_model_len: int = Field(32768, gt=0)
-    # scheduler
+    # scheduler: whose batching policy (engine.py's docstring), and its limits
+    engine: Literal["vllm", "sglang", "llamacpp", "tgi"] = "vllm"
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     chunked_prefill: bool = False
     kv_cache_tokens: int = Field(400_000, gt=0)
+    # TGI's router: a new prefill batch waits for waiting >= ratio x running, or this many decode steps
+    max_waiting_tokens: int = Field(20, ge=0)
+    waiting_served_ratio: float = Field(1.2, ge=0)
     # cost model (ms)
     overhead_ms: float = Field(1.0, ge=0)
     compute_ms_per_token: float = Field(0.03, ge=0)
@@ -60,10 +64,22 @@ class EngineConfig(BaseModel):
     seed: int = 0
     faults: FaultConfig = Field(default_factory=FaultConfig)
 
+    @property
+    def splits_prompts(self) -> bool:
+        """Whether a prompt longer than the budget is prefilled over several steps (llama.cpp always does:
+        its ``n_batch`` slices)."""
+        return self.chunked_prefill or self.engine == "llamacpp"
+
+    @property
+    def prefill_only_batches(self) -> bool:
+        """SGLang and TGI run a prefill as a batch of its own: the running decodes wait for it."""
+        return self.engine in ("sglang", "tgi")
+
     @model_validator(mode="after")
     def _budget_holds_a_prompt(self) -> "EngineConfig":
-        if self.chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs with chunked_prefill")
+        if self.splits_prompts and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs when prompts are split "
+                             "(chunked_prefill, or engine llamacpp)")
         return self
 
 

@@ -37,7 +37,7 @@ def step_ms(cfg: EngineConfig, prefills: list[PrefillChunk], decode_contexts: li
 
 def prefill_alone_ms(cfg: EngineConfig, prompt_tokens: int) -> float:
     """TTFT an idle engine gives a prompt that fits one step (the low-load model tests compare against)."""
-    if cfg.chunked_prefill and prompt_tokens > cfg.max_num_batched_tokens:
+    if cfg.splits_prompts and prompt_tokens > cfg.max_num_batched_tokens:
         total, start = 0.0, 0
         while start < prompt_tokens:
             n = min(cfg.max_num_batched_tokens, prompt_tokens - start)

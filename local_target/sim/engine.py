@@ -1,15 +1,24 @@
 """Theory of operation: the continuous-batching scheduler, as a pure state machine.
 
 The engine holds ``waiting`` (FCFS queue) and ``running`` (admission order). ``plan_step()`` forms one iteration
-the way vLLM's V1 scheduler does:
+the way the configured ``engine``'s scheduler does (each read from its source):
 
-1. every running request gets its slice: one decode token, or (chunked prefill) the next chunk of its prompt;
-   if the KV cache cannot hold a running request's next token, the *newest* running request is preempted
-   (recompute: it loses its KV, goes back to the head of the queue and prefills prompt + output again);
-2. waiting requests are admitted FCFS while ``max_num_seqs``, the token budget ``max_num_batched_tokens`` and
-   the free KV allow. With ``chunked_prefill`` a prompt is split to fit the budget; without it a prompt goes in
-   whole (the first prefill of a step is always admitted, as if the budget were ``max_model_len``) — this is
-   the long step that stalls every running decode at once.
+- **vllm** (V1 ``Scheduler.schedule``): one token budget ``max_num_batched_tokens`` per step. Every running
+  request gets its slice first: one decode token, or (chunked prefill) the next chunk of its prompt; if the KV
+  cache cannot hold a running request's next token, the *newest* running request is preempted (recompute: it
+  loses its KV, goes back to the head of the queue and prefills prompt + output again). Then waiting requests
+  are admitted FCFS while ``max_num_seqs``, the budget and the free KV allow. With ``chunked_prefill`` a prompt
+  is split to fit the budget; without it a prompt goes in whole (the first prefill of a step is always
+  admitted, as if the budget were ``max_model_len``) — the long step that stalls every running decode at once.
+- **llamacpp** (``server_context::update_slots``): the same mixed batch, but a prompt is always cut into
+  ``n_batch`` slices (``max_num_batched_tokens``) that ride along with the decodes; ``max_num_seqs`` is the
+  number of slots. A prompt a bit longer than one slice gets its first token one short step after the long one.
+- **sglang** (``Scheduler.get_next_batch_to_run``): prefill first. When a prompt is waiting (or a chunked one
+  is half done) the step is a prefill-only batch of at most ``max_num_batched_tokens`` prompt tokens
+  (``chunked_prefill_size``); the running decodes wait for it and resume in the next step.
+- **tgi** (the router's ``batching_task``): prefill-only batches too, but a new batch is formed only when
+  the queue holds ``waiting_served_ratio`` × the running batch, or after ``max_waiting_tokens`` decode steps,
+  or when nothing is running.
 
 ``finish_step()`` applies the step at its end: prefills that completed and all decodes each emit one token,
 finished requests leave and free their KV. Time never enters here; ``runtime.py`` owns the clock.
@@ -75,6 +84,7 @@ class Engine:
         self.running: list[SimRequest] = []
         self.kv_used = 0
         self.num_preemptions = 0
+        self.decode_steps_waited = 0  # TGI: decode steps since a waiting request last got a prefill batch
 
     @property
     def kv_free(self) -> int:
@@ -97,15 +107,41 @@ class Engine:
 
     # ---- planning -------------------------------------------------------------------------------------
     def plan_step(self) -> Step:
+        if self.cfg.prefill_only_batches:
+            return self._plan_prefill_first()
         step = Step()
-        budget = self.cfg.max_num_batched_tokens
-        budget = self._schedule_running(step, budget)
+        budget = self._schedule_running(step, self.cfg.max_num_batched_tokens)
         self._admit_waiting(step, budget)
         return step
 
-    def _schedule_running(self, step: Step, budget: int) -> int:
+    def _plan_prefill_first(self) -> Step:
+        """SGLang and TGI: a prefill-only step when a prefill is due, else a decode-only step."""
+        step = Step()
+        if self._prefill_due():
+            budget = self._schedule_running(step, self.cfg.max_num_batched_tokens, decodes=False)
+            self._admit_waiting(step, budget)
+            if step.prefills:
+                self.decode_steps_waited = 0
+                return step
+        self._schedule_running(step, len(self.running), prefills=False)
+        if self.waiting:
+            self.decode_steps_waited += 1
+        return step
+
+    def _prefill_due(self) -> bool:
+        decoding = sum(1 for r in self.running if r.decoding)
+        if decoding < len(self.running) or not decoding:  # a chunked prompt is half done, or nothing runs
+            return True
+        if not self.waiting:
+            return False
+        if self.cfg.engine != "tgi":
+            return True
+        return (len(self.waiting) >= self.cfg.waiting_served_ratio * decoding
+                or self.decode_steps_waited >= self.cfg.max_waiting_tokens)
+
+    def _schedule_running(self, step: Step, budget: int, decodes: bool = True, prefills: bool = True) -> int:
         for req in list(self.running):
-            if req not in self.running or budget <= 0:
+            if req not in self.running or budget <= 0 or not (decodes if req.decoding else prefills):
                 continue
             need = 1 if req.decoding else min(req.prefill_target - req.prefilled, budget)
             if not self._reserve_kv(req, need, step):
@@ -143,7 +179,7 @@ class Engine:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             remaining = req.prefill_target - req.prefilled
-            if self.cfg.chunked_prefill:
+            if self.cfg.splits_prompts:
                 need = min(remaining, budget)
             elif remaining <= budget or not step.prefills:
                 need = remaining

@@ -1,4 +1,5 @@
-"""``GET /metrics``: Prometheus text with vLLM's metric names, from counters the engine updates per step.
+"""``GET /metrics``: Prometheus text in the configured engine's dialect (vLLM's ``vllm:*``, SGLang's
+``sglang:*``, llama.cpp's ``llamacpp:*``, TGI's ``tgi_*``), from counters the engine updates per step.
 
 The hot path only adds to integers and bucket arrays; ``prometheus_client`` renders them at scrape time
 through a custom collector (its own Histogram takes a lock per observation, too slow per token).
@@ -21,6 +22,7 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
 ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                  40.0, 80.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+LENGTH_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 
 
 class Histogram:
@@ -51,6 +53,18 @@ class EngineMetrics:
         self.ttft_s = Histogram(TTFT_BUCKETS_S)
         self.itl_s = Histogram(ITL_BUCKETS_S)
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
+        self.requests_total = 0
+        self.input_length = Histogram(LENGTH_BUCKETS)  # TGI observes both when a request finishes
+        self.generated_tokens = Histogram(LENGTH_BUCKETS)
+
+    @property
+    def iteration_tokens_count(self) -> int:
+        return sum(self.iteration_tokens.counts)
+
+    def record_finish(self, req: "SimRequest") -> None:
+        self.requests_total += 1
+        self.input_length.observe(req.prompt_tokens)
+        self.generated_tokens.observe(req.generated)
 
     def record_step(self, engine: "Engine", step: "Step", emitted: list[tuple["SimRequest", int]],
                     t_start: int, t_end: int) -> None:
@@ -68,6 +82,10 @@ class _Collector:
         self.engine, self.metrics, self.labels = engine, metrics, {"model_name": model, "engine": "0"}
 
     def collect(self) -> Iterator[object]:
+        dialect = {"vllm": self._vllm, "sglang": self._sglang, "llamacpp": self._llamacpp, "tgi": self._tgi}
+        yield from dialect[self.engine.cfg.engine]()
+
+    def _vllm(self) -> Iterator[object]:
         e, m, labels = self.engine, self.metrics, self.labels
         yield self._gauge("vllm:num_requests_running", "Requests in the running batch.", len(e.running))
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", len(e.waiting))
@@ -79,6 +97,33 @@ class _Collector:
         yield m.ttft_s.family("vllm:time_to_first_token_seconds", "Time to first token.", labels)
         yield m.itl_s.family("vllm:inter_token_latency_seconds", "Inter-token latency.", labels)
         yield m.iteration_tokens.family("vllm:iteration_tokens_total", "Tokens per engine step.", labels)
+
+    def _sglang(self) -> Iterator[object]:
+        e, m = self.engine, self.metrics
+        yield self._gauge("sglang:num_running_reqs", "The number of running requests.", len(e.running))
+        yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(e.waiting))
+        yield self._gauge("sglang:token_usage", "The token usage.", e.kv_used / e.cfg.kv_cache_tokens)
+        yield self._counter("sglang:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_total)
+        yield self._counter("sglang:generation_tokens", "Number of generation tokens processed.",
+                            m.generation_tokens_total)
+        yield m.ttft_s.family("sglang:time_to_first_token_seconds", "Time to first token.", self.labels)
+
+    def _llamacpp(self) -> Iterator[object]:
+        e, m = self.engine, self.metrics
+        yield self._counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.", m.prompt_tokens_total)
+        yield self._counter("llamacpp:tokens_predicted", "Number of generation tokens processed.",
+                            m.generation_tokens_total)
+        yield self._counter("llamacpp:n_decode", "Total number of llama_decode() calls.", m.iteration_tokens_count)
+        yield self._gauge("llamacpp:requests_processing", "Number of requests processing.", len(e.running))
+        yield self._gauge("llamacpp:requests_deferred", "Number of requests deferred.", len(e.waiting))
+
+    def _tgi(self) -> Iterator[object]:
+        e, m = self.engine, self.metrics
+        yield self._gauge("tgi_batch_current_size", "Current batch size.", len(e.running))
+        yield self._gauge("tgi_queue_size", "Current queue size.", len(e.waiting))
+        yield self._counter("tgi_request_count", "Requests received.", m.requests_total)
+        yield m.input_length.family("tgi_request_input_length", "Input tokens per request.", {})
+        yield m.generated_tokens.family("tgi_request_generated_tokens", "Generated tokens per request.", {})
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
         fam = GaugeMetricFamily(name, doc, labels=list(self.labels))

@@ -130,6 +130,7 @@ class EngineRuntime:
         for req, _ in emitted:
             if req.finish_reason is not None:  # finished in this step: each request is emitted once a step
                 req.on_finish(req, req.finish_reason)
+                self.metrics.record_finish(req)
                 self._record_finish(req)
         self.metrics.record_step(self.engine, step, emitted, t_start, t_end)
         if self.trace:

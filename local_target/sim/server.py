@@ -12,6 +12,7 @@ from typing import Callable
 
 import h11
 
+from . import dialects
 from . import openai_api as api
 from .config import EngineConfig
 from .engine import SimRequest
@@ -84,10 +85,11 @@ class SimApp:
             ("GET", "/health"): lambda c, r, b: c.send(200, b"", "text/plain"),
             ("GET", "/v1/models"): self._models,
             ("GET", "/metrics"): self._metrics,
-            ("POST", "/tokenize"): self._tokenize,
             ("POST", "/v1/chat/completions"): lambda c, r, b: self._generate("chat", c, r, b),
             ("POST", "/v1/completions"): lambda c, r, b: self._generate("completions", c, r, b),
         }
+        for path, handler in dialects.ROUTES[self.cfg.engine].items():
+            self.routes[("POST", path)] = self._tokenizer(handler)
         self.paths = {path for _, path in self.routes}
 
     def dispatch(self, conn: Connection, request: h11.Request, body: bytes) -> None:
@@ -112,8 +114,8 @@ class SimApp:
         text = render(self.runtime.engine, self.runtime.metrics, self.cfg.model)
         conn.send(200, text, "text/plain; version=0.0.4; charset=utf-8")
 
-    def _tokenize(self, conn: Connection, request: h11.Request, body: bytes) -> None:
-        conn.send_json(200, api.tokenize_response(api.parse_body(body), self.cfg))
+    def _tokenizer(self, handler: dialects.Handler) -> Callable[[Connection, h11.Request, bytes], None]:
+        return lambda conn, request, body: conn.send_json(200, handler(api.parse_body(body), self.cfg))
 
     def _generate(self, kind: str, conn: Connection, request: h11.Request, body: bytes) -> None:
         prep = api.prepare(kind, api.parse_body(body), self.cfg)  # type: ignore[arg-type]

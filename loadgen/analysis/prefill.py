@@ -1,0 +1,156 @@
+"""How long each long prompt's prefill took, from a run's records alone (DESIGN §5).
+
+**Evidence per request**: the prefill of a prompt can take no longer than its ``ttft_service_ms`` (first token
+minus send). Queueing makes that an overestimate, so it is lowered where the other streams show the prefill
+itself: a prefill that pauses the running decodes makes their chunk gaps stalls, and the **stall episode** that
+began after the request was sent (within ``tol_ms``) and reached its first token (within ``tol_ms``) is how long
+the engine worked for it — the one long step of an unchunked prefill (vLLM), its consecutive chunks (chunked
+prefill, llama.cpp's ``n_batch`` slices) or the prefill-only batch the decodes waited for (SGLang, TGI). An
+episode that began before the request was sent belongs to an earlier prefill and lowers nothing; a gap that is
+not a stall (a stream that had just resumed) is no evidence at all. So one coincidence cannot collapse the
+estimate, and the evidence does not need a spread of prompt lengths.
+
+**Fit**: ``a + b·P + c·P²`` (all >= 0) through the lower envelope of the evidence against prompt length P —
+the fastest request of each length bin, made monotone (prefill never gets cheaper with length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+NS_PER_MS = 1_000_000
+
+
+@dataclass(frozen=True)
+class PrefillFit:
+    """prefill_ms ≈ a + b·P + c·P² on the lower envelope (P = prompt tokens)."""
+
+    a: float
+    b: float
+    c: float
+    points: int
+
+    def ms(self, prompt_tokens: pl.Expr) -> pl.Expr:
+        return (self.a + self.b * prompt_tokens + self.c * prompt_tokens * prompt_tokens).clip(lower_bound=0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"a_ms": self.a, "b_ms_per_token": self.b, "c_ms_per_token2": self.c, "envelope_points": self.points}
+
+
+def prefill_evidence(requests: pl.DataFrame, stalls: pl.DataFrame | None, tol_ms: float) -> pl.DataFrame:
+    """Per completed request: ``ttft_service_ms`` lowered to its stall episode's length where one shows it."""
+    ok = requests.filter(pl.col("ok") & pl.col("ttft_service_ms").is_not_null())
+    if stalls is None or stalls.is_empty() or ok.is_empty():
+        return ok
+    episodes = stall_episodes(ok, stalls, int(tol_ms * NS_PER_MS))
+    return (ok.join(episodes, on=["worker", "seq"], how="left")
+            .with_columns(ttft_service_ms=pl.min_horizontal("ttft_service_ms", "episode_ms")).drop("episode_ms"))
+
+
+def stall_episodes(ok: pl.DataFrame, stalls: pl.DataFrame, tol_ns: int) -> pl.DataFrame:
+    """(worker, seq, episode_ms): the merged stalls of other streams that began after the request was sent
+    and reached its first token, each within ``tol_ns``."""
+    r = ok.select(pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_sent_ns",
+                  "t_first_token_ns")
+    s = stalls.select("worker", "seq", "t_start_ns", "t_end_ns")
+    near = (s.join_where(r, pl.col("t_end_ns") >= pl.col("t_sent_ns") - tol_ns,
+                         pl.col("t_start_ns") <= pl.col("t_first_token_ns") + tol_ns)
+            .filter((pl.col("seq") != pl.col("r_seq")) | (pl.col("worker") != pl.col("r_worker")))
+            .sort("r_worker", "r_seq", "t_start_ns"))
+    if near.is_empty():
+        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "episode_ms": pl.Float64})
+    reach = pl.col("t_end_ns").cum_max().shift(1).over("r_worker", "r_seq")
+    merged = (near.with_columns(new=(pl.col("t_start_ns") > reach + tol_ns).fill_null(True))
+              .with_columns(episode=pl.col("new").cum_sum().over("r_worker", "r_seq"))
+              .group_by("r_worker", "r_seq", "episode")
+              .agg(pl.col("t_start_ns").min(), pl.col("t_end_ns").max(), pl.col("t_sent_ns").first(),
+                   pl.col("t_first_token_ns").first()))
+    own = merged.filter((pl.col("t_start_ns") >= pl.col("t_sent_ns") - tol_ns)
+                        & (pl.col("t_end_ns") >= pl.col("t_first_token_ns") - tol_ns))
+    ms = (pl.min_horizontal("t_end_ns", "t_first_token_ns") - pl.col("t_start_ns")) / NS_PER_MS
+    return (own.group_by("r_worker", "r_seq").agg(episode_ms=ms.min())
+            .filter(pl.col("episode_ms") > 0)
+            .select(pl.col("r_worker").alias("worker").cast(ok.schema["worker"]),
+                    pl.col("r_seq").alias("seq").cast(ok.schema["seq"]), "episode_ms"))
+
+
+def fit_prefill(requests: pl.DataFrame, stalls: pl.DataFrame | None = None, bins: int = 16,
+                tol_ms: float = 5.0) -> PrefillFit:
+    ok = prefill_evidence(requests, stalls, tol_ms).sort("prompt_tokens", "ttft_service_ms", "worker", "seq")
+    if ok.is_empty():
+        return PrefillFit(0.0, 0.0, 0.0, 0)
+    lo, hi = ok["prompt_tokens"].min(), ok["prompt_tokens"].max()
+    width = max((hi - lo) / bins, 1e-9)  # type: ignore[operator]
+    quantile_bin = pl.int_range(pl.len()) * bins // pl.len()  # dense where most prompts are
+    width_bin = ((pl.col("prompt_tokens") - lo) / width).floor().clip(upper_bound=bins - 1) + bins  # long tail
+    points = (pl.concat([_envelope(ok, quantile_bin), _envelope(ok, width_bin)])
+              .group_by("prompt_tokens").agg(pl.col("ttft_service_ms").min()).sort("prompt_tokens"))
+    # Prefill never gets cheaper with length: the fastest request at P or longer bounds the cost at P. Without
+    # this, a bin of equal-length requests that all waited behind a long prefill lifted the line (a = 196 ms
+    # for 200-token prompts whose fastest TTFT was 20 ms).
+    points = (points.with_columns(pl.col("ttft_service_ms").reverse().cum_min().reverse()).unique()
+              .sort("prompt_tokens", "ttft_service_ms"))
+    xs, ys = points["prompt_tokens"].cast(pl.Float64).to_list(), points["ttft_service_ms"].to_list()
+    a, b, c = _nonnegative_quadratic(xs, ys)
+    return PrefillFit(a, b, c, len(xs))
+
+
+def _envelope(ok: pl.DataFrame, bin_expr: pl.Expr) -> pl.DataFrame:
+    """The fastest request of each bin (prompt length, ttft_service_ms)."""
+    return (ok.with_columns(bin=bin_expr).group_by("bin")
+            .agg(pl.col("prompt_tokens").sort_by("ttft_service_ms", "prompt_tokens").first(),
+                 pl.col("ttft_service_ms").min())
+            .select("prompt_tokens", "ttft_service_ms"))
+
+
+def _nonnegative_quadratic(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Best least-squares a + b·x + c·x² with a, b, c >= 0 (prefill never gets cheaper with length): with
+    three terms, trying every subset of them is the whole active-set search."""
+    best: tuple[float, tuple[float, float, float]] | None = None
+    for terms in ((0, 1, 2), (0, 1), (0, 2), (1, 2), (0,), (1,), (2,)):
+        if len(set(xs)) < len(terms):
+            continue
+        coef = _lstsq(xs, ys, terms)
+        if any(v < 0 for v in coef):
+            continue
+        full = [0.0, 0.0, 0.0]
+        for t, v in zip(terms, coef):
+            full[t] = v
+        err = sum((y - (full[0] + full[1] * x + full[2] * x * x)) ** 2 for x, y in zip(xs, ys))
+        if best is None or err < best[0]:
+            best = (err, (full[0], full[1], full[2]))
+    return best[1] if best else (min(ys), 0.0, 0.0)
+
+
+def _lstsq(xs: list[float], ys: list[float], powers: tuple[int, ...]) -> list[float]:
+    """Least-squares coefficients of ``Σ c_k x^powers[k]`` (normal equations, x scaled for stability)."""
+    scale = max(max(xs), 1.0)
+    cols = [[(x / scale) ** p for x in xs] for p in powers]
+    n = len(powers)
+    m = [[sum(a * b for a, b in zip(cols[i], cols[j])) for j in range(n)] for i in range(n)]
+    r = [sum(a * y for a, y in zip(cols[i], ys)) for i in range(n)]
+    for col in range(n):  # Gaussian elimination with partial pivoting
+        piv = max(range(col, n), key=lambda k: abs(m[k][col]))
+        m[col], m[piv], r[col], r[piv] = m[piv], m[col], r[piv], r[col]
+        if abs(m[col][col]) < 1e-12:
+            return [-1.0] * n  # singular: reported as invalid (negative)
+        for k in range(col + 1, n):
+            f = m[k][col] / m[col][col]
+            m[k] = [a - f * b for a, b in zip(m[k], m[col])]
+            r[k] -= f * r[col]
+    sol = [0.0] * n
+    for i in reversed(range(n)):
+        sol[i] = (r[i] - sum(m[i][j] * sol[j] for j in range(i + 1, n))) / m[i][i]
+    return [c / scale ** p for c, p in zip(sol, powers)]
+
+
+def prefill_windows(requests: pl.DataFrame, fit: PrefillFit, long_prompt_tokens: int) -> pl.DataFrame:
+    est_ns = (fit.ms(pl.col("prompt_tokens").cast(pl.Float64)) * NS_PER_MS).cast(pl.Int64)
+    return (requests.filter(pl.col("t_first_token_ns").is_not_null())
+            .select("worker", "seq", "prompt_tokens",
+                    w_start_ns=pl.max_horizontal(pl.col("t_first_token_ns") - est_ns, pl.col("t_sent_ns")),
+                    w_end_ns=pl.col("t_first_token_ns"))
+            .filter(pl.col("prompt_tokens") >= long_prompt_tokens))
