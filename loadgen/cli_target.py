@@ -1,5 +1,6 @@
-"""``loadgen target …``: the bundled real-vLLM target (``vllm``) and the offline tiny model it can serve
-(``tiny-model``). The simulator needs no command: ``base_url: embedded`` starts it with the run."""
+"""``loadgen target …``: the bundled real targets — vLLM (``vllm``, with the offline tiny model it can serve,
+``tiny-model``) and llama.cpp's llama-server (``llamacpp``, built once from PyPI's sources, with an offline tiny
+GGUF, ``tiny-gguf``). The simulator needs no command: ``base_url: embedded`` starts it with the run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -65,8 +66,8 @@ def vllm(
 ) -> None:
     """Run `vllm serve` with the flags that matter to a prefill/decode load test, wait for /health, print the
     base URL, and stop it (with its engine processes) on Ctrl-C. Arguments after `--` go to vllm serve."""
-    from local_target.vllm.launcher import LaunchError, VllmOptions, VllmServer, installed_build, preflight, \
-        shown_command
+    from local_target.server_process import LaunchError
+    from local_target.vllm.launcher import VllmOptions, VllmServer, installed_build, preflight, shown_command
 
     opts = VllmOptions(model=model, device=device.value, chunked_prefill=chunked_prefill is OnOff.on,
                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
@@ -80,20 +81,29 @@ def vllm(
     log_path = log or Path(tempfile.gettempdir()) / f"loadgen-vllm-{port}.log"
     server = VllmServer(opts, log_path)
     console.print(f"starting: {shown_command(opts)}\nvLLM's output: {log_path}", highlight=False, soft_wrap=True)
-    # Ctrl-C and `kill PID` both stop vLLM; SIGINT explicitly, since a shell's background job inherits it ignored
+    _serve(server, "vLLM", opts.base_url, startup_timeout_s, f"model {model}", "about a minute on a CPU")
+
+
+def _serve(server: Any, name: str, base_url: str, startup_timeout_s: float, what: str, start_time: str) -> None:
+    """Start ``server``, wait for /health, print the base URL, run until Ctrl-C or `kill PID`, stop it."""
+    from local_target.server_process import LaunchError
+
+    # Ctrl-C and `kill PID` both stop it; SIGINT explicitly, since a shell's background job inherits it ignored
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.start()
-        _wait_ready(server, startup_timeout_s)
-        console.print(f"vLLM ready: {opts.base_url}  (model {model}; Ctrl-C stops it)", highlight=False)
-        console.print(f"try: loadgen run scenarios/aggressor_victim.yaml --base-url {opts.base_url}",
+        with console.status(f"waiting for {name}'s /health …") as status:
+            server.wait_ready(startup_timeout_s, on_wait=lambda s: status.update(
+                f"waiting for {name}'s /health … {s:.0f} s (a start takes {start_time})"))
+        console.print(f"{name} ready: {base_url}  ({what}; Ctrl-C stops it)", highlight=False)
+        console.print(f"try: loadgen run scenarios/aggressor_victim.yaml --base-url {base_url}",
                       highlight=False, soft_wrap=True)
         code = server.process.wait() if server.process else 0
-        raise _fail(f"vllm serve exited by itself (code {code}):\n{server.log_tail()}", 1)
+        raise _fail(f"{server.name} exited by itself (code {code}):\n{server.log_tail()}", 1)
     except LaunchError as exc:
         raise _fail(str(exc), 1) from None
     except KeyboardInterrupt:
-        console.print("stopping vLLM …", highlight=False)
+        console.print(f"stopping {name} …", highlight=False)
     finally:
         server.stop()
         for sig, handler in previous.items():
@@ -102,12 +112,6 @@ def vllm(
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-def _wait_ready(server: object, timeout_s: float) -> None:
-    with console.status("waiting for vLLM's /health …") as status:
-        server.wait_ready(timeout_s, on_wait=lambda s: status.update(  # type: ignore[attr-defined]
-            f"waiting for vLLM's /health … {s:.0f} s (a CPU start takes about a minute)"))
 
 
 @app.command("tiny-model")
@@ -138,3 +142,88 @@ def tiny_model(
     console.print(f"{out_dir}: Llama, {info['parameters'] / 1e6:.1f} M parameters, {layers} layers, hidden "
                   f"{hidden}, vocab {vocab} ({time.monotonic() - t0:.1f} s)\nserve it: loadgen target vllm "
                   f"--model {out_dir} --device cpu", highlight=False, soft_wrap=True)
+
+
+def _default_gguf() -> Path:
+    from local_target.llamacpp.build import cache_dir
+
+    return cache_dir() / "tiny.gguf"
+
+
+@app.command()
+def llamacpp(
+    ctx: typer.Context,
+    model: Optional[Path] = typer.Option(None, "--model", help="a GGUF file (default: the tiny random-weight "
+                                         "Llama, written once into the cache directory)"),
+    slots: int = typer.Option(4, "--slots", min=1, help="parallel sequences (llama-server --parallel)"),
+    n_batch: int = typer.Option(2048, "--n-batch", min=1, help="tokens per step: the decodes plus the slice "
+                                "of a prompt that rides along (llama-server --batch-size)"),
+    ctx_per_slot: int = typer.Option(4096, "--ctx-per-slot", min=64, help="context of each slot (prompt + "
+                                     "output); --ctx-size is slots × this"),
+    threads: int = typer.Option(1, "--threads", min=1, help="CPU threads for prefill and decode"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="the server's port"),
+    host: str = typer.Option("127.0.0.1", "--host", help="the server's interface"),
+    log: Optional[Path] = typer.Option(None, "--log", help="llama-server's output (default: a file in the temp "
+                                       "directory)"),
+    build_only: bool = typer.Option(False, "--build-only", help="build (or find) llama-server and the tiny "
+                                    "GGUF, print their paths and exit"),
+    startup_timeout_s: float = typer.Option(120, "--startup-timeout-s", min=1, help="give up if /health is not "
+                                            "200 by then"),
+) -> None:
+    """Run llama.cpp's llama-server (CPU): built once from the llama.cpp sources vendored in PyPI's
+    llama-cpp-python sdist (cmake; about 6 minutes on 2 cores, then cached under the user's cache directory),
+    serving a GGUF (default: a tiny random-weight Llama written offline), with continuous batching, prompt
+    caching off and /metrics on. Waits for /health, prints the base URL, stops on Ctrl-C. Arguments after `--`
+    go to llama-server."""
+    from local_target.llamacpp.build import BuildError, ensure_llama_server
+    from local_target.llamacpp.launcher import LlamaOptions, LlamaServer, command_line, preflight
+    from local_target.llamacpp.tiny_gguf import MissingDependency, write_tiny_gguf
+    from local_target.server_process import LaunchError
+
+    try:
+        binary = ensure_llama_server(progress=lambda line: console.print(line, highlight=False))
+        if model is None:
+            model = _default_gguf()
+            if not model.is_file():
+                console.print(f"writing the tiny GGUF: {model}", highlight=False)
+                write_tiny_gguf(model)
+    except (BuildError, MissingDependency) as exc:
+        raise _fail(str(exc)) from None
+    if build_only:
+        console.print(f"llama-server: {binary}\nmodel: {model}", highlight=False, soft_wrap=True)
+        return
+    opts = LlamaOptions(model=model, binary=binary, slots=slots, ctx_per_slot=ctx_per_slot, n_batch=n_batch,
+                        threads=threads, host=host, port=port, extra_args=list(ctx.args))
+    try:
+        preflight(opts)
+    except LaunchError as exc:
+        raise _fail(str(exc)) from None
+    log_path = log or Path(tempfile.gettempdir()) / f"loadgen-llamacpp-{port}.log"
+    console.print(f"starting: {' '.join(command_line(opts))}\nllama-server's output: {log_path}",
+                  highlight=False, soft_wrap=True)
+    _serve(LlamaServer(opts, log_path), "llama-server", opts.base_url, startup_timeout_s,
+           f"{slots} slots, n_batch {n_batch}", "a few seconds")
+
+
+@app.command("tiny-gguf")
+def tiny_gguf(
+    path: Path = typer.Argument(..., help="the GGUF file to write (replaced if it exists)"),
+    layers: int = typer.Option(6, "--layers", min=1, help="transformer layers"),
+    hidden: int = typer.Option(512, "--hidden", min=64, help="hidden size (a multiple of 64)"),
+    seed: int = typer.Option(0, "--seed", help="the random weights' seed"),
+) -> None:
+    """Write a tiny random-weight Llama as one GGUF file (byte-level BPE tokenizer, ChatML template) that
+    llama-server can serve with no model hub."""
+    from local_target.llamacpp.tiny_gguf import GgufShape, MissingDependency, write_tiny_gguf
+
+    if hidden % 64:
+        raise _fail("--hidden must be a multiple of 64 (heads of 64)")
+    shape = GgufShape(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                      num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), seed=seed)
+    try:
+        info = write_tiny_gguf(path, shape)
+    except MissingDependency as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"{path}: Llama, {info['parameters'] / 1e6:.1f} M parameters, {layers} layers, hidden {hidden}, "
+                  f"vocab {info['vocab_size']}\nserve it: loadgen target llamacpp --model {path}",
+                  highlight=False, soft_wrap=True)

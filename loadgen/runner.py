@@ -280,7 +280,8 @@ class Run:
     def _target_info(self, target: ResolvedTarget) -> dict[str, Any]:
         info: dict[str, Any] = {"base_url": "embedded" if target.sim else redact_url(target.base_url),
                                 "model": target.model,
-                                "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize}
+                                "continuous_usage_stats": target.continuous_usage, "tokenize": target.has_tokenize,
+                                "tokenize_endpoint": target.tokenize_dialect, "engine": target.engine}
         if target.sim is not None:
             from local_target.sim import build_config
 
@@ -288,7 +289,7 @@ class Run:
             preset = sim.pop("preset", None)
             cfg = build_config(preset, overrides=sim)
             info["simulator"] = {"preset": preset or "a100-llama-7b", **cfg.model_dump(include={
-                "chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "kv_cache_tokens", "time_scale",
+                "engine", "chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "kv_cache_tokens", "time_scale",
                 "max_chunk_tokens"})}
         return info
 

@@ -1,8 +1,9 @@
 """The server's own view during a run: its Prometheus ``/metrics`` scraped every ``period_s`` into
 ``server_metrics.parquet`` (t_ns, name, value; one row per sample of the series below).
 
-vLLM's names (V1; older spellings accepted): requests running and waiting, KV-cache usage, preemptions, prompt
-and generation token counters, and the tokens per engine step (a histogram: its _sum and _count). The text is
+Each engine's names (vLLM's ``vllm:*``, SGLang's ``sglang:*``, llama.cpp's ``llamacpp:*``, TGI's ``tgi_*``) are
+mapped to one vocabulary in ``engines.py``: requests running and waiting, KV-cache usage, preemptions, prompt
+and generation token counters, tokens per step and steps taken, as far as the engine exposes them. The text is
 fetched on the run's loop with a client of its own (never one of the streams' connections) and read by a line
 scan that costs well under a millisecond. A target without ``/metrics`` is skipped with one warning.
 """
@@ -17,25 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from .engines import PREFIXES, SERIES
 from .secrets import redact_url
 
 if TYPE_CHECKING:  # the scraper's client; the analysis imports this module for its pure helpers, not httpx
     import httpx
 
-SERIES = {  # sample name in the text exposition → our column
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_cache_usage",
-    "vllm:gpu_cache_usage_perc": "kv_cache_usage",  # before V1
-    "vllm:num_preemptions": "preemptions_total",
-    "vllm:num_preemptions_total": "preemptions_total",
-    "vllm:prompt_tokens": "prompt_tokens_total",
-    "vllm:prompt_tokens_total": "prompt_tokens_total",
-    "vllm:generation_tokens": "generation_tokens_total",
-    "vllm:generation_tokens_total": "generation_tokens_total",
-    "vllm:iteration_tokens_total_sum": "iteration_tokens_sum",
-    "vllm:iteration_tokens_total_count": "iteration_tokens_count",
-}
 SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
 
 
@@ -47,7 +35,7 @@ def parse(text: str) -> dict[str, float]:
     the loop itself. Raises ValueError on a sample line of ours whose value is not a number."""
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(PREFIXES):
             continue
         brace, space = line.find("{"), line.find(" ")
         if brace != -1 and (space == -1 or brace < space):
@@ -89,7 +77,7 @@ class Scraper:
                 return
             values = _parse_or_none(resp.text)
             if values is None or (not values and not self.rows):
-                self.warning = f"server metrics: {redact_url(self.url)} has no vLLM series; not scraped"
+                self.warning = f"server metrics: {redact_url(self.url)} has no series of a known engine (vLLM, SGLang, llama.cpp, TGI); not scraped"
                 return
             self.rows += [(t_ns, k, v) for k, v in values.items()]
             try:

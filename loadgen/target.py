@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from . import engines
 from .scenario import Scenario
 from .secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
 from .workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
@@ -28,10 +29,15 @@ class ResolvedTarget:
     headers: dict[str, str]
     redact: Redactor
     continuous_usage: bool
-    has_tokenize: bool
+    tokenize_dialect: str | None = None  # engines.DIALECTS key of the tokenize endpoint that answered
+    engine: str | None = None  # engines.ENGINES key, recognised before the run
     sim: Any = None  # the embedded SimProcess, stopped by the runner
     notes: list[str] = field(default_factory=list)
     timeout_s: float = 30.0  # each preflight request
+
+    @property
+    def has_tokenize(self) -> bool:
+        return self.tokenize_dialect is not None
 
     @property
     def root(self) -> str:
@@ -97,10 +103,11 @@ async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, 
         model = served[0]
     elif served and model not in served:
         raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {', '.join(served)}")
-    target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats, False,
+    target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats,
                             timeout_s=timeout_s)
     await _probe_generation(scenario, client, target)
-    target.has_tokenize = await _has_tokenize(client, target)
+    target.tokenize_dialect = await _find_tokenizer(client, target)
+    await _recognise_engine(client, target)
     return target
 
 
@@ -150,19 +157,36 @@ async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], targe
     raise AssertionError("unreachable")
 
 
-async def _has_tokenize(client: httpx.AsyncClient, target: ResolvedTarget) -> bool:
+async def _find_tokenizer(client: httpx.AsyncClient, target: ResolvedTarget) -> str | None:
+    """The first tokenize dialect the server answers in a way its reader understands (engines.DIALECTS)."""
+    for dialect, (path, probe, read) in engines.DIALECTS.items():
+        try:
+            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact,
+                              json={"model": target.model, **probe}, headers=target.headers)
+            if resp.status_code == 200 and read(resp.json()) is not None:
+                return dialect
+        except (TargetError, ValueError):
+            continue
+    return None
+
+
+async def _recognise_engine(client: httpx.AsyncClient, target: ResolvedTarget) -> None:
+    """From the series /metrics serves, else from the tokenize dialect; one note says what its adapter gives."""
+    how = "its /metrics"
     try:
-        resp = await call(client, "POST", target.root + "/tokenize", target.timeout_s, target.redact,
-                          json={"model": target.model, "prompt": "hi"}, headers=target.headers)
-        body = resp.json()
-        return resp.status_code == 200 and isinstance(body, dict) and "count" in body
-    except (TargetError, ValueError):
-        return False
+        resp = await call(client, "GET", target.root + "/metrics", target.timeout_s, target.redact,
+                          headers=target.headers)
+        target.engine = engines.detect_from_metrics(resp.text) if resp.status_code == 200 else None
+    except TargetError:
+        target.engine = None
+    if target.engine is None and target.tokenize_dialect in engines.DIALECT_ENGINE:
+        target.engine, how = engines.DIALECT_ENGINE[target.tokenize_dialect], "its /tokenize"
+    target.notes.append(engines.describe(target.engine, how, target.tokenize_dialect))
 
 
 async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> TokenCounter:
     """Exact where possible: the server's /tokenize, else a local tokenizer file; else calibrated on usage."""
-    async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(path: str, body: dict[str, Any]) -> Any:
         resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, json=body,
                           headers=target.headers)
         try:
@@ -171,12 +195,12 @@ async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: R
         except (httpx.HTTPError, ValueError):
             raise TargetError(f"{target.root}{path}: HTTP {resp.status_code}: {target.redact(resp.text[:200])}") \
                 from None
-        if not isinstance(answer, dict):
-            raise TargetError(f"{target.root}{path}: the answer is not a JSON object")
+        if not isinstance(answer, (dict, list)):
+            raise TargetError(f"{target.root}{path}: the answer is not JSON")
         return answer
 
-    if target.has_tokenize:
-        return TokenizeEndpointCounter(post, target.model, scenario.target.api)
+    if target.tokenize_dialect is not None:
+        return TokenizeEndpointCounter(post, target.model, scenario.target.api, target.tokenize_dialect)
     if scenario.target.tokenizer is not None:
         local = LocalTokenizerCounter(str(scenario.target.tokenizer))
         reported = await _usage_prompt_tokens(scenario, client, target, "hi there")

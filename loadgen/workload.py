@@ -158,25 +158,41 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
 
 
 # ---- counters ------------------------------------------------------------------------------------------
-PostJson = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+PostJson = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+def _messages(system: str | None, user: str) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
 class TokenizeEndpointCounter:
-    """Exact: the target's own ``POST /tokenize`` (vLLM, the simulator), with the chat template applied."""
+    """Exact: the target's own tokenize endpoint, with the chat template applied, in its engine's dialect
+    (``engines.DIALECTS``): vLLM's (and the simulator's, SGLang's) ``/tokenize`` or ``/v1/tokenize``;
+    llama.cpp's ``/apply-template`` then ``/tokenize {content}``; TGI's ``/chat_tokenize`` or ``/tokenize
+    {inputs}``."""
 
     exact = True
 
-    def __init__(self, post: PostJson, model: str, api: str) -> None:
-        self.post, self.model, self.api = post, model, api
+    def __init__(self, post: PostJson, model: str, api: str, dialect: str = "vllm") -> None:
+        self.post, self.model, self.api, self.dialect = post, model, api, dialect
 
     async def count(self, system: str | None, user: str) -> int:
+        text = f"{system}\n{user}" if system else user
+        if self.dialect == "llamacpp":
+            if self.api == "chat":
+                text = (await self.post("/apply-template", {"messages": _messages(system, user)}))["prompt"]
+            answer = await self.post("/tokenize", {"content": text, "add_special": True, "parse_special": True})
+            return len(answer["tokens"])
+        if self.dialect == "tgi":
+            if self.api == "chat":
+                answer = await self.post("/chat_tokenize", {"model": self.model, "messages": _messages(system, user)})
+                return len(answer["tokenize_response"])
+            return len(await self.post("/tokenize", {"inputs": text}))
+        path = "/v1/tokenize" if self.dialect == "vllm_v1" else "/tokenize"
+        body: dict[str, Any] = {"model": self.model, "prompt": text}
         if self.api == "chat":
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": user}]
-            body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
-        else:
-            body = {"model": self.model, "prompt": f"{system}\n{user}" if system else user}
-        return int((await self.post("/tokenize", body))["count"])
+            body = {"model": self.model, "messages": _messages(system, user), "add_generation_prompt": True}
+        return int((await self.post(path, body))["count"])
 
 
 class LocalTokenizerCounter:

@@ -73,7 +73,7 @@ def test_no_server_metrics_flag_scrapes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("status, body, why", [(404, "not found", "HTTP 404"),
-                                               (200, "# just text\nup 1\n", "no vLLM series")])
+                                               (200, "# just text\nup 1\n", "no series of a known engine")])
 def test_a_target_without_vllm_metrics_is_skipped_with_one_warning(status, body, why):
     calls = []
 

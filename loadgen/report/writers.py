@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from ..engines import ENGINES
 from ..secrets import write_bytes, write_text
 
 ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
@@ -74,9 +75,12 @@ def target_line(target: dict[str, Any]) -> str:
     if sim:
         chunked = f"chunked prefill on, budget {sim['max_num_batched_tokens']} tokens" if sim["chunked_prefill"] \
             else "chunked prefill off"
-        return (f"Target: the embedded simulator (preset {md_escape(sim['preset'])}, {chunked}, "
-                f"KV cache {sim['kv_cache_tokens']} tokens, time scale {sim['time_scale']:g}), model {model}.")
-    return f"Target: {md_escape(str(target.get('base_url')))}, model {model}."
+        return (f"Target: the embedded simulator ({ENGINES[sim.get('engine', 'vllm')].label}'s scheduler, preset "
+                f"{md_escape(sim['preset'])}, {chunked}, KV cache {sim['kv_cache_tokens']} tokens, time scale "
+                f"{sim['time_scale']:g}), model {model}.")
+    engine = ENGINES.get(target.get("engine") or "")
+    made = f" ({engine.label})" if engine else ""
+    return f"Target: {md_escape(str(target.get('base_url')))}{made}, model {model}."
 
 
 def _lengths_line(lengths: dict[str, Any]) -> str:

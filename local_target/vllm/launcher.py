@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
-import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-import httpx
+from local_target.server_process import LaunchError, ServerProcess, port_free
 
 Device = Literal["cuda", "cpu"]
 CPU_KV_CACHE_GIB = 1.0  # the CPU backend otherwise reserves 92% of the machine's memory and often fails to start
-
-
-class LaunchError(RuntimeError):
-    """vLLM cannot be started as asked; the message says what to install or change."""
 
 
 @dataclass
@@ -139,79 +131,11 @@ def preflight(o: VllmOptions, build: str | None, has_gpu: Callable[[], bool] = g
                           "--port")
 
 
-def port_free(host: str, port: int) -> bool:
-    """Whether ``vllm serve`` could bind ``host:port`` now (a server already there would also answer /health,
-    and the wait for readiness would be fooled by it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 # ---- running it ----------------------------------------------------------------------------------------
-class VllmServer:
+class VllmServer(ServerProcess):
     """``vllm serve`` in its own session (so one signal reaches its engine processes), output to ``log_path``."""
 
     def __init__(self, options: VllmOptions, log_path: Path) -> None:
-        self.options, self.log_path = options, log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(command_line(self.options), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        log.close()
-
-    def wait_ready(self, timeout_s: float, on_wait: Callable[[float], None] = lambda _: None) -> None:
-        """Until GET /health answers 200; LaunchError (with the log's tail) if vLLM exits or time runs out."""
-        assert self.process is not None
-        health = self.options.base_url.removesuffix("/v1") + "/health"
-        t0 = time.monotonic()
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                if self.process.poll() is not None:
-                    raise LaunchError(f"vllm serve exited with code {self.process.returncode} while starting:\n"
-                                      f"{self.log_tail()}")
-                elapsed = time.monotonic() - t0
-                if elapsed > timeout_s:
-                    raise LaunchError(f"vllm serve was not healthy within {timeout_s:g} s:\n{self.log_tail()}")
-                try:
-                    if client.get(health).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                on_wait(elapsed)
-                _pause(0.5)
-
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGINT to the whole group (vLLM's own Ctrl-C shutdown), SIGKILL after ``timeout_s``."""
-        p = self.process
-        if p is None or p.poll() is not None:
-            return p.returncode if p else None
-        for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        return p.returncode
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-
-def _pause(seconds: float) -> None:
-    time.sleep(seconds)  # between /health polls of a starting server (not a test's synchronisation)
+        super().__init__(command_line(options), options.base_url.removesuffix("/v1") + "/health", "vllm serve",
+                         log_path, env={"PYTHONUNBUFFERED": "1"})
+        self.options = options
