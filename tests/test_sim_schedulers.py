@@ -1,0 +1,82 @@
+"""The simulator's scheduler personalities, step by step (no clock): how each engine batches a long prompt
+with the running decodes, read from its scheduler's source (local_target/sim/engine.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from local_target.sim import build_config
+from local_target.sim.dialects import render_template, template_tokens
+from local_target.sim.engine import Engine, SimRequest
+from local_target.sim import tokenizer
+
+
+def _engine(name: str, **overrides) -> Engine:
+    engine = Engine(build_config(overrides={"engine": name, **overrides}))
+    for i in range(3):
+        engine.add(SimRequest(f"d{i}", 10, 50, 50))
+    for t in range(2):  # the three decodes are running
+        engine.finish_step(engine.plan_step(), t)
+    return engine
+
+
+def _shape(step) -> tuple[list[str], list[tuple[str, int]]]:
+    return [r.id for r in step.decodes], [(r.id, c.tokens) for r, c in step.prefills]
+
+
+def test_sglang_runs_a_prefill_only_batch_and_the_decodes_resume_after_it():
+    engine = _engine("sglang", max_num_batched_tokens=16384)
+    engine.add(SimRequest("long", 8000, 5, 5))
+    prefill = engine.plan_step()
+    assert _shape(prefill) == ([], [("long", 8000)])  # the decodes wait
+    engine.finish_step(prefill, 10)
+    assert _shape(engine.plan_step()) == (["d0", "d1", "d2", "long"], [])
+
+
+def test_sglang_chunks_run_back_to_back_before_any_decode():
+    engine = _engine("sglang", chunked_prefill=True, max_num_batched_tokens=4096)
+    engine.add(SimRequest("long", 10000, 5, 5))
+    shapes = []
+    for t in range(4):
+        step = engine.plan_step()
+        shapes.append(_shape(step))
+        engine.finish_step(step, 10 + t)
+    assert shapes == [([], [("long", 4096)]), ([], [("long", 4096)]), ([], [("long", 1808)]),
+                      (["d0", "d1", "d2", "long"], [])]
+
+
+def test_llamacpp_slices_a_prompt_into_n_batch_pieces_alongside_the_decodes():
+    engine = _engine("llamacpp", max_num_batched_tokens=2048, max_num_seqs=4)
+    engine.add(SimRequest("long", 2100, 5, 5))
+    first = engine.plan_step()
+    assert _shape(first) == (["d0", "d1", "d2"], [("long", 2045)])
+    engine.finish_step(first, 10)
+    second = engine.plan_step()  # the rest: a short step, the long prompt's first token at its end
+    assert _shape(second) == (["d0", "d1", "d2"], [("long", 55)])
+    assert ("long", 0) in [(r.id, index) for r, index in engine.finish_step(second, 11)]
+
+
+def test_tgi_defers_a_new_prefill_batch_for_max_waiting_tokens_decode_steps():
+    engine = _engine("tgi", max_waiting_tokens=3, waiting_served_ratio=1.2)
+    engine.add(SimRequest("new", 100, 5, 5))  # 1 waiting < 1.2 × 3 running: not yet
+    shapes = []
+    for t in range(4):
+        step = engine.plan_step()
+        shapes.append(_shape(step))
+        engine.finish_step(step, 10 + t)
+    decoding = (["d0", "d1", "d2"], [])
+    assert shapes == [decoding, decoding, decoding, ([], [("new", 100)])]
+
+
+def test_tgi_prefills_at_once_when_the_queue_outweighs_the_batch():
+    engine = _engine("tgi", max_waiting_tokens=20, waiting_served_ratio=1.0)
+    for i in range(3):
+        engine.add(SimRequest(f"n{i}", 100, 5, 5))
+    assert _shape(engine.plan_step()) == ([], [("n0", 100), ("n1", 100), ("n2", 100)])
+
+
+@pytest.mark.parametrize("messages", [[{"role": "user", "content": "Hello, world!"}],
+                                      [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": "a b\nc <d>"}]])
+def test_the_llamacpp_and_tgi_templates_count_like_the_chat_rule(messages):
+    assert len(template_tokens(render_template(messages))) == len(tokenizer.chat_tokens(messages))
