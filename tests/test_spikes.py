@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import polars as pl
@@ -143,3 +144,57 @@ def test_stall_objectives():
     assert out["ttft_ms.prompt_aware"] == (0.0, True)  # 5 ms for 100 tokens, 305 ms for 10000: within limits
     assert out["itl_ms.max_per_request"][1] is None     # 4 requests: too few for a p99 over requests
     assert out["stalls.max_per_1k_tokens"] == (20.0, None)  # too few tokens for a rate per 1k
+
+
+def _evidence(*items, tol_ms=30.0):
+    req = m.with_request_metrics(requests_frame([r for r, _ in items]))
+    gaps = m.chunk_gaps(req, chunks_frame([c for _, cs in items for c in cs]))
+    ok_gaps = gaps.join(req.filter(pl.col("ok")).select("worker", "seq"), on=["worker", "seq"], how="semi")
+    stalls = spikes.find_stalls(ok_gaps, spikes.baselines(ok_gaps), CFG)
+    longs = req.filter(pl.col("prompt_tokens") >= CFG.long_prompt_tokens)
+    ev = prefill.prefill_evidence(req, prefill.stall_episodes(req, stalls, tol_ms, cuts=longs))
+    return dict(zip(ev["seq"].to_list(), ev["ttft_service_ms"].to_list()))
+
+
+def test_a_stream_that_had_just_resumed_does_not_collapse_the_evidence():
+    """vLLM's CPU build, 2 runs an hour apart: one 2 ms gap of a stream that resumed as a long prompt got its
+    first token used to lower that prompt's prefill to 2 ms, and the fit to 2.2 ms + 0 ms/token."""
+    resumed = _req(5, 100, 0, [t for t in range(0, 100, 10)] + [399, 401] + list(range(410, 600, 10)))
+    ev = _evidence(_victim(1, 100, 400), _victim(2, 100, 400), resumed, _req(9, 10000, 20, [400, 410]))
+    assert ev[9] == pytest.approx(305, abs=10)  # the stall episode its prefill caused, not the 2 ms gap
+
+
+def test_a_slice_that_ends_one_step_before_the_first_token_is_still_the_evidence():
+    """llama.cpp: the victims resume after the long slice; the prompt's last small slice takes one more step."""
+    ev = _evidence(_victim(1, 100, 400), _victim(2, 100, 400), _req(9, 10000, 20, [415, 425]))
+    assert ev[9] == pytest.approx(300, abs=1)
+
+
+def test_an_episode_that_began_before_the_send_lowers_nothing():
+    ev = _evidence(_victim(1, 100, 400), _victim(2, 100, 400), _req(8, 10000, 20, [400]),
+                   _req(9, 6000, 250, [600, 610]))  # sent mid-stall: queued behind request 8
+    assert ev[9] == pytest.approx(350, abs=1)  # its TTFT: nothing shows its own prefill
+
+
+def test_causes_are_physical_and_an_infinite_lift_is_said():
+    assert "max_in_flight" not in spikes.CAUSES and "client_lag" in spikes.CAUSES
+    assert spikes.lift_words({"lift": None, "lift_infinite": True}) == "lift ×∞: no stall outside long prefills"
+    assert spikes.lift_words({"lift": 3.0, "lift_infinite": False}) == "lift ×3.0"
+
+
+def test_a_send_the_client_made_late_names_the_client():
+    victim, chunks = _victim(1, 100, 400)
+    late, _ = _req(7, 100, 350, [])  # due at 150, sent at 350, the in-flight cap far from full
+    late = dataclasses.replace(late, t_intended_ns=150 * MS, error_kind="http_5xx")
+    stalls = _analyse((victim, chunks), (late, []), cfg=spikes.SpikeConfig(
+        spike_factor=4, min_gap_ms=0, long_prompt_tokens=5000, group_ms=5, max_in_flight=10))
+    assert _result(stalls) == [(1, False, (), "client_lag")]
+
+
+def test_back_to_back_prefills_each_get_their_own_part_of_the_episode():
+    """SGLang/TGI/vLLM: R's prefill step, then Q's; the victims' stalls merge into one episode. Q's evidence is
+    cut at R's first token (the engine's work for Q began after R's prefill ended), not the whole episode."""
+    victims = [_req(s, 100, 0, [t for t in range(0, 900, 10) if not (100 < t < 400 or 400 < t < 700)])
+               for s in (1, 2)]
+    ev = _evidence(*victims, _req(8, 10000, 20, [400, 900]), _req(9, 10000, 30, [700, 900]))
+    assert ev[8] == pytest.approx(300, abs=1) and ev[9] == pytest.approx(300, abs=1)

@@ -40,46 +40,65 @@ class PrefillFit:
         return {"a_ms": self.a, "b_ms_per_token": self.b, "c_ms_per_token2": self.c, "envelope_points": self.points}
 
 
-def prefill_evidence(requests: pl.DataFrame, stalls: pl.DataFrame | None, tol_ms: float) -> pl.DataFrame:
+def prefill_evidence(requests: pl.DataFrame, episodes: pl.DataFrame | None) -> pl.DataFrame:
     """Per completed request: ``ttft_service_ms`` lowered to its stall episode's length where one shows it."""
     ok = requests.filter(pl.col("ok") & pl.col("ttft_service_ms").is_not_null())
-    if stalls is None or stalls.is_empty() or ok.is_empty():
+    if episodes is None or episodes.is_empty() or ok.is_empty():
         return ok
-    episodes = stall_episodes(ok, stalls, int(tol_ms * NS_PER_MS))
     return (ok.join(episodes, on=["worker", "seq"], how="left")
             .with_columns(ttft_service_ms=pl.min_horizontal("ttft_service_ms", "episode_ms")).drop("episode_ms"))
 
 
-def stall_episodes(ok: pl.DataFrame, stalls: pl.DataFrame, tol_ns: int) -> pl.DataFrame:
-    """(worker, seq, episode_ms): the merged stalls of other streams that began after the request was sent
-    and reached its first token, each within ``tol_ns``."""
-    r = ok.select(pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_sent_ns",
-                  "t_first_token_ns")
+EPISODE_SCHEMA = {"worker": pl.Int64, "seq": pl.Int64, "episode_ms": pl.Float64}
+
+
+def stall_episodes(requests: pl.DataFrame, stalls: pl.DataFrame, tol_ms: float,
+                   cuts: pl.DataFrame | None = None) -> pl.DataFrame:
+    """(worker, seq, episode_ms): the merged stalls of other streams that began after the request was sent and
+    reached its first token, each within ``tol_ms``. An episode holding several prefills back to back is cut at
+    the last first token of another request in ``cuts`` (the long prompts) before this one's: the engine's
+    work for this request began no earlier than the previous prefill's end."""
+    tol_ns = int(tol_ms * NS_PER_MS)
+    r = requests.filter(pl.col("t_first_token_ns").is_not_null()).select(
+        pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_sent_ns", "t_first_token_ns")
     s = stalls.select("worker", "seq", "t_start_ns", "t_end_ns")
     near = (s.join_where(r, pl.col("t_end_ns") >= pl.col("t_sent_ns") - tol_ns,
                          pl.col("t_start_ns") <= pl.col("t_first_token_ns") + tol_ns)
             .filter((pl.col("seq") != pl.col("r_seq")) | (pl.col("worker") != pl.col("r_worker")))
             .sort("r_worker", "r_seq", "t_start_ns"))
     if near.is_empty():
-        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "episode_ms": pl.Float64})
+        return pl.DataFrame(schema=EPISODE_SCHEMA)
     reach = pl.col("t_end_ns").cum_max().shift(1).over("r_worker", "r_seq")
     merged = (near.with_columns(new=(pl.col("t_start_ns") > reach + tol_ns).fill_null(True))
               .with_columns(episode=pl.col("new").cum_sum().over("r_worker", "r_seq"))
               .group_by("r_worker", "r_seq", "episode")
               .agg(pl.col("t_start_ns").min(), pl.col("t_end_ns").max(), pl.col("t_sent_ns").first(),
                    pl.col("t_first_token_ns").first()))
-    own = merged.filter((pl.col("t_start_ns") >= pl.col("t_sent_ns") - tol_ns)
-                        & (pl.col("t_end_ns") >= pl.col("t_first_token_ns") - tol_ns))
+    own = _cut(merged.filter((pl.col("t_start_ns") >= pl.col("t_sent_ns") - tol_ns)
+                             & (pl.col("t_end_ns") >= pl.col("t_first_token_ns") - tol_ns)), cuts, tol_ns)
     ms = (pl.min_horizontal("t_end_ns", "t_first_token_ns") - pl.col("t_start_ns")) / NS_PER_MS
     return (own.group_by("r_worker", "r_seq").agg(episode_ms=ms.min())
             .filter(pl.col("episode_ms") > 0)
-            .select(pl.col("r_worker").alias("worker").cast(ok.schema["worker"]),
-                    pl.col("r_seq").alias("seq").cast(ok.schema["seq"]), "episode_ms"))
+            .select(pl.col("r_worker").alias("worker").cast(pl.Int64), pl.col("r_seq").alias("seq").cast(pl.Int64),
+                    "episode_ms"))
 
 
-def fit_prefill(requests: pl.DataFrame, stalls: pl.DataFrame | None = None, bins: int = 16,
-                tol_ms: float = 5.0) -> PrefillFit:
-    ok = prefill_evidence(requests, stalls, tol_ms).sort("prompt_tokens", "ttft_service_ms", "worker", "seq")
+def _cut(episodes: pl.DataFrame, cuts: pl.DataFrame | None, tol_ns: int) -> pl.DataFrame:
+    if cuts is None or cuts.is_empty() or episodes.is_empty():
+        return episodes
+    c = cuts.select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
+                    pl.col("t_first_token_ns").alias("c_first_ns"))
+    keys = ["r_worker", "r_seq", "episode"]
+    latest = (episodes.join_where(c, pl.col("c_first_ns") > pl.col("t_start_ns"),
+                                  pl.col("c_first_ns") < pl.col("t_first_token_ns") - tol_ns)
+              .filter((pl.col("c_seq") != pl.col("r_seq")) | (pl.col("c_worker") != pl.col("r_worker")))
+              .group_by(keys).agg(cut_ns=pl.col("c_first_ns").max()))
+    return (episodes.join(latest, on=keys, how="left")
+            .with_columns(t_start_ns=pl.max_horizontal("t_start_ns", "cut_ns")).drop("cut_ns"))
+
+
+def fit_prefill(requests: pl.DataFrame, episodes: pl.DataFrame | None = None, bins: int = 16) -> PrefillFit:
+    ok = prefill_evidence(requests, episodes).sort("prompt_tokens", "ttft_service_ms", "worker", "seq")
     if ok.is_empty():
         return PrefillFit(0.0, 0.0, 0.0, 0)
     lo, hi = ok["prompt_tokens"].min(), ok["prompt_tokens"].max()
@@ -147,8 +166,15 @@ def _lstsq(xs: list[float], ys: list[float], powers: tuple[int, ...]) -> list[fl
     return [c / scale ** p for c, p in zip(sol, powers)]
 
 
-def prefill_windows(requests: pl.DataFrame, fit: PrefillFit, long_prompt_tokens: int) -> pl.DataFrame:
-    est_ns = (fit.ms(pl.col("prompt_tokens").cast(pl.Float64)) * NS_PER_MS).cast(pl.Int64)
+def prefill_windows(requests: pl.DataFrame, fit: PrefillFit, long_prompt_tokens: int,
+                    episodes: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Each long prompt's prefill: ``[t_first − est, t_first]``, never before its send; ``est`` is the fit, or
+    the request's own stall episode where that is longer (a fit through few lengths can fall short of one)."""
+    est_ms = fit.ms(pl.col("prompt_tokens").cast(pl.Float64))
+    if episodes is not None and not episodes.is_empty():
+        requests = requests.join(episodes, on=["worker", "seq"], how="left")
+        est_ms = pl.max_horizontal(est_ms, pl.col("episode_ms"))
+    est_ns = (est_ms * NS_PER_MS).cast(pl.Int64)
     return (requests.filter(pl.col("t_first_token_ns").is_not_null())
             .select("worker", "seq", "prompt_tokens",
                     w_start_ns=pl.max_horizontal(pl.col("t_first_token_ns") - est_ns, pl.col("t_sent_ns")),

@@ -32,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from .prefill import NS_PER_MS, fit_prefill, prefill_windows
+from .prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
 
 # Every label is something that can pause a stream that is already running. Server side: a long prefill
 # (named culprits), several prefills admitted at once, an arrival burst (the new requests' prefills), a
@@ -80,9 +80,11 @@ def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig
                     "chunk_gap_ms", "excess_ms", "baseline_itl_ms", "threshold_ms"))
 
 
-def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, tol_ms: float) -> pl.DataFrame:
+def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, tol_ms: float,
+                  min_inside_ms: float = 0.0) -> pl.DataFrame:
     """(interval, window of another request) pairs where that prefill finished with the interval (within
-    ``tol_ms``, one engine step), or its window alone covers ``share`` of it, or lies inside it."""
+    ``tol_ms``, one engine step), or its window alone covers ``share`` of it, or lies inside it and is itself
+    as long as a stall (``min_inside_ms``: several short prefill batches in a row are a burst, not culprits)."""
     w = windows.select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
                        pl.col("prompt_tokens").alias("c_prompt_tokens"), "w_start_ns", "w_end_ns")
     pairs = intervals.join_where(w, pl.col("w_start_ns") < pl.col("t_end_ns"),
@@ -91,7 +93,8 @@ def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, 
     gap_ms = (pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6
     tol_ns = int(tol_ms * NS_PER_MS)
     ends_with_gap = (pl.col("w_end_ns") - pl.col("t_end_ns")).abs() <= tol_ns
-    inside = (pl.col("w_start_ns") >= pl.col("t_start_ns") - tol_ns) & (pl.col("w_end_ns") <= pl.col("t_end_ns"))
+    inside = ((pl.col("w_start_ns") >= pl.col("t_start_ns") - tol_ns) & (pl.col("w_end_ns") <= pl.col("t_end_ns"))
+              & (pl.col("w_end_ns") - pl.col("w_start_ns") >= int(min_inside_ms * NS_PER_MS)))
     return (pairs.with_columns(overlap_ms=overlap_ms)
             .filter(~((pl.col("c_seq") == pl.col("seq")) & (pl.col("c_worker") == pl.col("worker"))))
             .filter(ends_with_gap | (pl.col("overlap_ms") >= share * gap_ms) | inside))
@@ -109,7 +112,7 @@ def covered(pairs: pl.DataFrame, keys: list[str], share: float) -> pl.DataFrame:
 def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFrame,
               cfg: SpikeConfig) -> pl.DataFrame:
     keys = ["worker", "seq", "t_end_ns"]
-    pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.tol_ms)
+    pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms)
     culprits = (pairs.sort("overlap_ms", descending=True)
                 .group_by(keys).agg(culprits=pl.col("c_seq"), culprit_prompt_tokens=pl.col("c_prompt_tokens"),
                                     overlap_ms=pl.col("overlap_ms"))
@@ -177,13 +180,14 @@ def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
 
 # ---- figures ---------------------------------------------------------------------------------------------
 def lift(gaps: pl.DataFrame, stalls: pl.DataFrame, windows: pl.DataFrame, share: float,
-         tol_ms: float) -> float | None:
+         tol_ms: float, min_inside_ms: float = 0.0) -> float | None:
     """P(stall | a long prefill covers the gap) / P(stall | none): ``math.inf`` when no gap stalled without a
     long prefill; None when no gap had one, or none of those stalled."""
     intervals = gaps.select("worker", "seq", t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS)
                             .cast(pl.Int64), t_end_ns=pl.col("t_ns"))
     keys = ["worker", "seq", "t_end_ns"]
-    hit = covered(culprit_pairs(intervals, windows, share, tol_ms), keys, share).filter(pl.col("covered"))
+    hit = covered(culprit_pairs(intervals, windows, share, tol_ms, min_inside_ms), keys, share).filter(
+        pl.col("covered"))
     flagged = intervals.join(hit, on=keys, how="left").join(
         stalls.select(*keys, stall=pl.lit(True)), on=keys, how="left")
     flagged = flagged.with_columns(pl.col("covered").fill_null(False), pl.col("stall").fill_null(False))
@@ -232,7 +236,7 @@ def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requ
         "per_1k_tokens": stalls.height / ktok, "prefill_induced_per_1k_tokens": induced.height / ktok,
         "events": events.height, "events_per_1k_tokens": events.height / ktok,
         "prefill_induced_events_per_1k_tokens": events.filter(pl.col("prefill_induced")).height / ktok,
-        **_lift_fields(lift(gaps, stalls, windows, cfg.overlap_share, cfg.tol_ms)),
+        **_lift_fields(lift(gaps, stalls, windows, cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms)),
         "tail_gaps": tail.height, "tail_prefill_induced_share": tail_induced / tail.height if tail.height else None,
         "stalled_ms_per_request": {"mean": float(per_req.mean()) if len(per_req) else 0.0,  # type: ignore[arg-type]
                                    "max": float(per_req.max()) if len(per_req) else 0.0},  # type: ignore[arg-type]
@@ -270,10 +274,12 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
     base = baselines(ok_gaps)
     cfg = with_step_tolerance(cfg, ok_gaps)
     found = find_stalls(ok_gaps, base, cfg)
-    fit = fit_prefill(ok, found, tol_ms=cfg.tol_ms)
     prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
     long_tokens = cfg.long_prompt_tokens or int(prompt_p90 or 1)
-    windows = prefill_windows(all_requests, fit, long_tokens)
+    longs = all_requests.filter((pl.col("prompt_tokens") >= long_tokens) & pl.col("t_first_token_ns").is_not_null())
+    episodes = stall_episodes(all_requests, found, cfg.tol_ms, cuts=longs)
+    fit = fit_prefill(ok, episodes)
+    windows = prefill_windows(all_requests, fit, long_tokens, episodes)
     stalls = confirm_preemptions(attribute(found, windows, all_requests, cfg), preemptions or [])
     events = group_events(stalls, cfg.group_ms)
     stalls = _with_event_ids(stalls, cfg.group_ms)
