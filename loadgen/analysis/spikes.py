@@ -277,7 +277,10 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
     prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
     long_tokens = cfg.long_prompt_tokens or int(prompt_p90 or 1)
     longs = all_requests.filter((pl.col("prompt_tokens") >= long_tokens) & pl.col("t_first_token_ns").is_not_null())
-    episodes = stall_episodes(all_requests, found, cfg.tol_ms, cuts=longs)
+    # the evidence of prefill work is every step far longer than a decode step, whether or not it is long
+    # enough to count as a stall against the SLO's floor (the first slice of a sliced prompt often is not)
+    slow = find_stalls(ok_gaps, base, replace(cfg, min_gap_ms=0.0)) if cfg.min_gap_ms else found
+    episodes = stall_episodes(all_requests, slow, cfg.tol_ms, cuts=longs)
     fit = fit_prefill(ok, episodes)
     windows = prefill_windows(all_requests, fit, long_tokens, episodes)
     stalls = confirm_preemptions(attribute(found, windows, all_requests, cfg), preemptions or [])
