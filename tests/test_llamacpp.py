@@ -9,20 +9,16 @@ Selected alone with `pytest -m llamacpp` (about 2 minutes once built).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Iterator
 
 import polars as pl
 import pytest
 
 from local_target.llamacpp.build import cached_binary, missing_tools
-from local_target.server_process import port_free
-from tests.run_helpers import ROOT, read_until, records, run_cli, summary
+from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
+from tests.run_helpers import run_cli, summary
 
 pytestmark = pytest.mark.llamacpp
 
@@ -43,45 +39,18 @@ def built() -> None:
     assert "llama-server: " in res.stdout
 
 
-@contextlib.contextmanager
-def llama_serving(*flags: str) -> Iterator[None]:
-    """`loadgen target llamacpp` until it prints that llama-server is ready; Ctrl-C at the end, as a user would."""
-    assert port_free("127.0.0.1", PORT), f"port {PORT} is taken before the test"
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "target", "llamacpp", "--port", str(PORT), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "COLUMNS": "200"})
-    try:
-        read_until(proc, "llama-server ready: " + BASE_URL, 180)
-        yield
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0 and port_free("127.0.0.1", PORT), "llama-server did not stop on Ctrl-C"
+def llama_serving(*flags: str) -> AbstractContextManager[None]:
+    return serving(["llamacpp", *flags], "llama-server ready: " + BASE_URL, PORT, 180, stop_s=60)
 
 
-def run_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    res = run_cli("run", "scenarios/llamacpp_cpu.yaml", "--base-url", BASE_URL, "--out", str(out), "--no-progress",
-                  "--no-png", timeout=300)
-    assert res.returncode in (0, 1, 3), res.stderr + res.stdout
-    requests, chunks = records(out)
-    return requests, chunks, pl.read_parquet(out / "stalls.parquet")
-
-
-def worst_victim_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
-    victims = requests.filter((pl.col("class_name") == "victim") & ~pl.col("warmup")).select("seq")
-    gaps = (chunks.join(victims, on="seq").sort("seq", "t_ns")
-            .select(gap_ms=pl.col("t_ns").diff().over("seq") / 1e6)["gap_ms"].drop_nulls())
-    return float(gaps.max())  # type: ignore[arg-type]
+def run_llama_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    return run_scenario("scenarios/llamacpp_cpu.yaml", BASE_URL, out)
 
 
 def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: None, tmp_path: Path) -> None:
     out = tmp_path / "n2048"
     with llama_serving():
-        req, chunks, stalls = run_scenario(out)
+        req, chunks, stalls = run_llama_scenario(out)
     s = summary(out)
 
     # the engine is recognised, and prompt lengths are exact (apply-template + /tokenize)
@@ -110,7 +79,7 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
 
     with llama_serving("--n-batch", "256"):
-        req_small, chunks_small, _ = run_scenario(tmp_path / "n256")
+        req_small, chunks_small, _ = run_llama_scenario(tmp_path / "n256")
     worst_ms, worst_small_ms = worst_victim_gap_ms(req, chunks), worst_victim_gap_ms(req_small, chunks_small)
     print(f"worst victim gap: n_batch 2048 {worst_ms:.0f} ms, n_batch 256 {worst_small_ms:.0f} ms")
     assert req_small["error_kind"].is_null().all() and worst_small_ms < 0.7 * worst_ms

@@ -8,20 +8,16 @@ Selected alone with `pytest -m vllm_cpu` (about 4 minutes on 2 cores: each serve
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
+from contextlib import AbstractContextManager
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Iterator
 
 import polars as pl
 import pytest
 
-from local_target.vllm.launcher import port_free
-from tests.run_helpers import ROOT, read_until, records, run_cli, summary
+from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
+from tests.run_helpers import run_cli, summary
 
 pytestmark = pytest.mark.vllm_cpu
 
@@ -44,45 +40,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@contextlib.contextmanager
-def vllm_serving(model: Path, *flags: str) -> Iterator[subprocess.Popen[str]]:
-    """`loadgen target vllm` until it prints that vLLM is ready; Ctrl-C (SIGINT) at the end, as a user would."""
-    assert port_free("127.0.0.1", PORT), f"port {PORT} is taken before the test"
-    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "target", "vllm", "--model", str(model), "--device",
-                             "cpu", "--port", str(PORT), "--max-model-len", "4096", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env={**os.environ, "COLUMNS": "200"})
-    try:
-        read_until(proc, "vLLM ready: " + BASE_URL, STARTUP_S)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0 and port_free("127.0.0.1", PORT), "vLLM did not stop on Ctrl-C"
+def vllm_serving(model: Path, *flags: str) -> AbstractContextManager[None]:
+    return serving(["vllm", "--model", str(model), "--device", "cpu", "--max-model-len", "4096", *flags],
+                   "vLLM ready: " + BASE_URL, PORT, STARTUP_S)
 
 
-def run_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    res = run_cli("run", "scenarios/vllm_cpu.yaml", "--base-url", BASE_URL, "--out", str(out), "--no-progress",
-                  "--no-png", timeout=300)
-    assert res.returncode in (0, 1, 3), res.stderr + res.stdout
-    requests, chunks = records(out)
-    return requests, chunks, pl.read_parquet(out / "stalls.parquet")
-
-
-def worst_victim_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
-    victims = requests.filter((pl.col("class_name") == "victim") & ~pl.col("warmup")).select("seq")
-    gaps = (chunks.join(victims, on="seq").sort("seq", "t_ns")
-            .select(gap_ms=pl.col("t_ns").diff().over("seq") / 1e6)["gap_ms"].drop_nulls())
-    return float(gaps.max())  # type: ignore[arg-type]
+def run_vllm_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    return run_scenario("scenarios/vllm_cpu.yaml", BASE_URL, out)
 
 
 def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_path: Path) -> None:
     with vllm_serving(tiny_model, "--chunked-prefill", "off"):
-        req, chunks, stalls = run_scenario(tmp_path / "off")
+        req, chunks, stalls = run_vllm_scenario(tmp_path / "off")
     off = tmp_path / "off"
 
     # exact prompt lengths: every prompt built to its asked length, counted by the server's /tokenize
@@ -115,7 +84,7 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
 
     with vllm_serving(tiny_model, "--chunked-prefill", "on", "--max-num-batched-tokens", "256"):
-        req_on, chunks_on, _ = run_scenario(tmp_path / "on")
+        req_on, chunks_on, _ = run_vllm_scenario(tmp_path / "on")
     worst_on_ms = worst_victim_gap_ms(req_on, chunks_on)
     print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on (256) {worst_on_ms:.0f} ms; "
           f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")

@@ -1,0 +1,53 @@
+"""What the end-to-end tests against real servers (vLLM's and llama.cpp's CPU builds) share: a bundled target
+started the way a user starts it (`loadgen target …`, stopped with Ctrl-C), a scenario run against it, and the
+victims' worst gap."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import polars as pl
+
+from local_target.server_process import port_free
+from tests.run_helpers import ROOT, read_until, records, run_cli
+
+
+@contextlib.contextmanager
+def serving(target_args: list[str], ready: str, port: int, startup_s: float, stop_s: float = 90) -> Iterator[None]:
+    """`loadgen target ARGS` until it prints ``ready``; Ctrl-C (SIGINT) at the end, as a user would."""
+    assert port_free("127.0.0.1", port), f"port {port} is taken before the test"
+    proc = subprocess.Popen([sys.executable, "-m", "loadgen", "target", *target_args, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        read_until(proc, ready, startup_s)
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(stop_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0 and port_free("127.0.0.1", port), "the server did not stop on Ctrl-C"
+
+
+def run_scenario(scenario: str, base_url: str, out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    res = run_cli("run", scenario, "--base-url", base_url, "--out", str(out), "--no-progress", "--no-png",
+                  timeout=300)
+    assert res.returncode in (0, 1, 3), res.stderr + res.stdout
+    requests, chunks = records(out)
+    return requests, chunks, pl.read_parquet(out / "stalls.parquet")
+
+
+def worst_victim_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
+    victims = requests.filter((pl.col("class_name") == "victim") & ~pl.col("warmup")).select("seq")
+    gaps = (chunks.join(victims, on="seq").sort("seq", "t_ns")
+            .select(gap_ms=pl.col("t_ns").diff().over("seq") / 1e6)["gap_ms"].drop_nulls())
+    return float(gaps.max())  # type: ignore[arg-type]
