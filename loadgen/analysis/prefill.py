@@ -2,7 +2,8 @@
 
 **Evidence per request**: the prefill of a prompt can take no longer than its ``ttft_service_ms`` (first token
 minus send). Queueing makes that an overestimate, so it is lowered where the other streams show the prefill
-itself: a prefill that pauses the running decodes makes their chunk gaps stalls, and the **stall episode** that
+itself: a prefill that pauses the running decodes makes their chunk gaps far longer than a decode step (the
+analysis passes those gaps as ``stalls``, whether or not they pass the SLO's floor), and the **stall episode** that
 began after the request was sent (within ``tol_ms``) and reached its first token (within ``tol_ms``) is how long
 the engine worked for it — the one long step of an unchunked prefill (vLLM), its consecutive chunks (chunked
 prefill, llama.cpp's ``n_batch`` slices) or the prefill-only batch the decodes waited for (SGLang, TGI). An
