@@ -146,8 +146,9 @@ def tiny_model(
 
 def _default_gguf() -> Path:
     from local_target.llamacpp.build import cache_dir
+    from local_target.llamacpp.tiny_gguf import FORMAT_VERSION
 
-    return cache_dir() / "tiny.gguf"
+    return cache_dir() / f"tiny-v{FORMAT_VERSION}.gguf"
 
 
 @app.command()

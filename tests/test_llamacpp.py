@@ -59,13 +59,17 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     assert (req["prompt_tokens"] == req["prompt_tokens_asked"]).all()
     assert set(req["prompt_tokens_source"]) == {"server"}
 
+    # the tiny model never emits part of a character, so llama-server sends each token when it is made
+    assert (chunks["tokens"] == 1).mean() >= 0.99, chunks["tokens"].value_counts()  # type: ignore[operator]
+
     # most stalls are the long prompts' slices, and only long prompts are named
     induced = stalls.filter(pl.col("prefill_induced"))
     share = induced.height / max(stalls.height, 1)
     aggressors = set(req.filter(pl.col("class_name") == "aggressor")["seq"])
     print(f"llama.cpp n_batch 2048: {stalls.height} stalls, {induced.height} prefill-induced ({share:.0%}); "
           f"fit {s['stalls']['prefill_fit']}")
-    assert stalls.height >= 4 and share >= 0.8, stalls
+    print(timeline(req, stalls))  # shown by pytest when an assertion below fails
+    assert stalls.height >= 4 and share >= 0.8
     assert all(set(c) <= aggressors for c in induced["culprits"].to_list())
     # the prefill estimate is the server's (a 2k-token prompt takes seconds here), not a decode step
     fit = s["stalls"]["prefill_fit"]
@@ -82,4 +86,18 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
         req_small, chunks_small, _ = run_llama_scenario(tmp_path / "n256")
     worst_ms, worst_small_ms = worst_victim_gap_ms(req, chunks), worst_victim_gap_ms(req_small, chunks_small)
     print(f"worst victim gap: n_batch 2048 {worst_ms:.0f} ms, n_batch 256 {worst_small_ms:.0f} ms")
-    assert req_small["error_kind"].is_null().all() and worst_small_ms < 0.7 * worst_ms
+    # a 256-token slice is one short step (~0.3 s at 2k of context here) where 2,048 tokens took ~1.8 s
+    assert req_small["error_kind"].is_null().all() and worst_small_ms < 0.5 * worst_ms
+
+
+def timeline(requests: pl.DataFrame, stalls: pl.DataFrame) -> str:
+    """The long prompts (sent, first token) and every stall, in seconds from the first send: what a failed
+    attribution needs to be understood."""
+    t0 = requests["t_sent_ns"].min()
+    s_ = (pl.col("t_sent_ns") - t0) / 1e9
+    longs = requests.filter(pl.col("class_name") == "aggressor").select(
+        "seq", "prompt_tokens", sent_s=s_, first_s=(pl.col("t_first_token_ns") - t0) / 1e9).sort("sent_s")
+    gaps = stalls.select("seq", start_s=(pl.col("t_start_ns") - t0) / 1e9, end_s=(pl.col("t_end_ns") - t0) / 1e9,
+                         gap_ms="chunk_gap_ms", tokens="tokens", culprits="culprits", cause="cause")
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200):
+        return f"long prompts:\n{longs}\nstalls:\n{gaps}"

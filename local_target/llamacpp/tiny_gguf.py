@@ -4,7 +4,10 @@ The tokenizer is byte-level BPE (GPT-2's byte alphabet) with a fixed list of mer
 pairs, ChatML control tokens and a ChatML chat template, so that llama-server's ``/v1/chat/completions``,
 ``/tokenize`` and ``/apply-template`` work. The weights are noise from a fixed seed: the model emits random
 tokens (output lengths are forced with ``ignore_eos``), and what it costs to run is the point — its prefill
-and decode times are those of a real transformer of this shape on this CPU.
+and decode times are those of a real transformer of this shape on this CPU. Its output layer only ever ranks
+ASCII bytes and merges among the top 40: a byte >= 0x80 is part of a character, and llama-server holds an
+incomplete character back until it is whole, so a random model delivered several tokens late in one chunk
+(victims' gaps grew by whole prefill slices); a token now arrives when it is made.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'
 # merges of frequent pairs, so that text is not all single bytes (each merged pair is one more token)
 MERGE_PAIRS = ["t h", "Ġ t", "h e", "i n", "e r", "a n", "r e", "o n", "Ġ a", "e n", "a t", "o r", "e s", "Ġ s",
                "e d", "i s", "Ġ o", "i t", "a l", "a r", "Ġ w", "Ġ c", "Ġ b", "Ġ f", "Ġ p", "Ġ m", "o u", "l e"]
+
+
+OUTPUT_GAIN = 50.0  # output rows × this: logit std ≈ 0.02 · √512 · 50 ≈ 22 against the silent rows' 0
+FORMAT_VERSION = 2  # 2: never emits a partial UTF-8 character (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -90,14 +97,19 @@ def write_tiny_gguf(path: Path, shape: GgufShape = GgufShape()) -> dict[str, int
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(shape.seed)
+    high_bytes = set(byte_alphabet()[0x80:])  # pieces of multi-byte characters
+    silent = np.array([i for i, t in enumerate(tokens) if i < len(SPECIALS) or t in high_bytes])
 
-    def tensor(name: str, *dims: int, norm: bool = False) -> int:
+    def tensor(name: str, *dims: int, norm: bool = False, silent_rows: "np.ndarray | None" = None) -> int:
         data = np.ones(dims, np.float32) if norm else (rng.standard_normal(dims) * 0.02).astype(np.float32)
+        if silent_rows is not None:  # logits: these 0, the others ~N(0, 22²), so ~80 of them rank above
+            data *= OUTPUT_GAIN
+            data[silent_rows] = 0.0
         w.add_tensor(name, data)
         return data.size
 
     params = tensor("token_embd.weight", n_vocab, d) + tensor("output_norm.weight", d, norm=True)
-    params += tensor("output.weight", n_vocab, d)
+    params += tensor("output.weight", n_vocab, d, silent_rows=silent)
     for i in range(shape.num_hidden_layers):
         b = f"blk.{i}."
         params += tensor(b + "attn_norm.weight", d, norm=True) + tensor(b + "ffn_norm.weight", d, norm=True)
