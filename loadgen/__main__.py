@@ -1,3 +1,3 @@
-from .cli import main
+from loadgen.cli.main import main
 
 main()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from loadgen import engines, server_metrics
+from loadgen.core import engines
+from loadgen.run import server_metrics
 from tests.run_helpers import run_cli, summary
 
 EXPOSITIONS = {  # trimmed from each engine's real /metrics text

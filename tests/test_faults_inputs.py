@@ -100,9 +100,9 @@ def test_a_tokenizer_file_without_the_tokenizers_library_names_the_extra(scenari
 
 
 def test_an_internal_error_is_exit_4_with_one_line_naming_the_traceback_file(scenario, tmp_path):
-    code = ("import sys, loadgen.runner as r\n"
+    code = ("import sys, loadgen.run.runner as r\n"
             "def boom(*a, **k): raise RuntimeError('planted bug ' + 'sk-fault-key-1f2e3d4c')\n"
-            "r.build_plan = boom\nsys.argv = ['loadgen'] + sys.argv[1:]\nfrom loadgen.cli import main\nmain()\n")
+            "r.build_plan = boom\nsys.argv = ['loadgen'] + sys.argv[1:]\nfrom loadgen.cli.main import main\nmain()\n")
     res = subprocess.run([sys.executable, "-c", code, "run", str(scenario), "--out", str(tmp_path / "run"),
                           *SECRET_ARGS], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **SECRET_ENV},
                          timeout=60)

@@ -21,7 +21,7 @@ def test_core_imports_only_the_standard_library():
 
 def test_core_analysis_and_asyncio_engine_never_import_locust_or_gevent():
     loaded = _modules_after("import loadgen.core, loadgen.analysis.summary, loadgen.drivers.asyncio_engine, "
-                            "loadgen.runner")
+                            "loadgen.run.runner")
     assert not loaded & {"locust", "gevent", "geventhttpclient"}
 
 

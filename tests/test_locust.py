@@ -19,7 +19,7 @@ SHORT = ["--no-progress", "--no-png", "--set", "load.arrival=constant", "--set",
 
 
 def test_core_analysis_and_asyncio_engine_do_not_import_locust_or_gevent():
-    code = ("import sys, loadgen.core, loadgen.analysis.summary, loadgen.drivers.asyncio_engine, loadgen.runner, "
+    code = ("import sys, loadgen.core, loadgen.analysis.summary, loadgen.drivers.asyncio_engine, loadgen.run.runner, "
             "loadgen.drivers.engine_thread; bad = [m for m in ('locust', 'gevent') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -135,7 +135,7 @@ def test_a_password_in_the_base_url_never_reaches_files_or_console(tmp_path):
 
 
 def test_redact_url_masks_passwords_and_key_query_values():
-    from loadgen.secrets import redact_url
+    from loadgen.core.secrets import redact_url
 
     assert redact_url("http://u:p4ss@h:8000/v1?api_key=k123&x=1") == "http://u:***@h:8000/v1?api_key=***&x=1"
     assert redact_url("http://h:8000/v1") == "http://h:8000/v1" and redact_url("embedded") == "embedded"

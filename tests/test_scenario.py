@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loadgen.cli import app
-from loadgen.scenario import ScenarioError, load_scenario
-from loadgen.schedule import build_plan
+from loadgen.cli.main import app
+from loadgen.plan.scenario import ScenarioError, load_scenario
+from loadgen.plan.schedule import build_plan
 
 SCENARIOS = sorted(Path(__file__).resolve().parents[1].joinpath("scenarios").glob("*.yaml"))
 

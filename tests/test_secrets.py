@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.secrets import Redactor
+from loadgen.core.secrets import Redactor
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from loadgen.analysis.spikes import confirm_preemptions
-from loadgen.server_metrics import Scraper, parse, preemption_windows
+from loadgen.run.server_metrics import Scraper, parse, preemption_windows
 from tests.run_helpers import run_cli, summary
 
 VLLM_TEXT = """# TYPE vllm:num_requests_running gauge

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.core.records import ChunkRecord, RequestRecord
-from loadgen.sinks import RecordSink, load_records
+from loadgen.run.sinks import RecordSink, load_records
 
 
 def _record(seq: int) -> tuple[RequestRecord, list[ChunkRecord]]:

@@ -73,7 +73,7 @@ def test_cli_options_map_to_vllm_flags(tmp_path, monkeypatch):
     """Through typer: each `loadgen target vllm` flag ends up in the options (the server start is replaced)."""
     from typer.testing import CliRunner
 
-    from loadgen import cli_target
+    from loadgen.cli import target as cli_target
     from local_target.vllm import launcher
 
     seen = {}

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.scenario import Scenario
-from loadgen.schedule import PlannedRequest
-from loadgen.workload import (LinearFit, LocalTokenizerCounter, PromptFactory, UsageCalibratedCounter, WORDS,
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.schedule import PlannedRequest
+from loadgen.plan.workload import (LinearFit, LocalTokenizerCounter, PromptFactory, UsageCalibratedCounter, WORDS,
                               calibrate, filler, request_body, request_tag)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import metrics as m
+from loadgen.analysis import metrics as m
 
 
 @dataclass(frozen=True)

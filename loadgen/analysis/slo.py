@@ -20,8 +20,8 @@ from typing import Any
 
 import polars as pl
 
-from ..scenario import ErrorRate, Slo
-from .metrics import QUANTILES, describe
+from loadgen.plan.scenario import ErrorRate, Slo
+from loadgen.analysis.metrics import QUANTILES, describe
 
 DEFAULT_ERROR_RATE = ErrorRate(max=0.0)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import polars as pl
 
-from .prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
+from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
 
 # Every label is something that can pause a stream that is already running. Server side: a long prefill
 # (named culprits), several prefills admitted at once, an arrival burst (the new requests' prefills), a

@@ -6,11 +6,11 @@ from typing import Any
 
 import polars as pl
 
-from .. import server_metrics
-from ..scenario import Scenario
-from . import metrics as m
-from . import spikes
-from .slo import evaluate, evidence, stall_objectives, verdict
+from loadgen.run import server_metrics
+from loadgen.plan.scenario import Scenario
+from loadgen.analysis import metrics as m
+from loadgen.analysis import spikes
+from loadgen.analysis.slo import evaluate, evidence, stall_objectives, verdict
 
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,

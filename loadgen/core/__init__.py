@@ -3,9 +3,9 @@
 A driver feeds ``StreamTracker.feed(bytes, now_ns)`` and calls ``finish``; everything else is parsing.
 """
 
-from .records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, ErrorKind, RequestRecord
-from .sse import SseDecoder
-from .tracker import RequestMeta, StreamTracker, error_kind_for_status
+from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, ErrorKind, RequestRecord
+from loadgen.core.sse import SseDecoder
+from loadgen.core.tracker import RequestMeta, StreamTracker, error_kind_for_status
 
 __all__ = ["CHUNK_COLUMNS", "REQUEST_COLUMNS", "ChunkRecord", "ErrorKind", "RequestRecord", "SseDecoder",
            "RequestMeta", "StreamTracker", "error_kind_for_status"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .openai_stream import Parsed, local_token_weight, parse_event
-from .records import ChunkRecord, RequestRecord
-from .sse import MAX_EVENT_BYTES, SseDecoder
+from loadgen.core.openai_stream import Parsed, local_token_weight, parse_event
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 
 
 @dataclass(slots=True)

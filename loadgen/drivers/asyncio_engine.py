@@ -35,10 +35,10 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import httpx
 
-from ..core import RequestMeta, StreamTracker
-from ..core.records import ChunkRecord, RequestRecord
-from ..schedule import Plan, PlannedRequest
-from .lean_transport import CONTEXT_KEY, StreamContext
+from loadgen.core import RequestMeta, StreamTracker
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
 
 SPIN_MS = 1.0
 WATCHDOG_PERIOD_S = 0.1

@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import httpx
 
-from ..core.records import ChunkRecord, RequestRecord
-from ..scenario import Scenario
-from ..server_metrics import Scraper
-from ..schedule import Plan, PlannedRequest
-from ..target import ResolvedTarget, auth_headers, resolve, token_counter
-from ..workload import PromptFactory, request_body
-from .asyncio_engine import AsyncioEngine
-from .setup import engine_config, open_client
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.plan.scenario import Scenario
+from loadgen.run.server_metrics import Scraper
+from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.run.target import ResolvedTarget, auth_headers, resolve, token_counter
+from loadgen.plan.workload import PromptFactory, request_body
+from loadgen.drivers.asyncio_engine import AsyncioEngine
+from loadgen.drivers.setup import engine_config, open_client
 
 OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
 

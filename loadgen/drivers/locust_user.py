@@ -30,10 +30,10 @@ from locust.argument_parser import default_args_dict
 from locust.env import Environment
 from locust.exception import StopUser
 
-from ..core.records import ChunkRecord, RequestRecord
-from ..scenario import Scenario
-from ..schedule import Plan, PlannedRequest
-from .engine_thread import EngineThread
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.drivers.engine_thread import EngineThread
 
 LEAD_MS = 50.0  # a request is handed to the engine thread this early (prompt building, hand-off)
 RECORDS_MESSAGE, SLICE_MESSAGE, DONE_MESSAGE = "loadgen_records", "loadgen_slice", "loadgen_done"

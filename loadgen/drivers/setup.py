@@ -7,10 +7,10 @@ import ssl
 
 import httpx
 
-from ..scenario import Scenario
-from ..target import ResolvedTarget, TargetError
-from .asyncio_engine import EngineConfig
-from .lean_transport import LeanTransport
+from loadgen.plan.scenario import Scenario
+from loadgen.run.target import ResolvedTarget, TargetError
+from loadgen.drivers.asyncio_engine import EngineConfig
+from loadgen.drivers.lean_transport import LeanTransport
 
 SEND_AHEAD_MS = 1.0  # with the lean transport: sends start this early and are held until their time
 

@@ -1,5 +1,5 @@
 """Views of a run, written from its summary (itself recomputed from the raw records)."""
 
-from .writers import write_all
+from loadgen.report.writers import write_all
 
 __all__ = ["write_all"]

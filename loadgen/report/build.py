@@ -8,12 +8,12 @@ from typing import Any
 
 import polars as pl
 
-from ..secrets import write_text
-from .charts import build_charts
-from .html import render_page, write_pngs
-from .timeline import choose_window
-from .views import RunViews
-from .writers import write_all
+from loadgen.core.secrets import write_text
+from loadgen.report.charts import build_charts
+from loadgen.report.html import render_page, write_pngs
+from loadgen.report.timeline import choose_window
+from loadgen.report.views import RunViews
+from loadgen.report.writers import write_all
 
 
 def write_reports(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, pl.DataFrame],

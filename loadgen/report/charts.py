@@ -12,8 +12,8 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from . import timeline as tl
-from . import views as vw
+from loadgen.report import timeline as tl
+from loadgen.report import views as vw
 
 WIDE = 760
 PHASE_COLORS = {"waiting": "#c7c7c7", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}

@@ -10,10 +10,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..analysis.compare import MetricComparison
-from ..secrets import write_text
-from .console import compact
-from .writers import fmt, md_escape
+from loadgen.analysis.compare import MetricComparison
+from loadgen.core.secrets import write_text
+from loadgen.report.console import compact
+from loadgen.report.writers import fmt, md_escape
 
 STATUS_STYLE = {"regressed": "bold red", "improved": "green", "unchanged": "", "uncertain": "yellow",
                 "no data": "dim"}

@@ -8,7 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .writers import COLS, ROWS, fmt
+from loadgen.report.writers import COLS, ROWS, fmt
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 

@@ -13,9 +13,9 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from .charts import CLASS_COLORS, Chart
-from .console import STYLE, compact
-from .html import chart_section, e, page
+from loadgen.report.charts import CLASS_COLORS, Chart
+from loadgen.report.console import STYLE, compact
+from loadgen.report.html import chart_section, e, page
 
 TREND_METRICS = {  # column → (summary path, title)
     "ttft_p50_ms": (("metrics", "ttft_ms", "p50"), "TTFT p50 (ms)"),

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .charts import Chart
-from .writers import COLS, ROWS, fmt, target_line
+from loadgen.report.charts import Chart
+from loadgen.report.writers import COLS, ROWS, fmt, target_line
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1040px;

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..scenario import Scenario
+from loadgen.plan.scenario import Scenario
 
 
 def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
     """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
-    from ..analysis.summary import summarize
-    from ..sinks import chunks_frame, requests_frame
+    from loadgen.analysis.summary import summarize
+    from loadgen.run.sinks import chunks_frame, requests_frame
 
     requests = requests_frame([r for r, _ in records])
     chunks = chunks_frame([c for _, cs in records for c in cs])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from .views import MAX_TIMELINE_ROWS, RunViews
+from loadgen.report.views import MAX_TIMELINE_ROWS, RunViews
 
 DEFAULT_SPAN_S = 6.0
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .. import server_metrics as sm
-from ..analysis import metrics as m
+from loadgen.run import server_metrics as sm
+from loadgen.analysis import metrics as m
 
 NS_PER_S = 1e9
 MAX_POINTS = 4000  # scatter points per chart; above it a seeded sample (stalls and culprits always kept)

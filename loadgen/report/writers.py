@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from ..engines import ENGINES
-from ..secrets import write_bytes, write_text
+from loadgen.core.engines import ENGINES
+from loadgen.core.secrets import write_bytes, write_text
 
 ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")

@@ -12,10 +12,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .analysis.slo import EXIT_CODES
-from .scenario import Scenario, ScenarioError, load_scenario
-from .secrets import redact_url, register, write_text
-from .target import scenario_secrets
+from loadgen.analysis.slo import EXIT_CODES
+from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
+from loadgen.core.secrets import redact_url, register, write_text
+from loadgen.run.target import scenario_secrets
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
@@ -112,8 +112,8 @@ def run(
     if out is not None:
         _check_out_dir(out)
     if engine == "locust":
-        from . import locust_run  # first: Locust monkey-patches the process when imported
-    from .runner import RunOptions, TargetError, run_scenario
+        from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen.run.runner import RunOptions, TargetError, run_scenario
 
     try:
         overrides = _overrides(set_, base_url, model, api_key_env, seconds={
@@ -152,9 +152,9 @@ def ui(
 ) -> None:
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
-    from . import locust_run  # first: Locust monkey-patches the process when imported
-    from .runner import RunOptions
-    from .target import TargetError
+    from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen.run.runner import RunOptions
+    from loadgen.run.target import TargetError
 
     try:
         sc = _load(scenario, _overrides(set_, base_url))
@@ -176,8 +176,8 @@ def worker(
     set_: list[str] = typer.Option([], "--set", help="the same overrides as the master's"),
 ) -> None:
     """A Locust worker: streams its slice of the scenario's plan and ships the raw records to the master."""
-    from . import locust_run  # first: Locust monkey-patches the process when imported
-    from .target import TargetError
+    from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen.run.target import TargetError
 
     try:
         sc = _load(scenario, _overrides(set_, base_url))
@@ -194,7 +194,7 @@ def validate(
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
     """Check a scenario file; print its plan's size. Exit 2 naming the field, value and line if it is bad."""
-    from .schedule import build_plan
+    from loadgen.plan.schedule import build_plan
 
     try:
         sc = _load(scenario, set_)
@@ -218,9 +218,9 @@ def report(
 ) -> None:
     """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
     the run's Parquet records."""
-    from .report.console import print_summary
-    from .report.timeline import parse_window
-    from .runner import rebuild_reports
+    from loadgen.report.console import print_summary
+    from loadgen.report.timeline import parse_window
+    from loadgen.run.runner import rebuild_reports
 
     if not (run_dir / "run.json").exists():
         raise _fail(f"{run_dir}: no run.json (is this a loadgen run directory?)")
@@ -253,8 +253,8 @@ def compare(
 ) -> None:
     """Say per metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs'
     raw records. Exit 1 when a metric regressed, 0 otherwise, 2 on bad input."""
-    from .comparison import CompareError, CompareOptions, compare_runs
-    from .report.compare_report import print_comparison, write_comparison
+    from loadgen.run.comparison import CompareError, CompareOptions, compare_runs
+    from loadgen.report.compare_report import print_comparison, write_comparison
 
     opts = CompareOptions(threshold_pct=threshold, error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
                           confidence=confidence,
@@ -279,7 +279,7 @@ def history(
     """Draw the trends of the key percentiles and verdicts across runs (one self-contained HTML page)."""
     import polars as pl
 
-    from .report.history import collect_runs, print_history, render_history
+    from loadgen.report.history import collect_runs, print_history, render_history
 
     if not reports_dir.is_dir():
         raise _fail(f"{reports_dir}: not a directory")
@@ -296,9 +296,9 @@ def history(
 
 
 def main() -> None:
-    from . import exits
-    from .cli_target import app as target_app
-    from .secrets import install_output_redaction
+    from loadgen.run import exits
+    from loadgen.cli.target import app as target_app
+    from loadgen.core.secrets import install_output_redaction
 
     install_output_redaction()  # first: everything printed from here on passes the redactor
     exits.install_sigterm()

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from . import engines
-from .scenario import Scenario
-from .secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
-from .workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
+from loadgen.core import engines
+from loadgen.plan.scenario import Scenario
+from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
+from loadgen.plan.workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
 class TargetError(RuntimeError):

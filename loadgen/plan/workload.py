@@ -18,8 +18,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
-from .schedule import PlannedRequest
-from .scenario import RequestClass, Scenario
+from loadgen.plan.schedule import PlannedRequest
+from loadgen.plan.scenario import RequestClass, Scenario
 
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
          "problem hand part place case week company system program question work government number night point "

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, run_samples
-from .analysis.summary import summarize
-from .report.compare_report import comparison_dict
-from .scenario import Scenario
-from .sinks import load_records
+from loadgen.analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, run_samples
+from loadgen.analysis.summary import summarize
+from loadgen.report.compare_report import comparison_dict
+from loadgen.plan.scenario import Scenario
+from loadgen.run.sinks import load_records
 
 MIN_REQUESTS = 20
 

@@ -21,21 +21,22 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__, exits
-from .analysis.slo import EXIT_CODES
-from .analysis.summary import summarize
-from .drivers.asyncio_engine import AsyncioEngine
-from .drivers.setup import engine_config, open_client, ssl_context
-from .report.build import write_reports
-from .report.console import print_summary
-from .scenario import Scenario
-from .schedule import Plan, PlannedRequest, build_plan
-from .secrets import REDACTOR, redact_headers, redact_url, write_text
-from . import server_metrics
-from .server_metrics import Scraper
-from .sinks import RecordSink, as_os_error, load_records
-from .target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
-from .workload import Prompt, PromptFactory, build_prompts, request_body
+from loadgen import __version__
+from loadgen.run import exits
+from loadgen.analysis.slo import EXIT_CODES
+from loadgen.analysis.summary import summarize
+from loadgen.drivers.asyncio_engine import AsyncioEngine
+from loadgen.drivers.setup import engine_config, open_client, ssl_context
+from loadgen.report.build import write_reports
+from loadgen.report.console import print_summary
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
+from loadgen.core.secrets import REDACTOR, redact_headers, redact_url, write_text
+from loadgen.run import server_metrics
+from loadgen.run.server_metrics import Scraper
+from loadgen.run.sinks import RecordSink, as_os_error, load_records
+from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
+from loadgen.plan.workload import Prompt, PromptFactory, build_prompts, request_body
 
 FLUSH_EVERY_S = 1.0
 

@@ -345,6 +345,6 @@ class Scenario(_Strict):
 def load_scenario(path: Path | str, overrides: list[str] | None = None,
                   flags: dict[str, str] | None = None) -> Scenario:
     """Read, expand, override and validate a scenario file (scenario_file.py); ScenarioError with one line."""
-    from .scenario_file import load_scenario as load
+    from loadgen.plan.scenario_file import load_scenario as load
 
     return load(path, overrides, flags)

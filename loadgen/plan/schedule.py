@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal, Mixture, Normal,
+from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal, Mixture, Normal,
                        RequestClass, Scenario, ScenarioError, Uniform)
 
 

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .secrets import write_text
+from loadgen.core.secrets import write_text
 
 PASS, SLO_FAILED, USAGE, INCONCLUSIVE, INTERNAL = 0, 1, 2, 3, 4
 TYPER_INTERRUPTED = 130

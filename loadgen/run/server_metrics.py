@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from .engines import PREFIXES, SERIES
-from .secrets import redact_url
+from loadgen.core.engines import PREFIXES, SERIES
+from loadgen.core.secrets import redact_url
 
 if TYPE_CHECKING:  # the scraper's client; the analysis imports this module for its pure helpers, not httpx
     import httpx

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .scenario import Empirical, Scenario, ScenarioError
+from loadgen.plan.scenario import Empirical, Scenario, ScenarioError
 
 MAX_YAML_VALUES = 100_000  # values a scenario may expand to, aliases counted at each use (an alias bomb: billions)
 

@@ -8,7 +8,7 @@ one module that imports locust or gevent) it monkey-patches the process for geve
 
 from __future__ import annotations
 
-from .drivers import locust_user as lu  # first: Locust monkey-patches the process on import
+from loadgen.drivers import locust_user as lu  # first: Locust monkey-patches the process on import
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -23,16 +23,16 @@ from typing import Any  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 
-from .analysis.slo import EXIT_CODES  # noqa: E402
-from .report.llm_tab import live_rows  # noqa: E402
-from .report.console import print_summary  # noqa: E402
-from .runner import RunOptions, Run, make_run_dir  # noqa: E402
-from .scenario import Scenario  # noqa: E402
-from .schedule import build_plan  # noqa: E402
-from .secrets import redact_url  # noqa: E402
-from .drivers.setup import ssl_context  # noqa: E402
-from .server_metrics import Scraper  # noqa: E402
-from .target import TargetError, auth_headers, start_embedded  # noqa: E402
+from loadgen.analysis.slo import EXIT_CODES  # noqa: E402
+from loadgen.report.llm_tab import live_rows  # noqa: E402
+from loadgen.report.console import print_summary  # noqa: E402
+from loadgen.run.runner import RunOptions, Run, make_run_dir  # noqa: E402
+from loadgen.plan.scenario import Scenario  # noqa: E402
+from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.core.secrets import redact_url  # noqa: E402
+from loadgen.drivers.setup import ssl_context  # noqa: E402
+from loadgen.run.server_metrics import Scraper  # noqa: E402
+from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
 WORKER_CONNECT_TIMEOUT_S = 60.0

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from .core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
-from .secrets import redact
+from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
+from loadgen.core.secrets import redact
 
 REQUEST_SCHEMA = {
     "seq": pl.Int64, "class_name": pl.String, "warmup": pl.Boolean, "t_intended_ns": pl.Int64,
