@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from loadgen.core import engines
-from loadgen.run import server_metrics
+from loadgen.core import prom_text
 from tests.run_helpers import run_cli, summary
 
 EXPOSITIONS = {  # trimmed from each engine's real /metrics text
@@ -28,7 +28,7 @@ EXPOSITIONS = {  # trimmed from each engine's real /metrics text
 def test_each_engines_metrics_are_recognised_and_mapped_to_one_vocabulary(engine):
     text = EXPOSITIONS[engine]
     assert engines.detect_from_metrics(text) == engine
-    values = server_metrics.parse(text)
+    values = prom_text.parse(text)
     assert values["running"] == 3 and values["waiting"] == 1
     assert set(values) <= {"running", "waiting", "kv_cache_usage", "preemptions_total", "prompt_tokens_total",
                            "generation_tokens_total", "iteration_tokens_sum", "iteration_tokens_count", "steps_total"}

@@ -9,7 +9,9 @@ import polars as pl
 import pytest
 
 from loadgen.analysis.spikes import confirm_preemptions
-from loadgen.run.server_metrics import Scraper, parse, preemption_windows
+from loadgen.analysis.server_frames import preemption_windows
+from loadgen.core.prom_text import parse
+from loadgen.drivers.scrape import Scraper
 from tests.run_helpers import run_cli, summary
 
 VLLM_TEXT = """# TYPE vllm:num_requests_running gauge

@@ -12,6 +12,7 @@ from loadgen.analysis import metrics as m
 from loadgen.analysis import prefill, spikes
 from loadgen.analysis.slo import stall_objectives
 from loadgen.core import ChunkRecord, RequestRecord
+from loadgen.report import wording
 from loadgen.plan.scenario import Slo
 from loadgen.run.sinks import chunks_frame, requests_frame
 
@@ -129,7 +130,7 @@ def test_prefill_fit_recovers_the_lower_envelope():
 def test_fluidity_index(times, target, expected):
     record, chunks = _req(1, 10, 0, times)
     req = m.with_request_metrics(requests_frame([record]))
-    assert spikes.fluidity(req, chunks_frame(chunks), target)["index"] == pytest.approx(expected)
+    assert m.fluidity(req, chunks_frame(chunks), target)["index"] == pytest.approx(expected)
 
 
 def test_stall_objectives():
@@ -178,8 +179,8 @@ def test_an_episode_that_began_before_the_send_lowers_nothing():
 
 def test_causes_are_physical_and_an_infinite_lift_is_said():
     assert "max_in_flight" not in spikes.CAUSES and "client_lag" in spikes.CAUSES
-    assert spikes.lift_words({"lift": None, "lift_infinite": True}) == "lift ×∞: no stall outside long prefills"
-    assert spikes.lift_words({"lift": 3.0, "lift_infinite": False}) == "lift ×3.0"
+    assert wording.lift_words({"lift": None, "lift_infinite": True}) == "lift ×∞: no stall outside long prefills"
+    assert wording.lift_words({"lift": 3.0, "lift_infinite": False}) == "lift ×3.0"
 
 
 def test_a_send_the_client_made_late_names_the_client():

@@ -113,3 +113,24 @@ def throughput(requests: pl.DataFrame, good: pl.Series) -> dict[str, float]:
     return {"requests_per_s": ok.height / window,
             "output_tokens_per_s": float(ok["output_tokens"].sum()) / window,
             "goodput_requests_per_s": int(good.sum()) / window}
+
+
+def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:
+    """Metron's fluidity index: the share of tokens after the first that met ``t_first + i·target`` deadlines,
+    slack carried forward; after a miss the schedule restarts from that token (one stall, one miss)."""
+    ok = requests.filter(pl.col("ok")).select("worker", "seq")
+    by_req = (chunks.join(ok, on=["worker", "seq"], how="semi").sort("worker", "seq", "t_ns")
+              .group_by("worker", "seq", maintain_order=True).agg("t_ns", "tokens"))
+    step = int(target_itl_ms * 1_000_000)
+    met = total = 0
+    for times, tokens in by_req.select("t_ns", "tokens").iter_rows():
+        deadline = times[0] + step
+        for i, (t, n) in enumerate(zip(times, tokens)):
+            for _ in range(n if i else n - 1):
+                total += 1
+                if t <= deadline:
+                    met += 1
+                    deadline += step
+                else:
+                    deadline = t + step
+    return {"target_itl_ms": target_itl_ms, "index": met / total if total else None, "tokens": total}

@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
 
 # Every label is something that can pause a stream that is already running. Server side: a long prefill
@@ -199,27 +200,6 @@ def lift(gaps: pl.DataFrame, stalls: pl.DataFrame, windows: pl.DataFrame, share:
     return with_ / without if without else math.inf
 
 
-def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:
-    """Metron's fluidity index: the share of tokens after the first that met ``t_first + i·target`` deadlines,
-    slack carried forward; after a miss the schedule restarts from that token (one stall, one miss)."""
-    ok = requests.filter(pl.col("ok")).select("worker", "seq")
-    by_req = (chunks.join(ok, on=["worker", "seq"], how="semi").sort("worker", "seq", "t_ns")
-              .group_by("worker", "seq", maintain_order=True).agg("t_ns", "tokens"))
-    step = int(target_itl_ms * NS_PER_MS)
-    met = total = 0
-    for times, tokens in by_req.select("t_ns", "tokens").iter_rows():
-        deadline = times[0] + step
-        for i, (t, n) in enumerate(zip(times, tokens)):
-            for _ in range(n if i else n - 1):
-                total += 1
-                if t <= deadline:
-                    met += 1
-                    deadline += step
-                else:
-                    deadline = t + step
-    return {"target_itl_ms": target_itl_ms, "index": met / total if total else None, "tokens": total}
-
-
 def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requests: pl.DataFrame,
             windows: pl.DataFrame, cfg: SpikeConfig) -> dict[str, Any]:
     ok = requests.filter(pl.col("ok"))
@@ -289,10 +269,10 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFra
     summary = figures(stalls, events, ok_gaps, ok, windows, cfg)
     summary.update(baseline_itl_ms=base, long_prompt_tokens=long_tokens, spike_factor=cfg.spike_factor,
                    min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms, prefill_fit=fit.as_dict(),
-                   top_culprits=top_culprits(stalls, all_requests), worst_events=worst_events(events, all_requests,
-                                                                                            ok))
+                   top_culprits=top_culprits(stalls, all_requests), worst=worst_stall(stalls, all_requests),
+                   worst_events=worst_events(events, all_requests, ok))
     if cfg.fluidity_target_itl_ms:
-        summary["fluidity"] = fluidity(ok, chunks, cfg.fluidity_target_itl_ms)
+        summary["fluidity"] = m.fluidity(ok, chunks, cfg.fluidity_target_itl_ms)
     per_class = {}
     for name in sorted(set(ok["class_name"].to_list())):
         c_ok = ok.filter(pl.col("class_name") == name)
@@ -369,24 +349,15 @@ def _lift_fields(value: float | None) -> dict[str, Any]:
     return {"lift": None if infinite else value, "lift_infinite": infinite}
 
 
-def lift_words(figures_: dict[str, Any]) -> str:
-    if figures_.get("lift_infinite"):
-        return "lift ×∞: no stall outside long prefills"
-    if figures_.get("lift") is None:
-        return "lift n/a: no stall overlapped a long prefill"
-    return f"lift ×{figures_['lift']:.1f}"
-
-
-def headline(stalls_summary: dict[str, Any], stalls: pl.DataFrame, requests: pl.DataFrame) -> str:
-    """'N stalls, M of them prefill-induced (lift ×K), worst gap X ms caused by request R (P prompt tokens)'."""
-    n, m = stalls_summary["count"], stalls_summary["prefill_induced"]
-    if n == 0:
-        return "no stalls"
-    lift_text = lift_words(stalls_summary)
+def worst_stall(stalls: pl.DataFrame, requests: pl.DataFrame) -> dict[str, Any] | None:
+    """The longest stall: its gap, and its culprit (the longest-overlapping prefill) or its cause."""
+    if stalls.is_empty():
+        return None
     worst = stalls.sort("chunk_gap_ms", descending=True).row(0, named=True)
-    text = f"{n} stalls, {m} of them prefill-induced ({lift_text}), worst gap {worst['chunk_gap_ms']:.0f} ms"
+    out: dict[str, Any] = {"gap_ms": worst["chunk_gap_ms"], "cause": worst["cause"], "culprit": None,
+                           "culprit_prompt_tokens": None}
     if worst["prefill_induced"]:
         culprit = worst["culprits"][0]
         prompt = requests.filter(pl.col("seq") == culprit)["prompt_tokens"].to_list()
-        return text + f" caused by request {culprit} ({prompt[0] if prompt else '?'} prompt tokens)"
-    return text + f" (cause: {worst['cause']})"
+        out.update(culprit=culprit, culprit_prompt_tokens=prompt[0] if prompt else None)
+    return out

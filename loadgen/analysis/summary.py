@@ -6,7 +6,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.run import server_metrics
+from loadgen.analysis import server_frames
 from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
@@ -28,7 +28,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     tput = m.throughput(measured, good)
     spike = spikes.analyze(req, measured, measured_gaps, chunks,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
-                           server_metrics.preemption_windows(server))
+                           server_frames.preemption_windows(server))
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"])
     objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
@@ -44,11 +44,10 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "throughput": tput,
         "slo": [o.as_dict() for o in objectives],
         "stalls": spike.summary,
-        "stall_headline": spikes.headline(spike.summary, spike.stalls, req),
         "classes": _per_class(measured, measured_gaps, scenario, spike.per_class),
         "lengths": _lengths(measured),
         "window_s": m.window_s(measured),
-        "server": server_metrics.summary_of(server),
+        "server": server_frames.summary_of(server),
         **(extra or {}),
     }, {"stalls": spike.stalls}
 

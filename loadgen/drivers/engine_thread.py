@@ -22,7 +22,7 @@ import httpx
 
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Scenario
-from loadgen.run.server_metrics import Scraper
+from loadgen.drivers.scrape import Scraper
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.run.target import ResolvedTarget, auth_headers, resolve, token_counter
 from loadgen.plan.workload import PromptFactory, request_body

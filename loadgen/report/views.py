@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from loadgen.run import server_metrics as sm
+from loadgen.analysis import server_frames as sm
 from loadgen.analysis import metrics as m
 
 NS_PER_S = 1e9

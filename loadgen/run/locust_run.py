@@ -31,7 +31,7 @@ from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.core.secrets import redact_url  # noqa: E402
 from loadgen.drivers.setup import ssl_context  # noqa: E402
-from loadgen.run.server_metrics import Scraper  # noqa: E402
+from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent

@@ -29,12 +29,12 @@ from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.setup import engine_config, open_client, ssl_context
 from loadgen.report.build import write_reports
 from loadgen.report.console import print_summary
+from loadgen.report.wording import with_headline
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.core.secrets import REDACTOR, redact_headers, redact_url, write_text
-from loadgen.run import server_metrics
-from loadgen.run.server_metrics import Scraper
-from loadgen.run.sinks import RecordSink, as_os_error, load_records
+from loadgen.drivers.scrape import Scraper
+from loadgen.run.sinks import RecordSink, as_os_error, load_records, load_server_metrics
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts, request_body
 
@@ -333,8 +333,9 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
              "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
              "disk_error": info.get("disk_error")}
-    server = server_metrics.load(run_dir)
+    server = load_server_metrics(run_dir)
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
+    summary = with_headline(summary)
     try:
         write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
     except (OSError, pl.exceptions.PolarsError) as exc:

@@ -184,3 +184,9 @@ def load_records(run_dir: Path, broken: list[str] | None = None,
         return _read_all(run_dir, found, merge)
     except OSError:  # the merge could not be written (a full disk): read them as they are
         return _read_all(run_dir, found, merge=False)
+
+
+def load_server_metrics(run_dir: Path) -> pl.DataFrame | None:
+    """server_metrics.parquet, if the run scraped any."""
+    path = run_dir / "server_metrics.parquet"
+    return pl.read_parquet(path) if path.exists() else None

@@ -1,0 +1,69 @@
+"""The server's own view during a run: its Prometheus ``/metrics`` scraped every ``period_s`` into
+``server_metrics.parquet`` (t_ns, name, value; one row per sample of a series of ``core/engines.py``).
+
+Each engine's names (vLLM's ``vllm:*``, SGLang's ``sglang:*``, llama.cpp's ``llamacpp:*``, TGI's ``tgi_*``) are
+mapped to one vocabulary: requests running and waiting, KV-cache usage, preemptions, prompt and generation token
+counters, tokens per step and steps taken, as far as the engine exposes them. The text is fetched on the run's
+loop with a client of its own (never one of the streams' connections) and read by ``core/prom_text.py``'s line
+scan, which costs well under a millisecond. A target without ``/metrics`` is skipped with one warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import polars as pl
+
+from loadgen.core.prom_text import parse_or_none
+from loadgen.core.secrets import redact_url
+
+SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
+
+
+@dataclass
+class Scraper:
+    url: str  # …/metrics
+    headers: dict[str, str]
+    period_s: float = 0.5
+    rows: list[tuple[int, str, float]] = field(default_factory=list)
+    warning: str | None = None
+    verify: Any = True  # https: the run's ssl.SSLContext (target.tls)
+
+    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
+        while not stop.is_set():
+            t_ns = time.monotonic_ns()
+            try:
+                resp = await client.get(self.url, headers=self.headers, timeout=5.0)
+            except httpx.HTTPError as exc:
+                self.warning = f"server metrics: {redact_url(self.url)} unreachable ({type(exc).__name__}); not scraped"
+                return
+            if resp.status_code != 200:
+                self.warning = f"server metrics: {redact_url(self.url)} answered HTTP {resp.status_code}; not scraped"
+                return
+            values = parse_or_none(resp.text)
+            if values is None or (not values and not self.rows):
+                self.warning = f"server metrics: {redact_url(self.url)} has no series of a known engine (vLLM, SGLang, llama.cpp, TGI); not scraped"
+                return
+            self.rows += [(t_ns, k, v) for k, v in values.items()]
+            try:
+                await asyncio.wait_for(stop.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def run_own_client(self, stop: asyncio.Event) -> None:
+        """``run`` on a client of its own: a scrape never takes, or waits for, one of the streams' connections."""
+        async with httpx.AsyncClient(timeout=5.0, verify=self.verify) as client:
+            await self.run(client, stop)
+
+    def frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")
+
+    def write(self, run_dir: Path) -> None:
+        if self.rows:
+            self.frame().write_parquet(run_dir / "server_metrics.parquet")

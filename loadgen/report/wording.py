@@ -1,0 +1,39 @@
+"""The run's figures in words: the stall headline and the lift (console, summary.md, report.html and
+summary.json's ``stall_headline`` all say it the same way)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def lift_words(figures_: dict[str, Any]) -> str:
+    if figures_.get("lift_infinite"):
+        return "lift ×∞: no stall outside long prefills"
+    if figures_.get("lift") is None:
+        return "lift n/a: no stall overlapped a long prefill"
+    return f"lift ×{figures_['lift']:.1f}"
+
+
+def headline(stalls_summary: dict[str, Any]) -> str:
+    """'N stalls, M of them prefill-induced (lift ×K), worst gap X ms caused by request R (P prompt tokens)'."""
+    n, m, worst = stalls_summary["count"], stalls_summary["prefill_induced"], stalls_summary.get("worst")
+    if n == 0 or not worst:
+        return "no stalls"
+    text = f"{n} stalls, {m} of them prefill-induced ({lift_words(stalls_summary)}), worst gap " \
+           f"{worst['gap_ms']:.0f} ms"
+    if worst["culprit"] is not None:
+        prompt = worst["culprit_prompt_tokens"]
+        tokens = prompt if prompt is not None else "?"
+        return text + f" caused by request {worst['culprit']} ({tokens} prompt tokens)"
+    return text + f" (cause: {worst['cause']})"
+
+
+def with_headline(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with ``stall_headline`` right after ``stalls``."""
+    out: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key != "stall_headline":
+            out[key] = value
+        if key == "stalls":
+            out["stall_headline"] = headline(value)
+    return out
