@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 import statistics
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def test_set_overrides_any_field_including_list_items(tmp_path):
     s = load_scenario(_write(tmp_path, BASE), ["load.rate_per_s=8", "workload.classes.0.weight=2.5",
                                                "target.simulator.chunked_prefill=false"])
     assert s.load.rate_per_s == 8 and s.workload.classes[0].weight == 2.5
-    assert s.target.simulator == {"chunked_prefill": False}
+    assert s.target.simulator.overrides() == {"chunked_prefill": False}
     with pytest.raises(ScenarioError, match="has no item 3"):
         load_scenario(_write(tmp_path, BASE), ["workload.classes.3.weight=1"])
     with pytest.raises(ScenarioError, match="expected FIELD=VALUE"):
@@ -155,3 +156,20 @@ def test_empirical_file_and_stages_and_trace_replay(tmp_path):
         "load.arrival=trace", "load.trace={path: trace.csv, speedup: 2}"]))
     assert [(r.t_intended_offset_ns, r.prompt_tokens, r.output_tokens) for r in replay.requests] == [
         (0, 50, 5), (250_000_000, 60, 6), (1_000_000_000, 70, 7)]
+
+
+def test_the_scenarios_simulator_fields_are_the_simulators_own() -> None:
+    """target.simulator is typed in the plan (which must not import the simulator): same fields, same bounds,
+    same preset names as local_target.sim, so a scenario the plan accepts is one the simulator starts."""
+    from local_target.sim.config import DEFAULT_PRESET, PRESETS, EngineConfig, FaultConfig
+    from loadgen.plan import simulator_spec as spec
+
+    assert set(spec.PRESET_NAMES) == set(PRESETS) and spec.DEFAULT_PRESET == DEFAULT_PRESET
+    for ours, theirs in ((spec.SimulatorSpec, EngineConfig), (spec.SimulatorFaults, FaultConfig)):
+        assert set(ours.model_fields) - {"preset"} == set(theirs.model_fields)
+        for name, field in theirs.model_fields.items():
+            if name == "faults":
+                continue
+            assert ours.model_fields[name].metadata == field.metadata, name  # gt/ge/le bounds
+    preset_type = spec.SimulatorSpec.model_fields["preset"].annotation
+    assert set(typing.get_args(typing.get_args(preset_type)[0])) == set(PRESETS)

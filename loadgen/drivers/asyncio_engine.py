@@ -38,9 +38,9 @@ import httpx
 from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.drivers.timing import error_kind, sleep_until
 from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
 
-SPIN_MS = 1.0
 WATCHDOG_PERIOD_S = 0.1
 START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not already late
 
@@ -126,7 +126,7 @@ class AsyncioEngine:
     async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
         """Send ``req`` at ``t_intended_ns`` (held by the lean transport from ``send_ahead_ms`` before) and
         stream it to the end; the record goes to ``on_record`` like every other."""
-        await _sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
+        await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
         await self._spawn(req, t_intended_ns, body)
 
     # ---- sending --------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class AsyncioEngine:
         for req in self.plan.requests:
             deadline = self.stats.t0_ns + req.t_intended_offset_ns
             body = await self._body(req, deadline)  # built before the deadline, not after it
-            await _sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
+            await sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
             if self._stopping:
                 return
             if body is not None:
@@ -156,7 +156,7 @@ class AsyncioEngine:
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
                   if self.cfg.duration_s is not None else None)
-        await _sleep_until(self.stats.t0_ns, lambda: self._stopping)
+        await sleep_until(self.stats.t0_ns, lambda: self._stopping)
         while not self._stopping:
             seq = next(self._seqs)
             if self.plan.size is not None and seq >= self.plan.size:
@@ -196,12 +196,8 @@ class AsyncioEngine:
                         tracker.feed(data, time.monotonic_ns())
         except asyncio.CancelledError:
             kind, message = self._timeouts.pop(req.seq, ("cancelled", "run stopped before the response ended"))
-        except httpx.ConnectError as exc:
-            kind, message = "connect", f"cannot connect: {exc}"
-        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError) as exc:
-            kind, message = "protocol", f"connection broken: {type(exc).__name__}: {exc}"
         except httpx.HTTPError as exc:
-            kind, message = "protocol", f"{type(exc).__name__}: {exc}"
+            kind, message = error_kind(exc)
         finally:
             self.stats.in_flight.pop(req.seq, None)
         self._record(tracker, status or 200, kind, message)
@@ -282,11 +278,3 @@ def _quiet_runtime() -> Iterator[None]:
         if was_enabled:
             gc.enable()
         gc.collect()
-
-
-async def _sleep_until(deadline_ns: int, stopping: Callable[[], bool]) -> None:
-    coarse_s = (deadline_ns - time.monotonic_ns()) / 1e9 - SPIN_MS / 1e3
-    if coarse_s > 0:
-        await asyncio.sleep(coarse_s)
-    while time.monotonic_ns() < deadline_ns and not stopping():
-        await asyncio.sleep(0)

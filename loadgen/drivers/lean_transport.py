@@ -31,6 +31,8 @@ import h11
 import httptools
 import httpx
 
+from loadgen.drivers.timing import sleep_until
+
 CONTEXT_KEY = "loadgen.stream"
 
 
@@ -125,8 +127,7 @@ class _Connection(asyncio.Protocol):
         self.headers, self.done, self.error = [], False, None
         self.body.clear()
         if self.ctx is not None:
-            while time.monotonic_ns() < self.ctx.not_before_ns:
-                await asyncio.sleep(0)  # yield: other streams keep being read while this one waits
+            await sleep_until(self.ctx.not_before_ns)  # other streams keep being read while this one waits
             self.ctx.t_sent_ns = time.monotonic_ns()
         if self.transport is None:
             raise httpx.WriteError("connection closed before the request was sent")

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from loadgen.plan.simulator_spec import SimulatorSpec
+
 
 class ScenarioError(ValueError):
     """A bad scenario file or override; the message is one line a user can act on."""
@@ -136,7 +138,7 @@ class Target(_Strict):
     preflight_timeout_s: float = Field(30.0, gt=0, description="each check before the run (/models, probes)")
     max_event_bytes: int = Field(1 << 20, ge=1024, description="one SSE line or event, at most: protocol error")
     tls: Tls = Field(default_factory=Tls)
-    simulator: dict[str, Any] = Field(default_factory=dict, description="preset + engine fields, when embedded")
+    simulator: SimulatorSpec = Field(default_factory=SimulatorSpec, description="preset + engine fields, when embedded")
 
     @property
     def embedded(self) -> bool:
@@ -153,15 +155,6 @@ class Target(_Strict):
             except ValueError:
                 raise ValueError("the port must be a number from 1 to 65535") from None
         return value.rstrip("/")
-
-    @field_validator("simulator")
-    @classmethod
-    def _simulator(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from local_target.sim import build_config
-
-        fields = {k: v for k, v in value.items() if k != "preset"}
-        build_config(value.get("preset"), overrides=fields)  # raises naming the bad field
-        return value
 
 
 class Stage(_Strict):

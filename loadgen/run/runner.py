@@ -286,10 +286,9 @@ class Run:
         if target.sim is not None:
             from local_target.sim import build_config
 
-            sim = dict(self.scenario.target.simulator)
-            preset = sim.pop("preset", None)
-            cfg = build_config(preset, overrides=sim)
-            info["simulator"] = {"preset": preset or "a100-llama-7b", **cfg.model_dump(include={
+            spec = self.scenario.target.simulator
+            cfg = build_config(spec.preset_name, overrides=spec.overrides())
+            info["simulator"] = {"preset": spec.preset_name, **cfg.model_dump(include={
                 "engine", "chunked_prefill", "max_num_batched_tokens", "max_num_seqs", "kv_cache_tokens", "time_scale",
                 "max_chunk_tokens"})}
         return info

@@ -69,11 +69,10 @@ def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
 def start_embedded(scenario: Scenario, trace_path: Path | None) -> Any:
     from local_target.sim import SimulatorStartError, build_config, start_simulator
 
-    sim_cfg = dict(scenario.target.simulator)
-    preset = sim_cfg.pop("preset", None)
+    spec = scenario.target.simulator
     try:
-        return start_simulator(build_config(preset, overrides=sim_cfg), trace_path=trace_path)
-    except SimulatorStartError as exc:
+        return start_simulator(build_config(spec.preset_name, overrides=spec.overrides()), trace_path=trace_path)
+    except (SimulatorStartError, ValueError) as exc:
         raise TargetError(f"embedded simulator: {exc}") from None
 
 
