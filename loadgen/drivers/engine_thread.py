@@ -8,7 +8,8 @@ intended time exactly as in ``loadgen run``, and ``on_done(record, chunks)`` is 
 when it ends: the caller must hand the result back to its own world thread-safely.
 
 This module imports neither locust nor gevent; the thread is started with a function the caller supplies
-(under gevent, the original ``_thread.start_new_thread``).
+(under gevent, the original ``_thread.start_new_thread``). What to send is prepared by the run stage's
+``Preparation`` (run/prepare.py), the same path as ``loadgen run``'s, handed in by the caller.
 """
 
 from __future__ import annotations
@@ -16,28 +17,44 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import httpx
 
 from loadgen.core.records import ChunkRecord, RequestRecord
-from loadgen.plan.scenario import Scenario
+from loadgen.drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from loadgen.drivers.scrape import Scraper
 from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.run.target import ResolvedTarget, auth_headers, resolve, token_counter
-from loadgen.plan.workload import PromptFactory, request_body
-from loadgen.drivers.asyncio_engine import AsyncioEngine
-from loadgen.drivers.setup import engine_config, open_client
 
 OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
 
 
+class Prepared(Protocol):
+    """A run ready to send (run/prepare.py's ``Prepared``)."""
+
+    target: Any  # the resolved target: model, headers, ``redact``
+
+    def engine_config(self) -> EngineConfig: ...
+
+    async def body(self, req: PlannedRequest) -> dict[str, Any]: ...
+
+
+class Preparation(Protocol):
+    """How to get there (run/prepare.py's ``Preparation``)."""
+
+    plan: Plan
+
+    def open_client(self) -> httpx.AsyncClient: ...
+
+    async def prepare(self, client: httpx.AsyncClient) -> Prepared: ...
+
+
 class EngineThread:
-    def __init__(self, scenario: Scenario, plan: Plan, base_url: str,
+    def __init__(self, preparation: Preparation,
                  start_thread: Callable[[Callable[[], None], tuple[()]], Any]) -> None:
-        self.scenario, self.plan, self.base_url = scenario, plan, base_url
+        self.preparation, self.plan = preparation, preparation.plan
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.target: ResolvedTarget | None = None
+        self.target: Any = None  # the resolved target, once ready
         self.error: BaseException | None = None  # set if the target could not be resolved
         self.ready = False
         self.closed = False
@@ -47,7 +64,7 @@ class EngineThread:
         start_thread(self._main, ())
 
     # ---- caller side (any thread) ---------------------------------------------------------------------
-    def wait_ready(self, sleep: Callable[[float], None], timeout_s: float = 60.0) -> ResolvedTarget:
+    def wait_ready(self, sleep: Callable[[float], None], timeout_s: float = 60.0) -> Any:
         """Until the target is resolved and prompts can be built; raises what stopped it. ``sleep`` is the
         caller's own (gevent's under Locust): plain flags, no lock shared with a monkey-patched world."""
         deadline = time.monotonic() + timeout_s
@@ -143,13 +160,9 @@ class EngineThread:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        s = self.scenario
-        headers, redact = auth_headers(s)
-        client = open_client(s, self.base_url)
-        async with client:
-            self.target = await resolve(s, client, self.base_url, headers, redact)
-            self.factory = PromptFactory(s, await token_counter(s, client, self.target))
-            await self.factory.prepare_classes()
+        async with self.preparation.open_client() as client:
+            self.prepared = await self.preparation.prepare(client)
+            self.target = self.prepared.target
             self.engine = self._engine(client)
             self.engine.hard_end_ns = self._hard_end_ns
             watchdog = self.engine.start_watchdog()
@@ -162,7 +175,6 @@ class EngineThread:
 
     def _engine(self, client: httpx.AsyncClient) -> AsyncioEngine:
         target = self.target
-        assert target is not None
 
         async def no_body(req: PlannedRequest) -> dict[str, Any]:  # bodies are built in _one
             raise AssertionError("unused")
@@ -173,14 +185,10 @@ class EngineThread:
             if done is not None:
                 done(record, chunks)
 
-        return AsyncioEngine(engine_config(self.scenario, target), self.plan, no_body, on_record, client)
+        return AsyncioEngine(self.prepared.engine_config(), self.plan, no_body, on_record, client)
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
-        target = self.target
-        assert target is not None
-        prompt = await self.factory.build(req)
-        body = request_body(self.scenario, target.model, self.plan.class_of(req.class_name), prompt,
-                            req.output_tokens, target.continuous_usage)
+        body = await self.prepared.body(req)
         if t_intended_ns <= 0:  # closed loop: intended = when the body is ready
             t_intended_ns = time.monotonic_ns()
         await self.engine.execute_one(req, t_intended_ns, json.dumps(body).encode())

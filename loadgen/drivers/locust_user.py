@@ -32,8 +32,8 @@ from locust.exception import StopUser
 
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Scenario
-from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.drivers.engine_thread import EngineThread
+from loadgen.plan.schedule import PlannedRequest
+from loadgen.drivers.engine_thread import EngineThread, Preparation
 
 LEAD_MS = 50.0  # a request is handed to the engine thread this early (prompt building, hand-off)
 RECORDS_MESSAGE, SLICE_MESSAGE, DONE_MESSAGE = "loadgen_records", "loadgen_slice", "loadgen_done"
@@ -64,10 +64,10 @@ class Handoff:
 class ProcessState:
     """One Locust process's share of the run: its slice of the plan, its engine thread, its records."""
 
-    def __init__(self, scenario: Scenario, plan: Plan, base_url: str,
+    def __init__(self, scenario: Scenario, preparation: Preparation,
                  on_record: Callable[[RequestRecord, list[ChunkRecord]], None]) -> None:
-        self.scenario, self.plan, self.on_record = scenario, plan, on_record
-        self.engine = EngineThread(scenario, plan, base_url, monkey.get_original("_thread", "start_new_thread"))
+        self.scenario, self.plan, self.on_record = scenario, preparation.plan, on_record
+        self.engine = EngineThread(preparation, monkey.get_original("_thread", "start_new_thread"))
         self.handoff = Handoff()
         self.index, self.workers = 0, 1
         self.t0_ns: int | None = None

@@ -30,7 +30,7 @@ from loadgen.run.runner import RunOptions, Run, make_run_dir  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.core.secrets import redact_url  # noqa: E402
-from loadgen.drivers.setup import ssl_context  # noqa: E402
+from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
 from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
@@ -122,7 +122,7 @@ class LocustRun:
         return EXIT_CODES[summary["verdict"]], run_dir
 
     def _drive(self) -> dict[str, Any]:
-        state = lu.ProcessState(self.scenario, self.plan, self.base_url, on_record=self._record)
+        state = lu.ProcessState(self.scenario, Preparation(self.scenario, self.plan, self.base_url), on_record=self._record)
         try:
             target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early
             target.sim = self.sim
@@ -218,7 +218,7 @@ def run_worker(scenario: Scenario, master_host: str, master_port: int) -> int:
     env = lu.new_environment()
     runner = env.create_worker_runner(master_host, master_port)
     outbox = lu.Outbox(runner, worker=0)
-    state = lu.ProcessState(scenario, plan, scenario.target.base_url, on_record=outbox.add)
+    state = lu.ProcessState(scenario, Preparation(scenario, plan, scenario.target.base_url), on_record=outbox.add)
     lu.LLMUser.state = state
 
     def on_slice(msg: Any, **_: Any) -> None:
@@ -270,7 +270,7 @@ class UiSession:
         self.done_workers: set[str] = set()
         self.live: list[Any] = []
         self.live_rows: list[dict[str, Any]] = []
-        self.state = lu.ProcessState(scenario, self.plan, self.base_url, on_record=self._on_record)
+        self.state = lu.ProcessState(scenario, Preparation(scenario, self.plan, self.base_url), on_record=self._on_record)
         self.target = self.state.engine.wait_ready(lu.sleep)
         self.target.sim = self.sim
         self.env = self._environment(host, port, web_login)

@@ -26,17 +26,17 @@ from loadgen.run import exits
 from loadgen.analysis.slo import EXIT_CODES
 from loadgen.analysis.summary import summarize
 from loadgen.drivers.asyncio_engine import AsyncioEngine
-from loadgen.drivers.setup import engine_config, open_client, ssl_context
+from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.report.build import write_reports
 from loadgen.report.console import print_summary
 from loadgen.report.wording import with_headline
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
-from loadgen.core.secrets import REDACTOR, redact_headers, redact_url, write_text
+from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.scrape import Scraper
 from loadgen.run.sinks import RecordSink, as_os_error, load_records, load_server_metrics
-from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, start_embedded, token_counter
-from loadgen.plan.workload import Prompt, PromptFactory, build_prompts, request_body
+from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
+from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
 
 FLUSH_EVERY_S = 1.0
 
@@ -80,7 +80,7 @@ def discard_if_empty(run_dir: Path, created: bool) -> None:
 def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tuple[int, Path | None]:
     """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
-    headers, _ = auth_headers(scenario)  # may raise TargetError
+    auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
     plan = build_plan(scenario)
     created = opts.out is None or not opts.out.exists()
     run_dir = make_run_dir(scenario, opts)
@@ -89,7 +89,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
     run = Run(scenario, plan, run_dir, console, opts)
     try:
         sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
-        target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, headers, sim))
+        target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, sim))
     except (TargetError, exits.Interrupted, KeyboardInterrupt):  # KeyboardInterrupt: before the loop's handlers
         discard_if_empty(run_dir, created)
         raise
@@ -125,7 +125,7 @@ class Run:
         self.engine_name = "asyncio"
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
-    async def execute(self, base_url: str, headers: dict[str, str], sim: Any) -> ResolvedTarget:
+    async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
         """Preflight, prompts, the run; returns the resolved target (the records are in the sink). SIGINT and
         SIGTERM: before sending, exits.Interrupted; while sending, the engine stops (in-flight → cancelled)."""
         loop, main = asyncio.get_running_loop(), asyncio.current_task()
@@ -139,7 +139,7 @@ class Run:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         try:
-            return await self._execute(base_url, headers, sim)
+            return await self._execute(base_url, sim)
         except asyncio.CancelledError:
             if self.interrupted and self._engine is None:
                 raise exits.Interrupted() from None
@@ -148,19 +148,18 @@ class Run:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
-    async def _execute(self, base_url: str, headers: dict[str, str], sim: Any) -> ResolvedTarget:
-        client = open_client(self.scenario, base_url)
-        async with client:
-            target = await resolve(self.scenario, client, base_url, headers, REDACTOR)
+    async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
+        prep = Preparation(self.scenario, self.plan, base_url)
+        async with prep.open_client() as client:
+            prepared = await prep.prepare(client)
+            target = prepared.target
             target.sim = sim
             self._warn_tls(target)
-            factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
-            await factory.prepare_classes()
-            prompts = await self._prepare_prompts(factory)
+            prompts = await self._prepare_prompts(prepared.factory)
             self.write_run_json(target, finished=False)
-            self._engine = engine = self._engine_for(target, client, factory, prompts)
+            self._engine = engine = self._engine_for(prepared, client, prompts)
             exits.current.update(phase="running")
-            async with self._server_metrics(target, client):
+            async with self._server_metrics(target):
                 await self._drive(engine)
         self.close_sink()
         st = engine.stats
@@ -188,7 +187,7 @@ class Run:
             self.disk_error = self.disk_error or f"{exc.strerror or exc} ({self.run_dir})"
 
     @contextlib.asynccontextmanager
-    async def _server_metrics(self, target: ResolvedTarget, client: httpx.AsyncClient) -> AsyncIterator[None]:
+    async def _server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
         """Scrape the target's /metrics while the block runs (server_metrics.parquet); a note if it cannot."""
         if not self.opts.server_metrics:
             yield
@@ -218,16 +217,11 @@ class Run:
             task = progress.add_task("preparing prompts", total=len(self.plan.requests))
             return await build_prompts(factory, self.plan.requests, progress=lambda n: progress.advance(task, n))
 
-    def _engine_for(self, target: ResolvedTarget, client: httpx.AsyncClient, factory: PromptFactory,
-                    prompts: dict[int, Prompt]) -> AsyncioEngine:
-        s = self.scenario
-
+    def _engine_for(self, prepared: Prepared, client: httpx.AsyncClient, prompts: dict[int, Prompt]) -> AsyncioEngine:
         async def body_for(req: PlannedRequest) -> dict[str, Any]:
-            prompt = prompts.get(req.seq) or await factory.build(req)
-            return request_body(s, target.model, self.plan.class_of(req.class_name), prompt, req.output_tokens,
-                                target.continuous_usage)
+            return await prepared.body(req, prompts.get(req.seq))
 
-        return AsyncioEngine(engine_config(s, target), self.plan, body_for, self.sink.add, client)
+        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.sink.add, client)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:

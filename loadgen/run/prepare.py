@@ -1,16 +1,22 @@
-"""The asyncio engine's HTTP client (TLS included) and configuration for a scenario and its resolved target: one
-place for ``loadgen run`` (runner.py) and the Locust driver's engine thread (engine_thread.py)."""
+"""One preparation path for every driver: the HTTP client (TLS included), the resolved target (model, engine,
+tokenize endpoint), the prompt factory, the engine's configuration and each request's body. ``loadgen run``
+(runner.py) and the Locust driver's engine thread (drivers/engine_thread.py, handed a ``Preparation``) both
+start here."""
 
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
-from loadgen.plan.scenario import Scenario
-from loadgen.run.target import ResolvedTarget, TargetError
 from loadgen.drivers.asyncio_engine import EngineConfig
 from loadgen.drivers.lean_transport import LeanTransport
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.plan.workload import Prompt, PromptFactory, request_body
+from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, token_counter
 
 SEND_AHEAD_MS = 1.0  # with the lean transport: sends start this early and are held until their time
 
@@ -52,3 +58,42 @@ def engine_config(scenario: Scenario, target: ResolvedTarget) -> EngineConfig:
                         max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
                         concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS,
                         max_event_bytes=s.target.max_event_bytes)
+
+
+@dataclass
+class Prepared:
+    """A run ready to send: its resolved target and prompt factory."""
+
+    scenario: Scenario
+    plan: Plan
+    target: ResolvedTarget
+    factory: PromptFactory
+
+    def engine_config(self) -> EngineConfig:
+        return engine_config(self.scenario, self.target)
+
+    async def body(self, req: PlannedRequest, prompt: Prompt | None = None) -> dict[str, Any]:
+        """The request's JSON body (its prompt built now unless given)."""
+        prompt = prompt or await self.factory.build(req)
+        return request_body(self.scenario, self.target.model, self.plan.class_of(req.class_name), prompt,
+                            req.output_tokens, self.target.continuous_usage)
+
+
+@dataclass
+class Preparation:
+    """How to prepare ``scenario`` against ``base_url``."""
+
+    scenario: Scenario
+    plan: Plan
+    base_url: str
+
+    def open_client(self) -> httpx.AsyncClient:
+        return open_client(self.scenario, self.base_url)
+
+    async def prepare(self, client: httpx.AsyncClient) -> Prepared:
+        """Resolve the target (TargetError names what is wrong) and ready the prompt factory."""
+        headers, redact = auth_headers(self.scenario)  # TargetError: an API key's variable is not set
+        target = await resolve(self.scenario, client, self.base_url, headers, redact)
+        factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
+        await factory.prepare_classes()
+        return Prepared(self.scenario, self.plan, target, factory)
