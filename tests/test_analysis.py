@@ -8,7 +8,7 @@ from loadgen.analysis import metrics as m
 from loadgen.analysis.slo import Objective, evaluate, min_samples, verdict
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Slo
-from loadgen.run.sinks import chunks_frame, requests_frame
+from loadgen.analysis.frames import chunks_frame, requests_frame
 
 MS = 1_000_000
 

@@ -152,14 +152,14 @@ def ui(
 ) -> None:
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
-    from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen.run import locust_ui  # first: Locust monkey-patches the process when imported
     from loadgen.run.runner import RunOptions
     from loadgen.run.target import TargetError
 
     try:
         sc = _load(scenario, _overrides(set_, base_url))
         opts = RunOptions(reports_dir=reports_dir, progress=False, png=not no_png)
-        session = locust_run.UiSession(sc, opts, console, host, port, web_login, master,
+        session = locust_ui.UiSession(sc, opts, console, host, port, web_login, master,
                                        (master_bind_host, master_port))
     except (ScenarioError, TargetError) as exc:
         raise _fail(str(exc)) from None

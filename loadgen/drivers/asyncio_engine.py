@@ -23,22 +23,19 @@ then is cancelled with that reason, so a server that trickles tokens forever can
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import gc
 import itertools
 import json
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable
 
 import httpx
 
 from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.drivers.timing import error_kind, sleep_until
+from loadgen.drivers.timing import error_kind, overdue, quiet_runtime, sleep_until
 from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
 
 WATCHDOG_PERIOD_S = 0.1
@@ -97,7 +94,7 @@ class AsyncioEngine:
     async def run(self) -> EngineStats:
         cpu0, wall0 = time.process_time(), time.monotonic()
         try:
-            with _quiet_runtime():
+            with quiet_runtime():
                 return await self._run()
         finally:
             self.stats.cpu_s, self.stats.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
@@ -231,23 +228,10 @@ class AsyncioEngine:
             for seq, (task, tracker) in list(self.stats.in_flight.items()):
                 if tracker.t_sent_ns == 0 or seq in self._timeouts:
                     continue  # not sent yet (waiting for the in-flight cap)
-                reason = self._overdue(tracker, now)
+                reason = overdue(tracker, self.cfg, now)
                 if reason is not None:
                     self._timeouts[seq] = reason
                     task.cancel()
-
-    def _overdue(self, tracker: StreamTracker, now: int) -> tuple[str, str] | None:
-        """Why this request must be cut now, if it must: (error kind, message)."""
-        cfg, age_ns = self.cfg, now - tracker.t_sent_ns
-        if tracker.broken:
-            return "protocol", tracker.broken
-        if age_ns > cfg.ttft_timeout_s * 1e9 and not tracker.has_content():
-            return "timeout_ttft", f"no token within {cfg.ttft_timeout_s:g} s"
-        if now - (tracker.last_read_ns or tracker.t_sent_ns) > cfg.idle_timeout_s * 1e9:
-            return "timeout_idle", f"no bytes for {cfg.idle_timeout_s:g} s"
-        if age_ns > cfg.request_timeout_s * 1e9:
-            return "timeout_request", f"not finished within {cfg.request_timeout_s:g} s (target.request_timeout_s)"
-        return None
 
     def _end_run(self) -> None:
         """The hard end: cancel what is in flight, saying why (and stop sending, when this engine schedules)."""
@@ -259,22 +243,3 @@ class AsyncioEngine:
             task.cancel()
         if self._owns_schedule:
             self._stopping = True
-
-
-@contextlib.contextmanager
-def _quiet_runtime() -> Iterator[None]:
-    """Keep the interpreter from pausing the loop mid-run. Automatic garbage collection is off while the run
-    sends (a full collection stalled every stream for ~29 ms at 256 streams); records are freed by reference
-    counting, and the few cycles (exceptions) are collected when the run ends. A thread writing Parquet hands
-    the GIL back every 0.5 ms instead of 5 ms."""
-    gc.collect()
-    was_enabled, switch = gc.isenabled(), sys.getswitchinterval()
-    gc.disable()
-    sys.setswitchinterval(0.0005)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(switch)
-        if was_enabled:
-            gc.enable()
-        gc.collect()

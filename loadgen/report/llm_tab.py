@@ -7,11 +7,17 @@ from typing import Any
 
 from loadgen.plan.scenario import Scenario
 
+LLM_TAB = {"title": "LLM", "key": "llm"}
+LLM_TABLE = {"key": "llm", "structure": [
+    {"key": "name", "title": "metric / objective"}, {"key": "cls", "title": "class"},
+    {"key": "count", "title": "samples"}, {"key": "p50", "title": "p50 (ms)"}, {"key": "p90", "title": "p90 (ms)"},
+    {"key": "p99", "title": "p99 (ms)"}, {"key": "max", "title": "max (ms)"}, {"key": "note", "title": "result"}]}
+
 
 def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
     """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
     from loadgen.analysis.summary import summarize
-    from loadgen.run.sinks import chunks_frame, requests_frame
+    from loadgen.analysis.frames import chunks_frame, requests_frame
 
     requests = requests_frame([r for r, _ in records])
     chunks = chunks_frame([c for _, cs in records for c in cs])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from loadgen.drivers import locust_user as lu  # first: Locust monkey-patches the process on import
 
-import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
@@ -24,12 +23,10 @@ from typing import Any  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from loadgen.analysis.slo import EXIT_CODES  # noqa: E402
-from loadgen.report.llm_tab import live_rows  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.run.runner import RunOptions, Run, make_run_dir  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
-from loadgen.core.secrets import redact_url  # noqa: E402
 from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
 from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
@@ -103,8 +100,7 @@ class LocustRun:
         sim = start_embedded(self.scenario, run_dir / "sim_trace.jsonl") if self.scenario.target.embedded else None
         self.sim = sim
         self.base_url = sim.base_url if sim else self.scenario.target.base_url
-        self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts)
-        self.run.engine_name = "locust"
+        self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts, engine_name="locust")
         try:
             summary = self._drive()
         except TargetError:
@@ -140,15 +136,14 @@ class LocustRun:
                 self.run.keep_server_metrics(scraper, target)
         finally:
             state.close()
-        self.run.close_sink()
-        self.run.generator = {"engine": "locust", "workers": self.workers, "left": self.left_workers}
+        generator: dict[str, Any] = {"engine": "locust", "workers": self.workers, "left": self.left_workers}
         if not self.workers:  # one process: its CPU is the generator's (with workers, it is theirs)
-            self.run.generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
-                                      cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
+            generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
+                             cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
         if self.left_workers:
             target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended: "
                                 "their records up to then are kept")
-        return self.run.summarize(target)
+        return self.run.finish(target, generator)
 
     def _local(self, env: Any, state: lu.ProcessState) -> None:
         lu.LLMUser.state = state
@@ -241,144 +236,3 @@ def _report_done(state: lu.ProcessState, outbox: lu.Outbox, runner: Any) -> None
         lu.sleep(0.1)
     outbox.flush()
     runner.send_message(lu.DONE_MESSAGE, dict(state.counts))
-
-
-# ---- loadgen ui: Locust's web UI with an LLM tab -----------------------------------------------------------
-LLM_TAB = {"title": "LLM", "key": "llm"}
-LLM_TABLE = {"key": "llm", "structure": [
-    {"key": "name", "title": "metric / objective"}, {"key": "cls", "title": "class"},
-    {"key": "count", "title": "samples"}, {"key": "p50", "title": "p50 (ms)"}, {"key": "p90", "title": "p90 (ms)"},
-    {"key": "p99", "title": "p99 (ms)"}, {"key": "max", "title": "max (ms)"}, {"key": "note", "title": "result"}]}
-LIVE_EVERY_S = 2.0
-
-
-class UiSession:
-    """``loadgen ui``: each Start in the browser is one run (its own run directory); Stop, or the end of the
-    plan, writes the same files and verdict as ``loadgen run``."""
-
-    def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, host: str, port: int,
-                 web_login: bool, master: bool, master_bind: tuple[str, int]) -> None:
-        self.scenario, self.opts, self.console = scenario, opts, console
-        self.plan = build_plan(scenario)
-        self.master, (self.master_host, self.master_port) = master, master_bind
-        auth_headers(scenario)
-        self.sim = start_embedded(scenario, None) if scenario.target.embedded else None
-        self.base_url = self.sim.base_url if self.sim else scenario.target.base_url
-        self.run: Run | None = None
-        self.scraper: Scraper | None = None
-        self.clients: list[str] = []
-        self.done_workers: set[str] = set()
-        self.live: list[Any] = []
-        self.live_rows: list[dict[str, Any]] = []
-        self.state = lu.ProcessState(scenario, Preparation(scenario, self.plan, self.base_url), on_record=self._on_record)
-        self.target = self.state.engine.wait_ready(lu.sleep)
-        self.target.sim = self.sim
-        self.env = self._environment(host, port, web_login)
-
-    def _environment(self, host: str, port: int, web_login: bool) -> Any:
-        sys.argv = sys.argv[:1]  # Locust's web UI re-parses the command line as its own: loadgen's is done
-        n = users_for(self.scenario)  # the start form's defaults
-        options = lu.web_ui_options(num_users=n, spawn_rate=max(n, 1), host=self.base_url)
-        env = lu.new_environment(parsed_options=options, host=self.base_url)
-        lu.LLMUser.state = self.state
-        if self.master:
-            runner = env.create_master_runner(master_bind_host=self.master_host,
-                                                master_bind_port=self.master_port)
-            runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
-                                                                          for r, c in lu.unpack(msg.data)])
-            runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
-        else:
-            env.create_local_runner()
-        web = env.create_web_ui(host, port, web_login=web_login, delayed_start=True)
-        web.template_args["extended_tabs"] = [LLM_TAB]
-        web.template_args["extended_tables"] = [LLM_TABLE]
-        web.app.after_request(self._with_llm_stats)
-        env.events.test_start.add_listener(lambda **_: self._start())
-        env.events.test_stop.add_listener(lambda **_: self._stop())
-        web.start()
-        return env
-
-    def serve(self) -> None:
-        self.console.print(f"Locust web UI with the LLM tab: http://{self.env.web_ui.host or '127.0.0.1'}:"
-                           f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
-        if self.master:
-            self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
-                               f"{self.master_port} --base-url {redact_url(self.base_url)}  (the master listens "
-                               f"on {self.master_host}:{self.master_port})", highlight=False)
-        lu.spawn(self._refresh_live)
-        lu.on_sigterm(self.env.runner.quit)  # `kill PID` ends it as Ctrl-C does: the run written, the simulator stopped
-        try:
-            self.env.runner.greenlet.join()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            if self.run is not None:
-                self._stop()
-            self.env.runner.quit()
-            self.state.close()
-            if self.sim is not None:
-                self.sim.stop()
-
-    def _start(self) -> None:
-        self.run = Run(self.scenario, self.plan, make_run_dir(self.scenario, self.opts), self.console, self.opts)
-        self.run.engine_name = "locust"
-        self.run.write_run_json(self.target, finished=False)
-        self.live, self.live_rows = [], []
-        self.state.reset()
-        self.scraper = start_scraper(self.state, self.target, self.opts)
-        if self.master:
-            self.done_workers = set()
-            self.clients = send_slices(self.env.runner)
-        else:
-            self.state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
-        lu.spawn(self._stop_at_end)
-
-    def _finished(self) -> bool:
-        if not self.master:
-            return self.state.finished
-        return workers_left(self.env.runner, self.clients, self.done_workers)[0]
-
-    def _stop_at_end(self) -> None:
-        run = self.run
-        while self.run is run and run is not None and not self._finished():
-            lu.sleep(0.2)
-        if self.run is run and run is not None:
-            self.env.runner.stop()
-
-    def _stop(self) -> None:
-        run, self.run = self.run, None
-        if run is None:
-            return
-        self.state.engine.cancel_in_flight()
-        deadline = time.monotonic() + 5
-        while self.state.in_flight > 0 and time.monotonic() < deadline:
-            lu.sleep(0.05)
-        run.interrupted = not (self._finished() if self.master else self.state.exhausted)
-        run.close_sink()
-        if self.scraper is not None:
-            self.state.engine.stop_scraper(lu.sleep)
-            run.keep_server_metrics(self.scraper, self.target)
-            self.scraper = None
-        run.generator = {"engine": "locust", "workers": 0}
-        summary = run.summarize(self.target)
-        print_summary(self.console, summary, str(run.run_dir))
-
-    def _on_record(self, record: Any, chunks: Any) -> None:
-        if self.run is not None:
-            self.run.sink.add(record, chunks)
-            self.live.append((record, chunks))
-
-    def _refresh_live(self) -> None:
-        while True:
-            lu.sleep(LIVE_EVERY_S)
-            if self.live:  # on a native thread: the hub keeps handing requests to the engine meanwhile
-                self.live_rows = lu.in_thread(live_rows, self.scenario, list(self.live), self.plan.size)
-
-    def _with_llm_stats(self, response: Any) -> Any:
-        from flask import request
-
-        if request.path.endswith("/stats/requests") and response.is_json:
-            data = response.get_json()
-            data["extended_stats"] = [{"key": "llm", "data": self.live_rows}]
-            response.set_data(json.dumps(data))
-        return response

@@ -115,14 +115,15 @@ def _event_loop_run(coro: Any) -> Any:
 
 class Run:
     """One run's state on its way to the run directory: the record sink, run.json, the summary."""
-    def __init__(self, scenario: Scenario, plan: Plan, run_dir: Path, console: Console, opts: RunOptions) -> None:
+    def __init__(self, scenario: Scenario, plan: Plan, run_dir: Path, console: Console, opts: RunOptions,
+                 engine_name: str = "asyncio") -> None:
         self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
         self.sink = RecordSink(run_dir)
         self.interrupted = False
         self.disk_error: str | None = None
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
-        self.engine_name = "asyncio"
+        self.engine_name = engine_name
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
@@ -256,6 +257,16 @@ class Run:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), console=Console(stderr=True), disable=not self.opts.progress,
                         transient=False)
+
+    def finish(self, target: ResolvedTarget, generator: dict[str, Any],
+               interrupted: bool | None = None) -> dict[str, Any]:
+        """For drivers that run the plan themselves (Locust): the records are in; how the generator fared and
+        whether the run was stopped early; then the summary and every report (``summarize``)."""
+        self.close_sink()
+        self.generator = generator
+        if interrupted is not None:
+            self.interrupted = interrupted
+        return self.summarize(target)
 
     def summarize(self, target: ResolvedTarget) -> dict[str, Any]:
         """run.json (finished), then the summary and every report from the records. With a full disk: from the

@@ -19,29 +19,9 @@ from pathlib import Path
 
 import polars as pl
 
+from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA
 from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
 from loadgen.core.secrets import redact
-
-REQUEST_SCHEMA = {
-    "seq": pl.Int64, "class_name": pl.String, "warmup": pl.Boolean, "t_intended_ns": pl.Int64,
-    "t_sent_ns": pl.Int64, "t_first_token_ns": pl.Int64, "t_last_token_ns": pl.Int64, "t_done_ns": pl.Int64,
-    "prompt_tokens_asked": pl.Int64, "prompt_tokens": pl.Int64, "prompt_tokens_source": pl.String,
-    "output_tokens_asked": pl.Int64, "output_tokens": pl.Int64, "output_tokens_source": pl.String,
-    "chunks": pl.Int64, "request_id": pl.String, "finish_reason": pl.String, "http_status": pl.Int64,
-    "error_kind": pl.String, "error_message": pl.String, "reasoning": pl.Boolean, "worker": pl.Int64,
-}
-CHUNK_SCHEMA = {"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
-                "worker": pl.Int64}
-assert tuple(REQUEST_SCHEMA) == REQUEST_COLUMNS and tuple(CHUNK_SCHEMA) == CHUNK_COLUMNS
-
-
-def requests_frame(records: list[RequestRecord]) -> pl.DataFrame:
-    return pl.DataFrame({c: [getattr(r, c) for r in records] for c in REQUEST_COLUMNS}, schema=REQUEST_SCHEMA)
-
-
-def chunks_frame(chunks: list[ChunkRecord]) -> pl.DataFrame:
-    return pl.DataFrame({c: [getattr(r, c) for r in chunks] for c in CHUNK_COLUMNS}, schema=CHUNK_SCHEMA)
-
 
 class RecordSink:
     def __init__(self, run_dir: Path) -> None:

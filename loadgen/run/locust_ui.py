@@ -1,0 +1,159 @@
+"""``loadgen ui``: Locust's web UI with the LLM tab (report/llm_tab.py), each Start in the browser one run.
+
+Import this module before anything imports ``ssl`` or ``socket`` users: through ``drivers/locust_user.py`` it
+monkey-patches the process for gevent.
+"""
+
+from __future__ import annotations
+
+from loadgen.drivers import locust_user as lu  # first: Locust monkey-patches the process on import
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from rich.console import Console  # noqa: E402
+
+from loadgen.core.secrets import redact_url  # noqa: E402
+from loadgen.drivers.scrape import Scraper  # noqa: E402
+from loadgen.plan.scenario import Scenario  # noqa: E402
+from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.report.console import print_summary  # noqa: E402
+from loadgen.report.llm_tab import LLM_TAB, LLM_TABLE, live_rows  # noqa: E402
+from loadgen.run.locust_run import send_slices, start_scraper, users_for, workers_left  # noqa: E402
+from loadgen.run.prepare import Preparation  # noqa: E402
+from loadgen.run.runner import Run, RunOptions, make_run_dir  # noqa: E402
+from loadgen.run.target import auth_headers, start_embedded  # noqa: E402
+
+LIVE_EVERY_S = 2.0
+
+
+class UiSession:
+    """``loadgen ui``: each Start in the browser is one run (its own run directory); Stop, or the end of the
+    plan, writes the same files and verdict as ``loadgen run``."""
+
+    def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, host: str, port: int,
+                 web_login: bool, master: bool, master_bind: tuple[str, int]) -> None:
+        self.scenario, self.opts, self.console = scenario, opts, console
+        self.plan = build_plan(scenario)
+        self.master, (self.master_host, self.master_port) = master, master_bind
+        auth_headers(scenario)
+        self.sim = start_embedded(scenario, None) if scenario.target.embedded else None
+        self.base_url = self.sim.base_url if self.sim else scenario.target.base_url
+        self.run: Run | None = None
+        self.scraper: Scraper | None = None
+        self.clients: list[str] = []
+        self.done_workers: set[str] = set()
+        self.live: list[Any] = []
+        self.live_rows: list[dict[str, Any]] = []
+        self.state = lu.ProcessState(scenario, Preparation(scenario, self.plan, self.base_url), on_record=self._on_record)
+        self.target = self.state.engine.wait_ready(lu.sleep)
+        self.target.sim = self.sim
+        self.env = self._environment(host, port, web_login)
+
+    def _environment(self, host: str, port: int, web_login: bool) -> Any:
+        sys.argv = sys.argv[:1]  # Locust's web UI re-parses the command line as its own: loadgen's is done
+        n = users_for(self.scenario)  # the start form's defaults
+        options = lu.web_ui_options(num_users=n, spawn_rate=max(n, 1), host=self.base_url)
+        env = lu.new_environment(parsed_options=options, host=self.base_url)
+        lu.LLMUser.state = self.state
+        if self.master:
+            runner = env.create_master_runner(master_bind_host=self.master_host,
+                                                master_bind_port=self.master_port)
+            runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
+                                                                          for r, c in lu.unpack(msg.data)])
+            runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+        else:
+            env.create_local_runner()
+        web = env.create_web_ui(host, port, web_login=web_login, delayed_start=True)
+        web.template_args["extended_tabs"] = [LLM_TAB]
+        web.template_args["extended_tables"] = [LLM_TABLE]
+        web.app.after_request(self._with_llm_stats)
+        env.events.test_start.add_listener(lambda **_: self._start())
+        env.events.test_stop.add_listener(lambda **_: self._stop())
+        web.start()
+        return env
+
+    def serve(self) -> None:
+        self.console.print(f"Locust web UI with the LLM tab: http://{self.env.web_ui.host or '127.0.0.1'}:"
+                           f"{self.env.web_ui.port}  (Ctrl-C to quit)", highlight=False)
+        if self.master:
+            self.console.print(f"workers: loadgen worker SCENARIO --master-host THIS_HOST --master-port "
+                               f"{self.master_port} --base-url {redact_url(self.base_url)}  (the master listens "
+                               f"on {self.master_host}:{self.master_port})", highlight=False)
+        lu.spawn(self._refresh_live)
+        lu.on_sigterm(self.env.runner.quit)  # `kill PID` ends it as Ctrl-C does: the run written, the simulator stopped
+        try:
+            self.env.runner.greenlet.join()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if self.run is not None:
+                self._stop()
+            self.env.runner.quit()
+            self.state.close()
+            if self.sim is not None:
+                self.sim.stop()
+
+    def _start(self) -> None:
+        self.run = Run(self.scenario, self.plan, make_run_dir(self.scenario, self.opts), self.console, self.opts,
+                       engine_name="locust")
+        self.run.write_run_json(self.target, finished=False)
+        self.live, self.live_rows = [], []
+        self.state.reset()
+        self.scraper = start_scraper(self.state, self.target, self.opts)
+        if self.master:
+            self.done_workers = set()
+            self.clients = send_slices(self.env.runner)
+        else:
+            self.state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
+        lu.spawn(self._stop_at_end)
+
+    def _finished(self) -> bool:
+        if not self.master:
+            return self.state.finished
+        return workers_left(self.env.runner, self.clients, self.done_workers)[0]
+
+    def _stop_at_end(self) -> None:
+        run = self.run
+        while self.run is run and run is not None and not self._finished():
+            lu.sleep(0.2)
+        if self.run is run and run is not None:
+            self.env.runner.stop()
+
+    def _stop(self) -> None:
+        run, self.run = self.run, None
+        if run is None:
+            return
+        self.state.engine.cancel_in_flight()
+        deadline = time.monotonic() + 5
+        while self.state.in_flight > 0 and time.monotonic() < deadline:
+            lu.sleep(0.05)
+        interrupted = not (self._finished() if self.master else self.state.exhausted)
+        if self.scraper is not None:
+            self.state.engine.stop_scraper(lu.sleep)
+            run.keep_server_metrics(self.scraper, self.target)
+            self.scraper = None
+        summary = run.finish(self.target, {"engine": "locust", "workers": 0}, interrupted)
+        print_summary(self.console, summary, str(run.run_dir))
+
+    def _on_record(self, record: Any, chunks: Any) -> None:
+        if self.run is not None:
+            self.run.sink.add(record, chunks)
+            self.live.append((record, chunks))
+
+    def _refresh_live(self) -> None:
+        while True:
+            lu.sleep(LIVE_EVERY_S)
+            if self.live:  # on a native thread: the hub keeps handing requests to the engine meanwhile
+                self.live_rows = lu.in_thread(live_rows, self.scenario, list(self.live), self.plan.size)
+
+    def _with_llm_stats(self, response: Any) -> Any:
+        from flask import request
+
+        if request.path.endswith("/stats/requests") and response.is_json:
+            data = response.get_json()
+            data["extended_stats"] = [{"key": "llm", "data": self.live_rows}]
+            response.set_data(json.dumps(data))
+        return response
