@@ -12,6 +12,7 @@ from pathlib import Path
 import xmlschema
 import yaml
 
+from loadgen.analysis.result import RunResult
 from loadgen.report.writers import junit_xml
 from tests.run_helpers import ROOT, run_cli, summary
 
@@ -29,7 +30,7 @@ def test_junit_validates_against_the_junit_schema_with_failures_and_skips(tmp_pa
          "requests": {"completed": 10, "failed": 1}, "target": {"model": "m<&>", "base_url": "embedded"},
          "started_at": "2026-11-22T05:29:11+0000", "seed": 3, "loadgen_version": "0.1.0",
          "slo": [_objective("ttft_ms.p50", True), _objective("itl_ms.p99", False), _objective("itl_ms.p999", None)]}
-    xml = junit_xml(s, "nightly")
+    xml = junit_xml(RunResult.from_dict({"metrics": {}, "stalls": {}, **s}), "nightly")
     XSD.validate(xml.decode())
     doc = XSD.to_dict(xml.decode())
     suite = doc["testsuite"][0]

@@ -12,6 +12,7 @@ import pytest
 from loadgen.report.charts import Chart, build_charts
 from loadgen.report.html import json_for_script, render_page
 from loadgen.report.timeline import choose_window, parse_window, stall_marks
+from loadgen.analysis.result import RunResult
 from loadgen.report.views import RunViews
 from loadgen.run.sinks import load_records
 
@@ -33,7 +34,8 @@ def stall_run(tmp_path_factory) -> Path:
 
 def views(run_dir: Path) -> RunViews:
     requests, chunks = load_records(run_dir)
-    return RunViews.build(requests, chunks, pl.read_parquet(run_dir / "stalls.parquet"), summary(run_dir))
+    return RunViews.build(requests, chunks, pl.read_parquet(run_dir / "stalls.parquet"),
+                          RunResult.from_dict(summary(run_dir)))
 
 
 def test_report_html_embeds_every_chart_and_no_external_resource(stall_run):
@@ -103,7 +105,7 @@ def test_text_from_the_scenario_or_server_is_escaped(stall_run):
     s["slo"][0]["objective"] = HOSTILE
     v = views(stall_run)
     chart = Chart("ttft_vs_prompt", HOSTILE, build_charts(v, choose_window(v))[0].chart, note=HOSTILE)
-    page = render_page(s, HOSTILE, HOSTILE, [chart])
+    page = render_page(RunResult.from_dict(s), HOSTILE, HOSTILE, [chart])
     assert HOSTILE not in page and "<img src=x" not in page
     assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;&amp;&quot;" in page
     assert json.loads(json_for_script({"k": HOSTILE})) == {"k": HOSTILE}
@@ -128,6 +130,7 @@ def test_itl_over_time_stays_drawable_on_a_log_axis_when_tokens_arrive_together(
     merged = (chunks.sort("worker", "seq", "t_ns")
               .with_columns(i=pl.int_range(pl.len()).over("worker", "seq") // 3)
               .with_columns(t_ns=pl.col("t_ns").first().over("worker", "seq", "i")).drop("i"))
-    v = RunViews.build(requests, merged, pl.read_parquet(stall_run / "stalls.parquet"), summary(stall_run))
+    v = RunViews.build(requests, merged, pl.read_parquet(stall_run / "stalls.parquet"),
+                       RunResult.from_dict(summary(stall_run)))
     ms = itl_over_time(v, 0.1)["ms"].drop_nulls()
     assert ms.min() >= ITL_FLOOR_MS and (ms == ITL_FLOOR_MS).any()

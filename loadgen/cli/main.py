@@ -12,7 +12,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from loadgen.analysis.slo import EXIT_CODES
 from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
 from loadgen.core.secrets import redact_url, register, write_text
 from loadgen.run.target import scenario_secrets
@@ -226,11 +225,11 @@ def report(
         raise _fail(f"{run_dir}: no run.json (is this a loadgen run directory?)")
     try:
         span = parse_window(window) if window else None
-        summary = rebuild_reports(run_dir, window=span, png=not no_png)
+        result = rebuild_reports(run_dir, window=span, png=not no_png)
     except (FileNotFoundError, ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    print_summary(console, summary, str(run_dir))
-    raise typer.Exit(EXIT_CODES[summary["verdict"]])
+    print_summary(console, result, str(run_dir))
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

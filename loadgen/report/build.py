@@ -4,7 +4,6 @@ stalls.parquet, report.html and charts/*.png."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -14,16 +13,17 @@ from loadgen.report.html import render_page, write_pngs
 from loadgen.report.timeline import choose_window
 from loadgen.report.views import RunViews
 from loadgen.report.writers import write_all
+from loadgen.analysis.result import RunResult
 
 
-def write_reports(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, pl.DataFrame],
+def write_reports(run_dir: Path, result: RunResult, name: str, tables: dict[str, pl.DataFrame],
                   requests: pl.DataFrame, chunks: pl.DataFrame, window: tuple[float, float] | None = None,
                   png: bool = True, server: pl.DataFrame | None = None) -> None:
-    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), summary, server)
+    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), result, server)
     charts = build_charts(views, choose_window(views, window))
     images = []
     if png:
         images = [(c.title, p.relative_to(run_dir).as_posix())
                   for c, p in zip(charts, write_pngs(charts, run_dir / "charts"))]
-    write_all(run_dir, summary, name, tables, images)
-    write_text(run_dir / "report.html", render_page(summary, name, run_dir.name, charts))
+    write_all(run_dir, result, name, tables, images)
+    write_text(run_dir / "report.html", render_page(result, name, run_dir.name, charts))

@@ -175,7 +175,7 @@ def lengths_chart(v: vw.RunViews) -> alt.TopLevelMixin:
 
 
 def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
-    fit = (v.summary.get("stalls") or {}).get("prefill_fit") or {}
+    fit = (v.result.stalls or {}).get("prefill_fit") or {}
     return [
         Chart("ttft_vs_prompt", "TTFT vs prompt tokens", ttft_chart(v),
               f"Dashed: the fitted prefill time (lower envelope), {fit.get('a_ms', 0):.2f} ms + "

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.report.writers import COLS, ROWS, fmt
+from loadgen.analysis.result import RunResult
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 
@@ -20,32 +21,32 @@ def compact(value: Any) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def print_summary(console: Console, summary: dict[str, Any], run_dir: str) -> None:
+def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     table = Table(title="latency (ms)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for c in COLS:
         table.add_column(c, justify="right", no_wrap=True)
     for row in ROWS:
-        table.add_row(row, *(compact(summary["metrics"][row][c]) for c in COLS))
+        table.add_row(row, *(compact(result.metrics[row][c]) for c in COLS))
     console.print(table)
-    if summary["slo"]:
+    if result.slo:
         slo = Table(title="SLOs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for col in ("objective", "value", "threshold", "samples", "result"):
             slo.add_column(col, justify="left" if col in ("objective", "result") else "right")
-        for o in summary["slo"]:
-            result = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
+        for o in result.slo:
+            state = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
             slo.add_row(o["objective"], compact(o["value"]), f"{o['comparison']} {fmt(o['threshold'])}",
-                        str(o["samples"]), result)
+                        str(o["samples"]), state)
         console.print(slo)
-    req, tput = summary["requests"], summary["throughput"]
+    req, tput = result.requests, result.throughput
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
                   f"{tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} tok/s, "
                   f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
-    if summary.get("stall_headline"):
-        console.print(summary["stall_headline"], highlight=False, markup=False)
-    for note in summary.get("notes", []):
+    if result.stall_headline:
+        console.print(result.stall_headline, highlight=False, markup=False)
+    for note in result.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
-    verdict = summary["verdict"]
+    verdict = result.verdict
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
-    for reason in summary.get("reasons", []):
+    for reason in result.reasons:
         console.print(f"  - {reason}", highlight=False, markup=False)

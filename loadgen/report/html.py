@@ -17,6 +17,7 @@ from typing import Any
 
 from loadgen.report.charts import Chart
 from loadgen.report.writers import COLS, ROWS, fmt, target_line
+from loadgen.analysis.result import RunResult
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1040px;
@@ -64,11 +65,11 @@ def e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def slo_table(summary: dict[str, Any]) -> str:
-    if not summary["slo"]:
+def slo_table(result: RunResult) -> str:
+    if not result.slo:
         return "<p>No SLO objectives in this scenario.</p>"
     rows = []
-    for o in summary["slo"]:
+    for o in result.slo:
         state = {True: "pass", False: "fail", None: "inconclusive"}[o["passed"]]
         rows.append(f"<tr><td><code>{e(o['objective'])}</code></td><td>{e(fmt(o['value']))}</td>"
                     f"<td>{e(o['comparison'])} {e(fmt(o['threshold']))}</td><td>{e(o['samples'])}</td>"
@@ -77,19 +78,19 @@ def slo_table(summary: dict[str, Any]) -> str:
             "<th>result</th></tr>" + "".join(rows) + "</table>")
 
 
-def metrics_table(summary: dict[str, Any]) -> str:
+def metrics_table(result: RunResult) -> str:
     head = "<tr><th>metric (ms)</th>" + "".join(f"<th>{c}</th>" for c in COLS) + "</tr>"
-    body = "".join(f"<tr><td>{row}</td>" + "".join(f"<td>{e(fmt(summary['metrics'][row][c]))}</td>" for c in COLS)
+    body = "".join(f"<tr><td>{row}</td>" + "".join(f"<td>{e(fmt(result.metrics[row][c]))}</td>" for c in COLS)
                    + "</tr>" for row in ROWS)
     return f"<table>{head}{body}</table>"
 
 
-def stalls_section(summary: dict[str, Any]) -> str:
-    st = summary.get("stalls") or {}
+def stalls_section(result: RunResult) -> str:
+    st = result.stalls or {}
     if not st:
         return ""
     share = st.get("tail_prefill_induced_share")
-    out = [f"<p><b>{e(summary.get('stall_headline', ''))}.</b></p><p>Stalls per 1k output tokens: "
+    out = [f"<p><b>{e(result.stall_headline)}.</b></p><p>Stalls per 1k output tokens: "
            f"{st['per_1k_tokens']:.2f}, prefill-induced {st['prefill_induced_per_1k_tokens']:.2f}; spike events "
            f"{st['events']}; share of tail gaps (≥ p99) that are prefill-induced: {e(fmt(share))}. A stall is a gap "
            f"above max({st['spike_factor']:g} × the class's median ITL, {st['min_gap_ms']:g} ms); a long prompt "
@@ -105,18 +106,18 @@ def stalls_section(summary: dict[str, Any]) -> str:
     return "<h2>Tail spikes</h2>" + "".join(out)
 
 
-def header(summary: dict[str, Any], name: str, run_name: str) -> str:
-    verdict = summary["verdict"]
-    req, tput = summary["requests"], summary["throughput"]
-    reasons = "".join(f"<li>{e(r)}</li>" for r in summary.get("reasons", []))
+def header(result: RunResult, name: str, run_name: str) -> str:
+    verdict = result.verdict
+    req, tput = result.requests, result.throughput
+    reasons = "".join(f"<li>{e(r)}</li>" for r in result.reasons)
     return (f"<h1>loadgen: {e(name)} <span class=\"badge {verdict}\" id=\"verdict\">{e(verdict.upper())}</span></h1>"
-            f"<p class=\"meta\">run {e(run_name)} · {e(target_line(summary.get('target') or {}))}</p>"
+            f"<p class=\"meta\">run {e(run_name)} · {e(target_line(result.target or {}))}</p>"
             + (f"<ul>{reasons}</ul>" if reasons else "")
-            + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in summary.get("notes", []))
+            + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in result.notes)
             + f"<p>{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {e(fmt(req['planned']))} planned); {tput['requests_per_s']:.2f} req/s, "
               f"{tput['output_tokens_per_s']:.0f} output tokens/s, goodput {tput['goodput_requests_per_s']:.2f} "
-              f"req/s over {summary.get('window_s', 0):.1f} s.</p>")
+              f"req/s over {result.window_s:.1f} s.</p>")
 
 
 def chart_section(chart: Chart) -> str:
@@ -133,10 +134,10 @@ def page(title: str, body: str) -> str:
             f"{body}<script>{RENDER_JS}</script></body></html>")
 
 
-def render_page(summary: dict[str, Any], name: str, run_name: str, charts: list[Chart]) -> str:
-    return page(f"loadgen: {name} — {summary['verdict']}",
-                header(summary, name, run_name) + "<h2>SLOs</h2>" + slo_table(summary)
-                + "<h2>Latency</h2>" + metrics_table(summary) + stalls_section(summary)
+def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart]) -> str:
+    return page(f"loadgen: {name} — {result.verdict}",
+                header(result, name, run_name) + "<h2>SLOs</h2>" + slo_table(result)
+                + "<h2>Latency</h2>" + metrics_table(result) + stalls_section(result)
                 + "".join(chart_section(c) for c in charts))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadgen.analysis.result import RunResult
 from loadgen.plan.scenario import Scenario
 
 LLM_TAB = {"title": "LLM", "key": "llm"}
@@ -22,19 +23,21 @@ def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> li
     requests = requests_frame([r for r, _ in records])
     chunks = chunks_frame([c for _, cs in records for c in cs])
     summary, _ = summarize(scenario, requests, chunks, planned)
+    result = RunResult.from_dict(summary)
     rows = []  # Locust's table sorts rows by name: the prefixes keep latency, SLOs and stalls together
-    classes = list(summary["classes"].items())
-    for cls, block in [("all", summary), *(classes if len(classes) > 1 else [])]:
+    classes = list(result.classes.items())
+    blocks = [("all", result.metrics), *((c, b["metrics"]) for c, b in (classes if len(classes) > 1 else []))]
+    for cls, metrics in blocks:
         for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-            m = block["metrics"][name]
+            m = metrics[name]
             rows.append({"name": f"latency · {name}", "cls": cls, "count": m["count"],
-                         **{k: _ms(m[k]) for k in ("p50", "p90", "p99", "max")}, "note": ""})
-    for o in summary["slo"]:
+                         **{k: _ms(m[k]) for k in ("p50", "p90", "p99", "max")}, "note": ""})  # type: ignore
+    for o in result.slo:
         state = {True: "pass", False: "FAIL", None: "inconclusive"}[o["passed"]]
         rows.append({"name": f"slo · {o['objective']}", "cls": "all", "count": o["samples"], "p50": "",
                      "p90": "", "p99": "", "max": "",
                      "note": f"{state}: {_ms(o['value'])} {o['comparison']} {o['threshold']}"})
-    st = summary["stalls"]
+    st = result.stalls
     rows.append({"name": "stalls", "cls": "all", "count": st["count"], "p50": "", "p90": "",
                  "p99": "", "max": _ms(st.get("worst_gap_ms")),
                  "note": f"{st['prefill_induced']} prefill-induced; {st['per_1k_tokens']:.2f} per 1k tokens"})

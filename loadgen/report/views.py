@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import polars as pl
 
 from loadgen.analysis import server_frames as sm
 from loadgen.analysis import metrics as m
+from loadgen.analysis.result import RunResult
 
 NS_PER_S = 1e9
 MAX_POINTS = 4000  # scatter points per chart; above it a seeded sample (stalls and culprits always kept)
@@ -31,13 +31,13 @@ class RunViews:
     gaps: pl.DataFrame  # measured, successful requests' chunk gaps, + t_s
     chunks: pl.DataFrame  # the same requests' chunks (t_s, tokens): every token, first chunks included
     stalls: pl.DataFrame  # stalls.parquet, + t_start_s / t_end_s
-    summary: dict[str, Any]
+    result: RunResult
     t0_ns: int
     server: pl.DataFrame | None = None  # server_metrics.parquet, wide (one row per scrape), + t_s
 
     @classmethod
     def build(cls, requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame,
-              summary: dict[str, Any], server: pl.DataFrame | None = None) -> "RunViews":
+              result: RunResult, server: pl.DataFrame | None = None) -> "RunViews":
         req = m.with_request_metrics(requests)
         measured = m.measured(req)
         t0 = int(measured["t_intended_ns"].min() if measured.height else (req["t_intended_ns"].min() or 0))
@@ -57,7 +57,7 @@ class RunViews:
             server = sm.wide(server).with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S)
         else:
             server = None
-        return cls(req, gaps, ok_chunks, stalls, summary, t0, server)
+        return cls(req, gaps, ok_chunks, stalls, result, t0, server)
 
     @property
     def measured_ok(self) -> pl.DataFrame:
@@ -70,7 +70,7 @@ class RunViews:
 
     def prefill_ms(self, prompt_tokens: pl.Expr) -> pl.Expr:
         """The run's fitted prefill time (analysis.spikes, on the lower envelope of TTFT)."""
-        fit = (self.summary.get("stalls") or {}).get("prefill_fit") or {}
+        fit = (self.result.stalls or {}).get("prefill_fit") or {}
         a, b, c = (float(fit.get(k, 0.0)) for k in ("a_ms", "b_ms_per_token", "c_ms_per_token2"))
         return (a + b * prompt_tokens + c * prompt_tokens * prompt_tokens).clip(lower_bound=0.0)
 

@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 
 from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
+from loadgen.analysis.result import RunResult
 
 ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -35,32 +36,32 @@ def md_escape(text: str) -> str:
     return out
 
 
-def summary_markdown(summary: dict[str, Any], name: str, images: list[tuple[str, str]] | None = None) -> str:
-    req, tput = summary["requests"], summary["throughput"]
-    lines = [f"## loadgen: {md_escape(name)} — {ICON[summary['verdict']]}", ""]
-    lines += [f"- {md_escape(r)}" for r in summary.get("reasons", [])]
-    lines += ["", target_line(summary.get("target") or {})]
-    lines += [f"\nNote: {md_escape(n)}" for n in summary.get("notes", [])]
+def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]] | None = None) -> str:
+    req, tput = result.requests, result.throughput
+    lines = [f"## loadgen: {md_escape(name)} — {ICON[result.verdict]}", ""]
+    lines += [f"- {md_escape(r)}" for r in result.reasons]
+    lines += ["", target_line(result.target or {})]
+    lines += [f"\nNote: {md_escape(n)}" for n in result.notes]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
               f"goodput {tput['goodput_requests_per_s']:.2f} req/s.", ""]
-    if summary["slo"]:
+    if result.slo:
         lines += ["| SLO | value | threshold | samples | result |", "| --- | ---: | ---: | ---: | --- |"]
-        for o in summary["slo"]:
-            result = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
+        for o in result.slo:
+            state = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
             lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {o['comparison']} {fmt(o['threshold'])} "
-                         f"| {o['samples']} | {result} |")
+                         f"| {o['samples']} | {state} |")
         lines.append("")
     lines += ["| metric (ms) | " + " | ".join(COLS) + " |", "| --- |" + " ---: |" * len(COLS)]
     for row in ROWS:
-        stats = summary["metrics"][row]
+        stats = result.metrics[row]
         lines.append(f"| {row} | " + " | ".join(fmt(stats[c]) for c in COLS) + " |")
     errors = req.get("errors_by_kind") or {}
     if errors:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
-    lines += ["", _lengths_line(summary.get("lengths", {})), ""]
-    lines += stalls_markdown(summary)
+    lines += ["", _lengths_line(result.lengths), ""]
+    lines += stalls_markdown(result)
     if images:
         lines += ["### Charts", "", "Interactive versions in `report.html`.", ""]
         lines += [f"![{md_escape(title)}]({path})" for title, path in images] + [""]
@@ -92,20 +93,20 @@ def _lengths_line(lengths: dict[str, Any]) -> str:
     return "Asked vs achieved lengths: " + "; ".join(parts) if parts else ""
 
 
-def junit_xml(summary: dict[str, Any], name: str) -> bytes:
+def junit_xml(result: RunResult, name: str) -> bytes:
     """One test case per SLO objective (failure: value and threshold; skipped: inconclusive), run facts as
     properties, the verdict's reasons as system-out. Valid against the JUnit XSD that Jenkins and most CI
     servers read (tests/data/junit-10.xsd)."""
-    objectives = summary["slo"]
+    objectives = result.slo
     counts = {"tests": str(len(objectives)), "failures": str(sum(o["passed"] is False for o in objectives)),
               "errors": "0"}
-    window = f"{summary.get('window_s', 0):.3f}"
+    window = f"{result.window_s:.3f}"
     suite = ET.Element("testsuite", name=f"loadgen.{name}", **counts,
                        skipped=str(sum(o["passed"] is None for o in objectives)), time=window)
-    if summary.get("started_at"):
-        suite.set("timestamp", str(summary["started_at"]))
+    if result.started_at:
+        suite.set("timestamp", str(result.started_at))
     props = ET.SubElement(suite, "properties")
-    for key, value in _junit_properties(summary).items():
+    for key, value in _junit_properties(result).items():
         ET.SubElement(props, "property", name=key, value=str(value))
     for o in objectives:
         case = ET.SubElement(suite, "testcase", classname=f"loadgen.{name}.slo", name=o["objective"], time="0")
@@ -115,7 +116,7 @@ def junit_xml(summary: dict[str, Any], name: str) -> bytes:
             ET.SubElement(case, "failure", message=detail, type="SLOViolation").text = detail
         elif o["passed"] is None:
             ET.SubElement(case, "skipped", message=f"inconclusive: {o['note']}")
-    out_lines = [f"verdict: {summary['verdict']}", *summary.get("reasons", []), summary.get("stall_headline", "")]
+    out_lines = [f"verdict: {result.verdict}", *result.reasons, result.stall_headline]
     ET.SubElement(suite, "system-out").text = "\n".join(line for line in out_lines if line)
     root = ET.Element("testsuites", name="loadgen", time=window, **counts)
     root.append(suite)
@@ -123,19 +124,19 @@ def junit_xml(summary: dict[str, Any], name: str) -> bytes:
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
 
 
-def _junit_properties(summary: dict[str, Any]) -> dict[str, Any]:
-    req, target = summary["requests"], summary.get("target") or {}
-    props = {"verdict": summary["verdict"], "requests.completed": req["completed"], "requests.failed": req["failed"],
+def _junit_properties(result: RunResult) -> dict[str, Any]:
+    req, target = result.requests, result.target or {}
+    props = {"verdict": result.verdict, "requests.completed": req["completed"], "requests.failed": req["failed"],
              "target.model": target.get("model"), "target.base_url": target.get("base_url"),
-             "seed": summary.get("seed"), "loadgen.version": summary.get("loadgen_version")}
+             "seed": result.seed, "loadgen.version": result.loadgen_version}
     return {k: v for k, v in props.items() if v is not None}
 
 
-def stalls_markdown(summary: dict[str, Any]) -> list[str]:
-    st = summary.get("stalls")
+def stalls_markdown(result: RunResult) -> list[str]:
+    st = result.stalls
     if not st:
         return []
-    lines = ["### Tail spikes", "", md_escape(summary.get("stall_headline", "")), "",
+    lines = ["### Tail spikes", "", md_escape(result.stall_headline), "",
              f"Stalls: {st['count']} ({st['per_1k_tokens']:.2f} per 1k tokens), prefill-induced "
              f"{st['prefill_induced']} ({st['prefill_induced_per_1k_tokens']:.2f} per 1k tokens); "
              f"spike events {st['events']}; tail gaps (>= p99) prefill-induced: "
@@ -152,10 +153,10 @@ def stalls_markdown(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_all(run_dir: Path, summary: dict[str, Any], name: str, tables: dict[str, Any] | None = None,
+def write_all(run_dir: Path, result: RunResult, name: str, tables: dict[str, Any] | None = None,
               images: list[tuple[str, str]] | None = None) -> None:
     for table, frame in (tables or {}).items():
         frame.write_parquet(run_dir / f"{table}.parquet")
-    write_text(run_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-    write_text(run_dir / "summary.md", summary_markdown(summary, name, images))
-    write_bytes(run_dir / "junit.xml", junit_xml(summary, name))
+    write_text(run_dir / "summary.json", json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    write_text(run_dir / "summary.md", summary_markdown(result, name, images))
+    write_bytes(run_dir / "junit.xml", junit_xml(result, name))

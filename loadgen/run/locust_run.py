@@ -22,7 +22,7 @@ from typing import Any  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 
-from loadgen.analysis.slo import EXIT_CODES  # noqa: E402
+from loadgen.analysis.result import RunResult  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.run.runner import RunOptions, Run, make_run_dir  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
@@ -102,7 +102,7 @@ class LocustRun:
         self.base_url = sim.base_url if sim else self.scenario.target.base_url
         self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts, engine_name="locust")
         try:
-            summary = self._drive()
+            result = self._drive()
         except TargetError:
             if self.opts.out is None and not any(run_dir.glob("*.parquet")):
                 shutil.rmtree(run_dir, ignore_errors=True)  # nothing was sent: leave no empty run behind
@@ -114,10 +114,10 @@ class LocustRun:
                     p.wait(10)
             if sim is not None:
                 sim.stop()
-        print_summary(self.console, summary, str(run_dir))
-        return EXIT_CODES[summary["verdict"]], run_dir
+        print_summary(self.console, result, str(run_dir))
+        return result.exit_code, run_dir
 
-    def _drive(self) -> dict[str, Any]:
+    def _drive(self) -> RunResult:
         state = lu.ProcessState(self.scenario, Preparation(self.scenario, self.plan, self.base_url), on_record=self._record)
         try:
             target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early

@@ -135,8 +135,8 @@ class UiSession:
             self.state.engine.stop_scraper(lu.sleep)
             run.keep_server_metrics(self.scraper, self.target)
             self.scraper = None
-        summary = run.finish(self.target, {"engine": "locust", "workers": 0}, interrupted)
-        print_summary(self.console, summary, str(run.run_dir))
+        result = run.finish(self.target, {"engine": "locust", "workers": 0}, interrupted)
+        print_summary(self.console, result, str(run.run_dir))
 
     def _on_record(self, record: Any, chunks: Any) -> None:
         if self.run is not None:

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen import __version__
 from loadgen.run import exits
-from loadgen.analysis.slo import EXIT_CODES
+from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize
 from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
@@ -100,9 +100,9 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
         if sim is not None:
             sim.stop()
     exits.current.update(phase="writing the reports")
-    summary = run.summarize(target)
-    print_summary(console, summary, str(run_dir))
-    return EXIT_CODES[summary["verdict"]], run_dir
+    result = run.summarize(target)
+    print_summary(console, result, str(run_dir))
+    return result.exit_code, run_dir
 
 
 def _event_loop_run(coro: Any) -> Any:
@@ -259,7 +259,7 @@ class Run:
                         transient=False)
 
     def finish(self, target: ResolvedTarget, generator: dict[str, Any],
-               interrupted: bool | None = None) -> dict[str, Any]:
+               interrupted: bool | None = None) -> RunResult:
         """For drivers that run the plan themselves (Locust): the records are in; how the generator fared and
         whether the run was stopped early; then the summary and every report (``summarize``)."""
         self.close_sink()
@@ -268,7 +268,7 @@ class Run:
             self.interrupted = interrupted
         return self.summarize(target)
 
-    def summarize(self, target: ResolvedTarget) -> dict[str, Any]:
+    def summarize(self, target: ResolvedTarget) -> RunResult:
         """run.json (finished), then the summary and every report from the records. With a full disk: from the
         records on disk and in memory, verdict inconclusive, and whichever reports still fit."""
         if not self.disk_error:
@@ -316,7 +316,7 @@ class Run:
 
 
 def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
-                    png: bool = True) -> dict[str, Any]:
+                    png: bool = True) -> RunResult:
     """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
     ``loadgen report DIR`` at any time after). Damaged record parts are skipped, named, and make it inconclusive."""
     info = json.loads((run_dir / "run.json").read_text())
@@ -329,7 +329,7 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
 
 
 def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requests: pl.DataFrame,
-                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> dict[str, Any]:
+                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> RunResult:
     """The summary of these records and run.json's ``info``; the report files written as far as the disk
     allows (a full disk is a note, the summary is still returned)."""
     extra = {"interrupted": info.get("interrupted", False), "notes": list(info.get("notes", [])),
@@ -339,12 +339,12 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "disk_error": info.get("disk_error")}
     server = load_server_metrics(run_dir)
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
-    summary = with_headline(summary)
+    result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
-        write_reports(run_dir, summary, scenario.name, tables, requests, chunks, window, png, server)
+        write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server)
     except (OSError, pl.exceptions.PolarsError) as exc:
-        summary["notes"].append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
-    return summary
+        result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
+    return result
 
 
 __all__ = ["Run", "RunOptions", "run_scenario", "rebuild_reports", "TargetError"]

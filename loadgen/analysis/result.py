@@ -1,0 +1,155 @@
+"""``RunResult``: a run's outcome, typed — the verdict and why, per-metric percentiles, SLO results, stall,
+generator and server figures, and where the files are. ``summary.json`` is its serialisation (``to_dict``);
+``from_dict`` reads one back. Nested blocks are ``TypedDict``s: plain JSON at run time, checked by a type checker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Optional, TypedDict
+
+from loadgen.analysis.slo import EXIT_CODES
+
+SCHEMA_VERSION = 1
+Verdict = Literal["pass", "fail", "inconclusive"]
+
+
+
+class Percentiles(TypedDict):
+    count: int
+    mean: Optional[float]
+    p50: Optional[float]
+    p90: Optional[float]
+    p95: Optional[float]
+    p99: Optional[float]
+    p999: Optional[float]
+    max: Optional[float]
+
+
+class RequestCounts(TypedDict, total=False):
+    planned: Optional[int]
+    sent: int
+    warmup: int
+    completed: int
+    failed: int
+    cancelled: int
+    error_rate: float
+    errors_by_kind: dict[str, int]
+
+
+class Throughput(TypedDict):
+    requests_per_s: float
+    output_tokens_per_s: float
+    goodput_requests_per_s: float
+
+
+class SloResult(TypedDict):
+    objective: str  # e.g. "ttft_ms.p99", "stalls.max_prefill_induced_per_1k_tokens"
+    threshold: float
+    value: Optional[float]
+    samples: int
+    passed: Optional[bool]  # None: inconclusive
+    comparison: str
+    note: str
+
+
+class StallFigures(TypedDict, total=False):
+    count: int
+    prefill_induced: int
+    per_1k_tokens: float
+    prefill_induced_per_1k_tokens: float
+    events: int
+    lift: Optional[float]
+    lift_infinite: bool
+    by_cause: dict[str, int]
+    worst_gap_ms: Optional[float]
+    worst: Optional[dict[str, Any]]  # gap_ms, culprit, culprit_prompt_tokens, cause
+    prefill_fit: dict[str, float]
+    top_culprits: list[dict[str, Any]]
+    worst_events: list[dict[str, Any]]
+
+
+class ClassResult(TypedDict):
+    requests: RequestCounts
+    metrics: dict[str, Percentiles]
+    throughput: Throughput
+    stalls: StallFigures
+
+
+class GeneratorFigures(TypedDict, total=False):
+    engine: str  # asyncio | locust
+    cpu_s: float
+    wall_s: float
+    cpu_utilization: Optional[float]
+    workers: int
+    left: list[str]
+
+
+class ServerFigures(TypedDict, total=False):
+    scrapes: int
+    running_max: float
+    waiting_max: float
+    kv_cache_usage_max: float
+    preemptions: float
+
+
+@dataclass
+class RunResult:
+    verdict: Verdict
+    reasons: list[str]
+    requests: RequestCounts
+    metrics: dict[str, Percentiles]  # ttft_ms, ttft_service_ms, itl_ms, chunk_gap_ms, tpot_ms, e2e_ms, queue_delay_ms
+    throughput: Throughput
+    slo: list[SloResult]
+    stalls: StallFigures
+    stall_headline: str
+    classes: dict[str, ClassResult]
+    lengths: dict[str, dict[str, Any]]  # prompt/output: asked vs achieved
+    window_s: float
+    server: ServerFigures
+    interrupted: bool = False
+    notes: list[str] = field(default_factory=list)
+    model: Optional[str] = None
+    generator: GeneratorFigures = field(default_factory=lambda: GeneratorFigures())
+    target: dict[str, Any] = field(default_factory=dict)  # base_url (redacted), model, engine, tokenize, simulator
+    started_at: Optional[str] = None
+    seed: Optional[int] = None
+    loadgen_version: Optional[str] = None
+    finished: bool = True
+    disk_error: Optional[str] = None
+    run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised
+
+    @property
+    def exit_code(self) -> int:
+        """loadgen's exit code for this verdict: 0 pass, 1 fail, 3 inconclusive."""
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def paths(self) -> dict[str, Path]:
+        """The run directory's files that exist: summary.json, report.html, requests.parquet, …"""
+        if self.run_dir is None:
+            return {}
+        names = ("summary.json", "summary.md", "report.html", "junit.xml", "run.json", "requests.parquet",
+                 "chunks.parquet", "stalls.parquet", "server_metrics.parquet", "sim_trace.jsonl")
+        return {n: self.run_dir / n for n in names if (self.run_dir / n).exists()}
+
+    def slo_result(self, objective: str) -> Optional[SloResult]:
+        return next((o for o in self.slo if o["objective"] == objective), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json: every field but ``run_dir``, then ``schema_version``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "run_dir"}
+        return {**out, "schema_version": SCHEMA_VERSION}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], run_dir: Optional[Path] = None) -> "RunResult":
+        """A summary.json read back (keys a newer loadgen added are ignored; ValueError if one is missing)."""
+        missing = [n for n in ("verdict", "reasons", "metrics", "slo", "stalls") if n not in data]
+        if missing:
+            raise ValueError(f"not a loadgen summary: {', '.join(missing)} missing")
+        names = {f.name for f in fields(cls)} - {"run_dir"}
+        kwargs: dict[str, Any] = {"stall_headline": "", "requests": {}, "throughput": {}, "classes": {},
+                                  "lengths": {}, "window_s": 0.0, "server": {}}
+        kwargs.update((k, v) for k, v in data.items() if k in names)
+        return cls(**kwargs, run_dir=run_dir)
