@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 from pathlib import Path
@@ -12,9 +13,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
-from loadgen.core.secrets import redact_url, register, write_text
-from loadgen.run.target import scenario_secrets
+from loadgen import api
+from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.core.secrets import redact_url, write_text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
@@ -50,9 +51,7 @@ def _overrides(sets: list[str], base_url: str | None = None, model: str | None =
 
 def _load(path: Path, overrides: list[str]) -> Scenario:
     """The scenario, its secrets registered with the redactor before anything else can print them."""
-    sc = load_scenario(path, overrides, FLAGS)
-    register(*scenario_secrets(sc))
-    return sc
+    return api.load_scenario(path, overrides, FLAGS)
 
 
 def _check_out_dir(out: Path) -> None:
@@ -110,25 +109,20 @@ def run(
         raise _fail("--workers N needs --engine locust and N >= 0")
     if out is not None:
         _check_out_dir(out)
-    if engine == "locust":
-        from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
-    from loadgen.run.runner import RunOptions, TargetError, run_scenario
+    if engine == "locust":  # first: Locust monkey-patches the process when imported
+        importlib.import_module("loadgen.run.locust_run")
 
     try:
         overrides = _overrides(set_, base_url, model, api_key_env, seconds={
             "load.duration_s": duration, "target.request_timeout_s": request_timeout,
             "load.drain_timeout_s": drain_timeout})
         sc = _load(scenario, overrides)
-        opts = RunOptions(out=out, progress=not no_progress, png=not no_png, server_metrics=not no_server_metrics,
-                          server_metrics_period_s=server_metrics_period_s)
-        if engine == "locust":
-            launch = locust_run.WorkerLaunch(scenario, overrides)
-            code, _ = locust_run.LocustRun(sc, opts, console, workers, launch).execute()
-        else:
-            code, _ = run_scenario(sc, opts, console)
-    except (ScenarioError, TargetError) as exc:
+        result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
+                         png=not no_png, server_metrics=not no_server_metrics,
+                         server_metrics_period_s=server_metrics_period_s, console=console)
+    except (ScenarioError, api.TargetError) as exc:
         raise _fail(str(exc)) from None
-    raise typer.Exit(code)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()
@@ -151,18 +145,13 @@ def ui(
 ) -> None:
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
-    from loadgen.run import locust_ui  # first: Locust monkey-patches the process when imported
-    from loadgen.run.runner import RunOptions
-    from loadgen.run.target import TargetError
-
+    importlib.import_module("loadgen.run.locust_ui")  # first: Locust monkey-patches the process when imported
     try:
-        sc = _load(scenario, _overrides(set_, base_url))
-        opts = RunOptions(reports_dir=reports_dir, progress=False, png=not no_png)
-        session = locust_ui.UiSession(sc, opts, console, host, port, web_login, master,
-                                       (master_bind_host, master_port))
-    except (ScenarioError, TargetError) as exc:
+        api.ui(_load(scenario, _overrides(set_, base_url)), host=host, port=port, web_login=web_login,
+               master=master, master_bind=(master_bind_host, master_port), reports_dir=reports_dir,
+               png=not no_png, console=console)
+    except (ScenarioError, api.TargetError) as exc:
         raise _fail(str(exc)) from None
-    session.serve()
 
 
 @app.command()
@@ -219,13 +208,10 @@ def report(
     the run's Parquet records."""
     from loadgen.report.console import print_summary
     from loadgen.report.timeline import parse_window
-    from loadgen.run.runner import rebuild_reports
 
-    if not (run_dir / "run.json").exists():
-        raise _fail(f"{run_dir}: no run.json (is this a loadgen run directory?)")
     try:
         span = parse_window(window) if window else None
-        result = rebuild_reports(run_dir, window=span, png=not no_png)
+        result = api.report(run_dir, window=span, png=not no_png)
     except (FileNotFoundError, ScenarioError, ValueError) as exc:
         raise _fail(str(exc)) from None
     print_summary(console, result, str(run_dir))
@@ -252,21 +238,16 @@ def compare(
 ) -> None:
     """Say per metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs'
     raw records. Exit 1 when a metric regressed, 0 otherwise, 2 on bad input."""
-    from loadgen.run.comparison import CompareError, CompareOptions, compare_runs
-    from loadgen.report.compare_report import print_comparison, write_comparison
+    from loadgen.report.compare_report import print_comparison
 
-    opts = CompareOptions(threshold_pct=threshold, error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
-                          confidence=confidence,
-                          replicates=replicates, seed=seed)
-    if metric:
-        opts.metrics = tuple(metric)
     try:
-        doc, results = compare_runs(base, new, opts)
-    except (CompareError, ScenarioError) as exc:
+        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=threshold,
+                                 error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
+                                 confidence=confidence, replicates=replicates, seed=seed, out=out or new)
+    except (api.CompareError, ScenarioError) as exc:
         raise _fail(str(exc)) from None
-    write_comparison(out or new, doc, results)
-    print_comparison(console, doc, results)
-    raise typer.Exit(1 if doc["regressed"] else 0)
+    print_comparison(console, comparison.doc, comparison.results)
+    raise typer.Exit(comparison.exit_code)
 
 
 @app.command()

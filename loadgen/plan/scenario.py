@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from loadgen.plan.simulator_spec import SimulatorSpec
 
@@ -333,6 +333,12 @@ class Scenario(_Strict):
     load: Load
     workload: Workload
     slo: Slo = Field(default_factory=Slo)
+    # the file and --set items it was loaded from (Locust workers load it again); None when built in code
+    _source: tuple[Path, list[str]] | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> tuple[Path, list[str]] | None:
+        return self._source
 
 
 def load_scenario(path: Path | str, overrides: list[str] | None = None,

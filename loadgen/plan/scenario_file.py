@@ -40,7 +40,9 @@ def load_scenario(path: Path | str, overrides: list[str] | None = None,
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_error(exc, str(path), root, blame)) from None
-    return _resolve_paths(scenario, path.parent)
+    scenario = _resolve_paths(scenario, path.parent)
+    scenario._source = (path, list(overrides or []))
+    return scenario
 
 
 def _read_yaml(path: Path) -> tuple[yaml.Node | None, dict[str, Any]]:

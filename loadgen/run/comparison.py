@@ -76,6 +76,23 @@ def _warnings(base: tuple[dict[str, Any], RunSamples], new: tuple[dict[str, Any]
     return out
 
 
+@dataclass
+class Comparison:
+    """NEW against BASE: per metric, the bootstrap interval of the change and whether it regressed."""
+
+    doc: dict[str, Any]  # compare.json
+    results: list[MetricComparison]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.doc["regressed"])
+
+    @property
+    def exit_code(self) -> int:
+        """loadgen compare's exit code: 1 when a metric regressed, else 0."""
+        return 1 if self.regressed else 0
+
+
 def compare_runs(base_dir: Path, new_dir: Path, opts: CompareOptions) -> tuple[dict[str, Any], list[MetricComparison]]:
     opts.check()
     base, new = load_run(base_dir), load_run(new_dir)

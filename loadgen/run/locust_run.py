@@ -94,7 +94,7 @@ class LocustRun:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.recorded = 0
 
-    def execute(self) -> tuple[int, Path]:
+    def execute(self) -> RunResult:
         auth_headers(self.scenario)  # may raise TargetError before anything starts
         run_dir = make_run_dir(self.scenario, self.opts)
         sim = start_embedded(self.scenario, run_dir / "sim_trace.jsonl") if self.scenario.target.embedded else None
@@ -115,7 +115,7 @@ class LocustRun:
             if sim is not None:
                 sim.stop()
         print_summary(self.console, result, str(run_dir))
-        return result.exit_code, run_dir
+        return result
 
     def _drive(self) -> RunResult:
         state = lu.ProcessState(self.scenario, Preparation(self.scenario, self.plan, self.base_url), on_record=self._record)

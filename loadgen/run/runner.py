@@ -77,8 +77,8 @@ def discard_if_empty(run_dir: Path, created: bool) -> None:
     exits.current.update(run_dir=None)
 
 
-def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tuple[int, Path | None]:
-    """Run and report; returns (exit code, run directory). TargetError → exit 2 before anything is sent;
+def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunResult:
+    """Run and report; returns the result (its run directory set). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
     plan = build_plan(scenario)
@@ -102,7 +102,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> tupl
     exits.current.update(phase="writing the reports")
     result = run.summarize(target)
     print_summary(console, result, str(run_dir))
-    return result.exit_code, run_dir
+    return result
 
 
 def _event_loop_run(coro: Any) -> Any:

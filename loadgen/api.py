@@ -1,0 +1,126 @@
+"""loadgen from Python: the same runs, reports and comparisons as the command line, with typed results.
+
+    from loadgen import api
+
+    scenario = api.load_scenario("scenarios/smoke.yaml", overrides={"load.duration_s": 5})
+    result = api.run(scenario, out="reports/smoke-api")
+    print(result.verdict, result.metrics["ttft_ms"]["p99"], result.stalls["count"])
+    again = api.report(result.run_dir)            # recomputed from the raw records
+    diff = api.compare(result.run_dir, again.run_dir)
+
+Errors before anything is sent (a bad scenario, flag or target) raise ``ScenarioError`` or ``TargetError`` with
+the one line the CLI prints; ``CompareError`` for run directories that cannot be compared.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from rich.console import Console
+
+from loadgen.analysis.result import RunResult
+from loadgen.core.secrets import register
+from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.plan.scenario import load_scenario as _load_file
+from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
+from loadgen.run.target import TargetError, scenario_secrets
+
+__all__ = ["load_scenario", "run", "ui", "report", "compare", "RunResult", "Comparison", "Scenario", "ScenarioError",
+           "TargetError", "CompareError"]
+
+Overrides = Sequence[str] | Mapping[str, Any]
+
+
+def load_scenario(path: str | Path, overrides: Overrides = (), flags: Mapping[str, str] | None = None) -> Scenario:
+    """Read, expand (``${VAR:-default}``), override and validate a scenario file. ``overrides``: ``--set`` items
+    (``"load.rate_per_s=8"``) or a mapping of dotted fields to values. ScenarioError names the bad field."""
+    items = [f"{k}={json.dumps(v)}" for k, v in overrides.items()] if isinstance(overrides, Mapping) \
+        else list(overrides)
+    scenario = _load_file(Path(path), items, dict(flags or {}))
+    register(*scenario_secrets(scenario))  # its secrets never reach any output from here on
+    return scenario
+
+
+def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: str | Path | None = None,
+        engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0, progress: bool = False,
+        png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
+        server_metrics_period_s: float = 0.5, console: Console | None = None) -> RunResult:
+    """Run a scenario (a ``Scenario`` or a file's path) and write its run directory (``out``, default
+    ``reports_dir/<time>-<name>/``); returns the result (``run_dir`` set). ``base_url`` overrides the target's.
+    ``console``: where the progress, warnings and summary go (default: nowhere)."""
+    from loadgen.run.runner import RunOptions, run_scenario
+
+    if engine not in ("asyncio", "locust"):
+        raise ScenarioError(f"engine {engine!r}: choose asyncio or locust")
+    if workers < 0 or (workers and engine != "locust"):
+        raise ScenarioError("workers=N needs engine='locust' and N >= 0")
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    source = sc.source
+    if base_url is not None:
+        sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
+        register(*scenario_secrets(sc))
+    opts = RunOptions(out=Path(out) if out is not None else None, reports_dir=Path(reports_dir), progress=progress,
+                      png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s)
+    console = console or Console(quiet=True)
+    if engine == "locust":
+        return _run_locust(sc, opts, console, workers, source, base_url)
+    return run_scenario(sc, opts, console)
+
+
+def _run_locust(sc: Scenario, opts: Any, console: Console, workers: int,
+                source: tuple[Path, list[str]] | None, base_url: str | None) -> RunResult:
+    from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+
+    launch = None
+    if workers:
+        if source is None:
+            raise ScenarioError("workers need a scenario loaded from a file (api.load_scenario or a path): "
+                                "each worker process loads it again")
+        path, items = source
+        launch = locust_run.WorkerLaunch(path, items + ([f"target.base_url={json.dumps(base_url)}"]
+                                                        if base_url is not None else []))
+    return locust_run.LocustRun(sc, opts, console, workers, launch).execute()
+
+
+def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 8089, web_login: bool = False,
+       master: bool = False, master_bind: tuple[str, int] = ("*", 5557), reports_dir: str | Path = "reports",
+       png: bool = True, console: Console | None = None) -> None:
+    """Locust's web UI with the scenario loaded and the LLM tab, until Ctrl-C (``loadgen ui``): each Start is
+    one run, written like ``run``'s. Raises TargetError before serving when the target is unusable."""
+    from loadgen.run import locust_ui  # first: Locust monkey-patches the process when imported
+    from loadgen.run.runner import RunOptions
+
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    opts = RunOptions(reports_dir=Path(reports_dir), progress=False, png=png)
+    session = locust_ui.UiSession(sc, opts, console or Console(), host, port, web_login, master, master_bind)
+    session.serve()
+
+
+def report(run_dir: str | Path, *, window: tuple[float, float] | None = None, png: bool = True) -> RunResult:
+    """Recompute the summary, verdict and every report file of a run directory from its raw records."""
+    from loadgen.run.runner import rebuild_reports
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists():
+        raise ScenarioError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
+    return rebuild_reports(run_dir, window=window, png=png)
+
+
+def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None = None, threshold_pct: float = 10.0,
+            error_rate_pp: float = 1.0, stall_rate_delta: float = 0.5, confidence: float = 0.95,
+            replicates: int = 1000, seed: int = 0, out: str | Path | None = None) -> Comparison:
+    """NEW against BASE, per metric, with bootstrap confidence intervals; ``out`` (if given) receives
+    compare.md and compare.json."""
+    from loadgen.report.compare_report import write_comparison
+
+    opts = CompareOptions(threshold_pct=threshold_pct, error_rate_pp=error_rate_pp,
+                          stall_rate_delta=stall_rate_delta, confidence=confidence, replicates=replicates, seed=seed)
+    if metrics:
+        opts.metrics = tuple(metrics)
+    doc, results = compare_runs(Path(base), Path(new), opts)
+    comparison = Comparison(doc, results)
+    if out is not None:
+        write_comparison(Path(out), doc, results)
+    return comparison
