@@ -58,6 +58,9 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
         raise ScenarioError("workers=N needs engine='locust' and N >= 0")
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     source = sc.source
+    if workers and source is None:
+        raise ScenarioError("workers need a scenario loaded from a file (api.load_scenario or a path): each "
+                            "worker process loads it again")
     if base_url is not None:
         sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
         register(*scenario_secrets(sc))
@@ -74,10 +77,7 @@ def _run_locust(sc: Scenario, opts: Any, console: Console, workers: int,
     from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
 
     launch = None
-    if workers:
-        if source is None:
-            raise ScenarioError("workers need a scenario loaded from a file (api.load_scenario or a path): "
-                                "each worker process loads it again")
+    if workers and source is not None:
         path, items = source
         launch = locust_run.WorkerLaunch(path, items + ([f"target.base_url={json.dumps(base_url)}"]
                                                         if base_url is not None else []))

@@ -4,7 +4,7 @@ Prometheus ``/metrics`` map to one vocabulary (``running``, ``waiting``, ``kv_ca
 ``steps_total``).
 
 The engine is detected before anything is sent: from the prefix of the series its ``/metrics`` serves, else
-from the tokenize endpoint that answered. Pure: no I/O here (``target.py`` asks, this module reads).
+from the tokenize endpoint that answered. Pure: no I/O here (``run/target.py`` asks, this module reads).
 """
 
 from __future__ import annotations
