@@ -63,3 +63,24 @@ def test_bad_input_raises_one_clear_error_before_anything_is_sent(tmp_path: Path
     built._source = None  # a scenario built in code cannot be handed to Locust workers
     with pytest.raises(api.ScenarioError, match="workers need a scenario loaded from a file"):
         api.run(built, engine="locust", workers=1, out=tmp_path / "w")
+
+
+def test_run_works_from_an_async_caller_and_from_a_thread(tmp_path: Path) -> None:
+    """A notebook runs an event loop in the main thread, and a service may call from a worker thread: the run
+    gets a loop of its own either way."""
+    import asyncio
+    import threading
+
+    sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", {"load.duration_s": 2, "load.warmup_s": 0})
+
+    async def from_a_loop() -> api.RunResult:
+        return api.run(sc, out=tmp_path / "in-loop")
+
+    in_loop = asyncio.run(from_a_loop())
+    results: list[api.RunResult] = []
+    worker = threading.Thread(target=lambda: results.append(api.run(sc, out=tmp_path / "in-thread")))
+    worker.start()
+    worker.join(120)
+    for result in (in_loop, *results):
+        assert result.requests["completed"] > 0 and (result.run_dir / "summary.json").exists()  # type: ignore
+    assert len(results) == 1

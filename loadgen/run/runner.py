@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import platform
@@ -106,11 +107,34 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
 
 
 def _event_loop_run(coro: Any) -> Any:
+    """The run on an event loop of its own: on this thread, or on a fresh one (waited for) when this thread
+    already runs a loop (a notebook, an async caller of loadgen.api)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _new_loop_run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loadgen-run") as pool:
+        return pool.submit(_new_loop_run, coro).result()
+
+
+def _new_loop_run(coro: Any) -> Any:
     try:
         import uvloop
-        return uvloop.run(coro)
     except ImportError:
         return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _handle_signals(loop: asyncio.AbstractEventLoop, handler: Any) -> list[int]:
+    """SIGINT and SIGTERM to ``handler`` where this thread may take them; the signals handled."""
+    handled = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (ValueError, RuntimeError, NotImplementedError):  # only the main thread gets signals
+            break
+        handled.append(sig)
+    return handled
 
 
 class Run:
@@ -137,8 +161,7 @@ class Run:
                 self._engine.stop()
             elif main is not None:
                 main.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
+        handled = _handle_signals(loop, on_signal)  # not on a thread other than the main one
         try:
             return await self._execute(base_url, sim)
         except asyncio.CancelledError:
@@ -146,7 +169,7 @@ class Run:
                 raise exits.Interrupted() from None
             raise
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in handled:
                 loop.remove_signal_handler(sig)
 
     async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
