@@ -35,7 +35,7 @@ import httpx
 from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.drivers.timing import error_kind, overdue, quiet_runtime, sleep_until
+from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
 from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
 
 WATCHDOG_PERIOD_S = 0.1
@@ -73,6 +73,7 @@ class EngineConfig:
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
     max_event_bytes: int = 1 << 20
+    max_rate_per_s: float | None = None  # closed loop: this process's users together, at most (RateCeiling)
 
 
 class AsyncioEngine:
@@ -84,6 +85,7 @@ class AsyncioEngine:
         self._timeouts: dict[int, tuple[str, str]] = {}
         self._stopping = False
         self._seqs = itertools.count()  # closed loop: the next plan index
+        self.ceiling = RateCeiling(cfg.max_rate_per_s)
 
     def stop(self) -> None:
         """Stop sending and cancel what is in flight (each is recorded as cancelled)."""
@@ -160,6 +162,7 @@ class AsyncioEngine:
                 return
             req = self.plan.request(seq)
             body = await self._body(req, time.monotonic_ns())  # a prompt may need /tokenize: not lag
+            await self.ceiling.wait()
             now = time.monotonic_ns()  # the user is ready to send now: the intended time
             if end_ns is not None and now >= end_ns or self._stopping:
                 return

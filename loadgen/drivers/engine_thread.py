@@ -24,6 +24,7 @@ import httpx
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from loadgen.drivers.scrape import Scraper
+from loadgen.drivers.timing import RateCeiling
 from loadgen.plan.schedule import Plan, PlannedRequest
 
 OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
@@ -92,6 +93,14 @@ class EngineThread:
         self._hard_end_ns = t_ns  # applied when the engine exists, if it does not yet
         if self.loop is not None and self.ready:
             self.loop.call_soon_threadsafe(setattr, self.engine, "hard_end_ns", t_ns)
+
+    def set_rate_ceiling(self, per_s: float | None) -> None:
+        """This process's share of ``load.max_rate_per_s`` (closed loop), applied before the next send."""
+        self._ceiling_per_s = per_s
+        if self.loop is not None and self.ready:
+            self.loop.call_soon_threadsafe(setattr, self.engine, "ceiling", RateCeiling(per_s))
+
+    _ceiling_per_s: float | None = None
 
     def cancel_in_flight(self) -> None:
         """Cancel every request in flight (each is recorded as cancelled); later submits still go."""
@@ -165,6 +174,7 @@ class EngineThread:
             self.target = self.prepared.target
             self.engine = self._engine(client)
             self.engine.hard_end_ns = self._hard_end_ns
+            self.engine.ceiling = RateCeiling(self._ceiling_per_s)
             watchdog = self.engine.start_watchdog()
             self.ready = True
             await self._stop.wait()
@@ -189,6 +199,7 @@ class EngineThread:
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
         body = await self.prepared.body(req)
-        if t_intended_ns <= 0:  # closed loop: intended = when the body is ready
+        if t_intended_ns <= 0:  # closed loop: intended = when the body is ready and the ceiling lets it go
+            await self.engine.ceiling.wait()
             t_intended_ns = time.monotonic_ns()
         await self.engine.execute_one(req, t_intended_ns, json.dumps(body).encode())

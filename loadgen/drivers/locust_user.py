@@ -81,6 +81,8 @@ class ProcessState:
         self.index, self.workers, self.t0_ns = index, workers, t0_ns
         end_s = self.plan.hard_end_s(self.scenario.load.drain_timeout_s)
         self.engine.set_hard_end(t0_ns + int(end_s * 1e9) if end_s is not None else None)
+        ceiling = self.scenario.load.max_rate_per_s
+        self.engine.set_rate_ceiling(ceiling / workers if ceiling is not None else None)
 
     def next_request(self) -> PlannedRequest | None:
         while self.t0_ns is None:

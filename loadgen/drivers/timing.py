@@ -70,3 +70,25 @@ def quiet_runtime() -> Iterator[None]:
         if was_enabled:
             gc.enable()
         gc.collect()
+
+
+class RateCeiling:
+    """At most ``per_s`` sends a second across every closed-loop user of this process (``load.max_rate_per_s``,
+    a worker's share of it under Locust): asyncio-throttle's sliding window of one send per ``1/per_s`` seconds,
+    so sends are spaced, never bunched. The caller stamps a request's intended time *after* ``wait()``: a user
+    held by the ceiling is the plan, not the generator's lag. ``per_s=None``: no ceiling."""
+
+    def __init__(self, per_s: float | None) -> None:
+        self.per_s = per_s
+        self._throttler = None
+        if per_s is not None:
+            from asyncio_throttle import Throttler
+
+            period_s = 1.0 / per_s
+            # waiters poll; a poll every 1/20 of the spacing (0.5–10 ms) costs little and loses ≤ 5 % of the rate
+            self._throttler = Throttler(rate_limit=1, period=period_s,
+                                        retry_interval=min(0.01, max(0.0005, period_s / 20)))
+
+    async def wait(self) -> None:
+        if self._throttler is not None:
+            await self._throttler.acquire()

@@ -181,6 +181,8 @@ class Load(_Strict):
     requests: int | None = Field(None, ge=1, le=MAX_PLAN_REQUESTS)
     warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
     max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY)
+    max_rate_per_s: float | None = Field(None, gt=0, description="closed loop: the users together never send "
+                                         "more than this many requests per second")
     drain_timeout_s: float = Field(30.0, ge=0, le=MAX_DURATION_S, description="after the last send, in-flight "
                                    "requests get this long to end; then they are cancelled and the run ends")
 
@@ -190,6 +192,9 @@ class Load(_Strict):
                  "concurrency": "concurrency", "stages": "stages", "trace": "trace"}[self.arrival]
         if getattr(self, needs) is None:
             raise ValueError(f"arrival {self.arrival!r} needs load.{needs}")
+        if self.max_rate_per_s is not None and self.arrival != "concurrency":
+            raise ValueError("load.max_rate_per_s caps closed-loop load (arrival: concurrency); an open-loop "
+                             "rate is load.rate_per_s")
         if self.arrival not in ("stages", "trace") and self.duration_s is None and self.requests is None:
             raise ValueError("give load.duration_s or load.requests")
         expected = self.expected_requests()
@@ -300,7 +305,9 @@ class ErrorRate(_Strict):
 
 
 class Goodput(_Strict):
-    """A request is good when it finished without error within every per-request limit given."""
+    """A request is good when it finished without error within every per-request limit given. ``min_ratio`` is
+    DistServe's SLO attainment (the share of requests that must be good); ``slo.attainment`` is another name for
+    this block."""
 
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
@@ -319,7 +326,7 @@ class Slo(_Strict):
     tpot_ms: Thresholds | None = None
     e2e_ms: Thresholds | None = None
     error_rate: ErrorRate | None = None
-    goodput: Goodput | None = None
+    goodput: Goodput | None = Field(None, validation_alias=AliasChoices("goodput", "attainment"))
     stalls: StallSlo = Field(default_factory=StallSlo, validation_alias=AliasChoices("stalls", "spikes"))
     fluidity: FluiditySlo | None = None
     max_generator_lag_ms: float = Field(10.0, gt=0, description="p99 queue_delay_ms above this: inconclusive")

@@ -57,7 +57,7 @@ def engine_config(scenario: Scenario, target: ResolvedTarget) -> EngineConfig:
                         request_timeout_s=s.target.request_timeout_s, drain_timeout_s=load.drain_timeout_s,
                         max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
                         concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS,
-                        max_event_bytes=s.target.max_event_bytes)
+                        max_event_bytes=s.target.max_event_bytes, max_rate_per_s=load.max_rate_per_s)
 
 
 @dataclass
