@@ -1,0 +1,178 @@
+"""A sweep's outcome, typed: every step's figures and calls, the capacity as an interval (for the SLOs and for
+DistServe's attainment), the knee and the saturation point, and the exit code. ``sweep.json`` is ``to_dict``.
+
+Exit codes: 0 when the capacity meets ``--require`` (or none was asked and the search bracketed a capacity),
+1 when it is below ``--require`` or no load passed, 3 when the search could not decide (budget or steps spent
+before a passing load sat below a failing one, or ``--require`` falls inside the capacity interval).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from loadgen.analysis.capacity import Backlog, Call, ObjectiveCall
+from loadgen.analysis.result import RunResult
+
+SCHEMA_VERSION = 1
+KNEE_FACTOR = 2.0  # the knee: the highest load whose TTFT p90 stays within this × the lightest load's
+
+
+@dataclass
+class Step:
+    load: float
+    duration_s: float
+    attempt: int
+    wall_s: float
+    call: Call
+    saturated: bool
+    verdict: str  # the run's own verdict (point estimates)
+    objectives: list[dict[str, Any]]
+    attainment: Optional[Call]
+    requests_per_s: Optional[float]
+    output_tokens_per_s: Optional[float]
+    goodput_requests_per_s: Optional[float]
+    offered_per_s: Optional[float]
+    completed: int
+    failed: int
+    metrics: dict[str, dict[str, Optional[float]]]  # ttft_ms/itl_ms/tpot_ms/e2e_ms → p50, p90, p99
+    stalls_per_1k_tokens: Optional[float]
+    prefill_induced_per_1k_tokens: Optional[float]
+    backlog: Optional[dict[str, Any]] = None
+    run_dir: str = ""
+
+    @classmethod
+    def from_result(cls, r: RunResult, load: float, duration_s: float, attempt: int, wall_s: float,
+                    calls: list[ObjectiveCall], call: Call, attainment: Optional[Call],
+                    log: Optional[Backlog], offered_per_s: Optional[float]) -> "Step":
+        tput, st = r.throughput or {}, r.stalls or {}
+        metrics = {k: {p: r.metrics[k].get(p) for p in ("p50", "p90", "p99")}  # type: ignore[misc]
+                   for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms") if k in r.metrics}
+        return cls(load, duration_s, attempt, wall_s, call, bool(log and log.saturated), r.verdict,
+                   [c.as_dict() for c in calls], attainment, tput.get("requests_per_s"),
+                   tput.get("output_tokens_per_s"), tput.get("goodput_requests_per_s"), offered_per_s,
+                   r.requests.get("completed", 0), r.requests.get("failed", 0), metrics, st.get("per_1k_tokens"),
+                   st.get("prefill_induced_per_1k_tokens"), asdict(log) if log else None)
+
+    def line(self, mode: str) -> str:
+        unit = "req/s" if mode == "rate" else "users"
+        ttft, itl = self.metrics.get("ttft_ms", {}), self.metrics.get("itl_ms", {})
+        sat = ", saturated" if self.saturated else ""
+        retry = f" (again, {self.duration_s:g} s)" if self.attempt > 1 else ""
+        return (f"step {self.load:g} {unit}{retry}: {self.call.upper()}{sat} — {_n(self.requests_per_s)} req/s "
+                f"done, TTFT p99 {_n(ttft.get('p99'))} ms, ITL p99 {_n(itl.get('p99'))} ms")
+
+
+def _n(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+@dataclass
+class Capacity:
+    low: Optional[float]  # the highest load that met the objectives, below the lowest that did not
+    high: Optional[float]  # the lowest load that did not (None: none failed)
+    decided: bool  # a passing load sits below a failing one
+
+    def text(self, unit: str) -> str:
+        if self.low is None and self.high is None:
+            return "unknown (no step decided)"
+        if self.low is None:
+            return f"below {self.high:g} {unit} (no load passed)"
+        if self.high is None:
+            return f"at least {self.low:g} {unit} (no load failed)"
+        return f"{self.low:g}–{self.high:g} {unit}"
+
+
+@dataclass
+class SweepResult:
+    name: str
+    mode: str  # rate | concurrency
+    unit: str
+    steps: list[Step]
+    capacity: Capacity
+    attainment_capacity: Optional[Capacity]  # DistServe's goodput (slo.goodput.min_ratio), if in the scenario
+    knee: Optional[float]
+    saturation: Optional[float]
+    require: Optional[float]
+    tolerance: float
+    confidence: float
+    stop_reason: str
+    wall_s: float
+    exit_code: int
+    reasons: list[str] = field(default_factory=list)
+    out_dir: Optional[Path] = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "out_dir"}
+        out["steps"] = [asdict(s) for s in self.steps]
+        out["capacity"] = asdict(self.capacity)
+        out["attainment_capacity"] = asdict(self.attainment_capacity) if self.attainment_capacity else None
+        return {**out, "schema_version": SCHEMA_VERSION}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], out_dir: Optional[Path] = None) -> "SweepResult":
+        kwargs = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)} - {"out_dir"}}
+        kwargs["steps"] = [Step(**s) for s in data["steps"]]
+        kwargs["capacity"] = Capacity(**data["capacity"])
+        kwargs["attainment_capacity"] = Capacity(**data["attainment_capacity"]) if data.get(
+            "attainment_capacity") else None
+        return cls(**kwargs, out_dir=out_dir)
+
+
+def final_steps(steps: list[Step]) -> list[Step]:
+    """One step per load (a re-run replaces its first attempt), by load."""
+    return sorted({s.load: s for s in steps}.values(), key=lambda s: s.load)
+
+
+def capacity_of(steps: list[Step], call_of: Any) -> Capacity:
+    """[highest pass below the lowest failure, lowest failure]: saturation counts as failure."""
+    final = final_steps(steps)
+    fails = [s.load for s in final if call_of(s) == "fail" or s.saturated]
+    high = min(fails) if fails else None
+    passes = [s.load for s in final if call_of(s) == "pass" and not s.saturated and (high is None or s.load < high)]
+    low = max(passes) if passes else None
+    return Capacity(low, high, low is not None and high is not None)
+
+
+def knee_of(steps: list[Step]) -> Optional[float]:
+    """The highest load (below saturation) whose TTFT p90 stays within KNEE_FACTOR × the lightest load's."""
+    final = [s for s in final_steps(steps) if s.metrics.get("ttft_ms", {}).get("p90") is not None]
+    if len(final) < 2:
+        return None
+    base = final[0].metrics["ttft_ms"]["p90"]
+    knee = None
+    for s in final:
+        if s.saturated or s.metrics["ttft_ms"]["p90"] > KNEE_FACTOR * base:  # type: ignore[operator]
+            break
+        knee = s.load
+    return knee
+
+
+def exit_code(cap: Capacity, require: Optional[float]) -> tuple[int, list[str]]:
+    if require is not None:
+        if cap.low is not None and cap.low >= require:
+            return 0, [f"capacity ≥ {cap.low:g} meets --require {require:g}"]
+        if cap.high is not None and cap.high <= require:
+            return 1, [f"capacity < {cap.high:g}, below --require {require:g}"]
+        return 3, [f"--require {require:g} lies within the capacity interval: undecided"]
+    if cap.decided:
+        return 0, []
+    if cap.low is None and cap.high is not None:
+        return 1, [f"no load passed: the capacity is below {cap.high:g}"]
+    return 3, ["the search could not bracket the capacity (a passing load below a failing one)"]
+
+
+def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[float], tolerance: float,
+                    confidence: float, stop_reason: str, wall_s: float, out_dir: Optional[Path],
+                    interrupted: bool = False) -> SweepResult:
+    cap = capacity_of(steps, lambda s: s.call)
+    has_attainment = any(s.attainment is not None for s in steps)
+    attain = capacity_of(steps, lambda s: s.attainment) if has_attainment else None
+    code, reasons = exit_code(cap, require)
+    if interrupted:
+        code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
+    saturated = [s.load for s in final_steps(steps) if s.saturated]
+    return SweepResult(name, mode, "req/s" if mode == "rate" else "users", steps, cap, attain, knee_of(steps),
+                       min(saturated) if saturated else None, require, tolerance, confidence, stop_reason, wall_s,
+                       code, reasons + ([stop_reason] if stop_reason and code == 3 else []), out_dir)

@@ -1,0 +1,180 @@
+"""A sweep's report: sweep.html (throughput and goodput, latency percentiles with the SLO lines, stalls — each
+against the load, with the capacity interval, the knee and the saturation point marked), summary.md, junit.xml
+(one test case per step, one for the capacity) and the console table. Built from ``SweepResult`` only."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from loadgen.analysis.sweep_result import SweepResult, final_steps
+from loadgen.report.charts import WIDE, Chart
+from loadgen.report.html import chart_section, e, page
+from loadgen.report.writers import fmt, md_escape
+
+LATENCY = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"))
+CALL_CLASS = {"pass": "pass", "fail": "fail", "undecided": "inconclusive"}
+
+
+def _x(r: SweepResult) -> alt.X:
+    return alt.X("load:Q", title="offered load (requests/s)" if r.mode == "rate" else "concurrent users")
+
+
+def _marks(r: SweepResult) -> list[alt.TopLevelMixin]:
+    """The capacity interval as a band; the knee and the saturation point as labelled rules."""
+    out: list[alt.TopLevelMixin] = []
+    cap = r.capacity
+    if cap.low is not None and cap.high is not None:
+        band = pl.DataFrame({"low": [cap.low], "high": [cap.high]})
+        out.append(alt.Chart(band).mark_rect(opacity=0.15, color="#2e7d32").encode(x="low:Q", x2="high:Q"))
+    points = [(label, value) for label, value in (("knee", r.knee), ("saturation", r.saturation)) if value]
+    if points:
+        rules = pl.DataFrame({"mark": [p[0] for p in points], "load": [float(p[1]) for p in points]})
+        base = alt.Chart(rules)
+        out.append(base.mark_rule(strokeDash=[4, 3], color="#555").encode(x="load:Q"))
+        out.append(base.mark_text(align="left", dx=3, dy=-4, baseline="top", color="#555").encode(
+            x="load:Q", y=alt.value(2), text="mark:N"))
+    return out
+
+
+def _layer(r: SweepResult, main: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    return alt.layer(*_marks(r), main).properties(width=WIDE, height=240)
+
+
+def throughput_chart(r: SweepResult) -> alt.TopLevelMixin:
+    rows = [{"load": s.load, "series": name, "per_s": value} for s in final_steps(r.steps)
+            for name, value in (("completed req/s", s.requests_per_s), ("goodput req/s", s.goodput_requests_per_s),
+                                ("offered req/s", s.offered_per_s)) if value is not None]
+    frame = pl.DataFrame(rows, schema={"load": pl.Float64, "series": pl.Utf8, "per_s": pl.Float64})
+    lines = alt.Chart(frame).mark_line(point=True).encode(
+        x=_x(r), y=alt.Y("per_s:Q", title="requests/s"), color=alt.Color("series:N", legend=alt.Legend(orient="top")),
+        tooltip=["load:Q", "series:N", alt.Tooltip("per_s:Q", format=".2f")])
+    return _layer(r, lines)
+
+
+def latency_chart(r: SweepResult, metric: str, label: str) -> alt.TopLevelMixin:
+    rows = [{"load": s.load, "stat": stat, "ms": s.metrics.get(metric, {}).get(stat)}
+            for s in final_steps(r.steps) for stat in ("p50", "p90", "p99")]
+    frame = pl.DataFrame([x for x in rows if x["ms"] is not None],
+                         schema={"load": pl.Float64, "stat": pl.Utf8, "ms": pl.Float64})
+    lines = alt.Chart(frame).mark_line(point=True).encode(
+        x=_x(r), y=alt.Y("ms:Q", title=f"{label} (ms)", scale=alt.Scale(type="log")),
+        color=alt.Color("stat:N", legend=alt.Legend(orient="top")), tooltip=["load:Q", "stat:N", "ms:Q"])
+    limits = slo_lines(r, metric)
+    if limits.height:
+        rules = alt.Chart(limits).mark_rule(color="#c62828", strokeDash=[6, 3]).encode(
+            y="ms:Q", tooltip=["objective:N", "ms:Q"])
+        return _layer(r, alt.layer(lines, rules))
+    return _layer(r, lines)
+
+
+def slo_lines(r: SweepResult, metric: str) -> pl.DataFrame:
+    seen = {o["objective"]: o["threshold"] for s in r.steps for o in s.objectives
+            if o["objective"].startswith(metric + ".")}
+    return pl.DataFrame({"objective": list(seen), "ms": [float(v) for v in seen.values()]},
+                        schema={"objective": pl.Utf8, "ms": pl.Float64})
+
+
+def stalls_chart(r: SweepResult) -> alt.TopLevelMixin:
+    rows = [{"load": s.load, "series": name, "per_1k": value} for s in final_steps(r.steps)
+            for name, value in (("stalls", s.stalls_per_1k_tokens),
+                                ("prefill-induced", s.prefill_induced_per_1k_tokens)) if value is not None]
+    frame = pl.DataFrame(rows, schema={"load": pl.Float64, "series": pl.Utf8, "per_1k": pl.Float64})
+    lines = alt.Chart(frame).mark_line(point=True).encode(
+        x=_x(r), y=alt.Y("per_1k:Q", title="per 1k output tokens"),
+        color=alt.Color("series:N", legend=alt.Legend(orient="top")), tooltip=["load:Q", "series:N", "per_1k:Q"])
+    return _layer(r, lines)
+
+
+def sweep_charts(r: SweepResult) -> list[Chart]:
+    charts = [Chart("throughput", "Throughput and goodput vs load", throughput_chart(r),
+                    "The green band is the capacity interval; dashed rules mark the knee and saturation.")]
+    charts += [Chart(f"latency_{m}", f"{label} percentiles vs load", latency_chart(r, m, label),
+                     "Red dashed lines: the scenario's SLO limits.") for m, label in LATENCY]
+    charts.append(Chart("stalls", "Stalls per 1k output tokens vs load", stalls_chart(r)))
+    return charts
+
+
+def headline(r: SweepResult) -> str:
+    cap = r.capacity.text(r.unit)
+    extra = f"; attainment capacity {r.attainment_capacity.text(r.unit)}" if r.attainment_capacity else ""
+    return f"capacity {cap}{extra}"
+
+
+def steps_table_rows(r: SweepResult) -> list[list[str]]:
+    rows = []
+    for s in r.steps:
+        m = s.metrics
+        rows.append([f"{s.load:g}" + (" (again)" if s.attempt > 1 else ""), s.call + (", saturated" if s.saturated
+                     else ""), fmt(s.requests_per_s), fmt(s.goodput_requests_per_s),
+                     fmt(m.get("ttft_ms", {}).get("p99")), fmt(m.get("itl_ms", {}).get("p99")),
+                     fmt(m.get("tpot_ms", {}).get("p99")), fmt(s.stalls_per_1k_tokens), s.run_dir])
+    return rows
+
+
+STEP_HEAD = ["load", "call", "done req/s", "goodput req/s", "TTFT p99", "ITL p99", "TPOT p99", "stalls/1k",
+             "run"]
+
+
+def render_html(r: SweepResult) -> str:
+    code = {0: "pass", 1: "fail", 3: "inconclusive"}.get(r.exit_code, "inconclusive")
+    head = "".join(f"<th>{h}</th>" for h in STEP_HEAD)
+    body = []
+    for s, row in zip(r.steps, steps_table_rows(r)):
+        cells = [f"<td>{e(row[0])}</td>", f"<td class=\"{CALL_CLASS[s.call]}\">{e(row[1])}</td>"]
+        cells += [f"<td>{e(v)}</td>" for v in row[2:-1]]
+        cells.append(f"<td class=\"text\"><a href=\"{e(row[-1])}/report.html\">{e(row[-1])}</a></td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    reasons = "".join(f"<li>{e(x)}</li>" for x in r.reasons)
+    top = (f"<h1>loadgen sweep: {e(r.name)} <span class=\"badge {code}\" id=\"verdict\">{e(headline(r))}</span>"
+           f"</h1><p class=\"meta\">{len(r.steps)} steps in {r.wall_s:.0f} s; each objective judged at "
+           f"{r.confidence:.0%} confidence; knee {e(fmt(r.knee))}, saturation {e(fmt(r.saturation))}; "
+           f"stopped: {e(r.stop_reason)}</p>" + (f"<ul>{reasons}</ul>" if reasons else ""))
+    table = f"<h2>Steps</h2><table id=\"steps\"><tr>{head}</tr>{''.join(body)}</table>"
+    return page(f"loadgen sweep: {r.name}", top + table + "".join(chart_section(c) for c in sweep_charts(r)))
+
+
+def summary_markdown(r: SweepResult) -> str:
+    lines = [f"# loadgen sweep: {md_escape(r.name)}", "", f"**{md_escape(headline(r))}** (exit {r.exit_code})", ""]
+    lines += [f"- {md_escape(x)}" for x in r.reasons]
+    lines += [f"- knee: {fmt(r.knee)}; saturation: {fmt(r.saturation)}; stopped: {md_escape(r.stop_reason)}", "",
+              "| " + " | ".join(STEP_HEAD) + " |", "|" + "---|" * len(STEP_HEAD)]
+    lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in steps_table_rows(r)]
+    return "\n".join(lines) + "\n"
+
+
+def junit_xml(r: SweepResult) -> bytes:
+    """One test case per step (failure: an objective failed with confidence; skipped: undecided) and one for the
+    capacity against --require."""
+    suite = ET.Element("testsuite", name=f"loadgen.sweep.{r.name}", tests=str(len(r.steps) + 1),
+                       failures=str(sum(s.call == "fail" for s in r.steps) + (r.exit_code == 1)), errors="0",
+                       skipped=str(sum(s.call == "undecided" for s in r.steps) + (r.exit_code == 3)),
+                       time=f"{r.wall_s:.3f}")
+    for s in r.steps:
+        case = ET.SubElement(suite, "testcase", classname=f"loadgen.sweep.{r.name}.step",
+                             name=f"{s.load:g} {r.unit}" + (" (again)" if s.attempt > 1 else ""),
+                             time=f"{s.wall_s:.3f}")
+        bad = [_objective_text(o) for o in s.objectives if o["call"] != "pass"]
+        if s.call == "fail":
+            ET.SubElement(case, "failure", message="; ".join(bad) or "saturated", type="SLOViolation").text = \
+                "\n".join(bad)
+        elif s.call == "undecided":
+            ET.SubElement(case, "skipped", message="undecided: " + "; ".join(bad))
+    case = ET.SubElement(suite, "testcase", classname=f"loadgen.sweep.{r.name}", name="capacity", time="0")
+    if r.exit_code == 1:
+        ET.SubElement(case, "failure", message=headline(r), type="CapacityBelowRequirement").text = \
+            "\n".join(r.reasons)
+    elif r.exit_code == 3:
+        ET.SubElement(case, "skipped", message="; ".join(r.reasons) or "undecided")
+    root = ET.Element("testsuites", name="loadgen", time=f"{r.wall_s:.3f}")
+    root.append(suite)
+    ET.indent(root)
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
+
+
+def _objective_text(o: dict[str, Any]) -> str:
+    ci = f" [{fmt(o['ci_low'])}, {fmt(o['ci_high'])}]" if o["ci_low"] is not None else ""
+    return f"{o['objective']} = {fmt(o['value'])}{ci} {o['call']} (limit {o['comparison']} {fmt(o['threshold'])})"
