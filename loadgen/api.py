@@ -21,14 +21,15 @@ from typing import Any, Literal, Mapping, Sequence
 from rich.console import Console
 
 from loadgen.analysis.result import RunResult
+from loadgen.analysis.sweep_result import SweepResult
 from loadgen.core.secrets import register
 from loadgen.plan.scenario import Scenario, ScenarioError
 from loadgen.plan.scenario import load_scenario as _load_file
 from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
 from loadgen.run.target import TargetError, scenario_secrets
 
-__all__ = ["load_scenario", "run", "ui", "report", "compare", "RunResult", "Comparison", "Scenario", "ScenarioError",
-           "TargetError", "CompareError"]
+__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "RunResult", "Comparison", "SweepResult",
+           "Scenario", "ScenarioError", "TargetError", "CompareError"]
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -124,3 +125,37 @@ def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None 
     if out is not None:
         write_comparison(Path(out), doc, results)
     return comparison
+
+
+def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = None,
+          concurrency: Sequence[int] | None = None, find_max: Literal["rate", "concurrency"] | None = None,
+          require: float | None = None, tolerance: float = 0.05, budget_s: float = 3600.0, max_steps: int = 20,
+          start: float | None = None, step_duration_s: float | None = None, confidence: float = 0.95,
+          base_url: str | None = None, out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio",
+          workers: int = 0, png: bool = False, progress: bool = False, reports_dir: str | Path = "reports",
+          console: Console | None = None) -> SweepResult:
+    """The scenario at several loads (``loadgen sweep``): fixed ``rates`` or ``concurrency`` steps, or a search
+    (``find_max``) for the highest load meeting every SLO with confidence. Each step is a full run under
+    ``out/steps/``; sweep.json, summary.md, junit.xml and sweep.html go to ``out``. ``exit_code``: 0 capacity
+    meets ``require`` (or, without one, was bracketed), 1 below it, 3 undecided. ``console``: where each step's
+    line and the capacity go (default: nowhere); ``progress``: a progress bar per step on stderr."""
+    from loadgen.run.sweep import SweepOptions, run_sweep, sweep_dir
+
+    if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
+        raise ScenarioError("give one of rates, concurrency or find_max")
+    if find_max not in (None, "rate", "concurrency"):
+        raise ScenarioError(f"find_max {find_max!r}: choose rate or concurrency")
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    if base_url is not None:
+        sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
+        register(*scenario_secrets(sc))
+    mode = find_max or ("rate" if rates is not None else "concurrency")
+    loads = [float(x) for x in rates] if rates is not None else \
+        [float(x) for x in concurrency] if concurrency is not None else None
+    opts = SweepOptions(mode, loads, require, tolerance, budget_s, max_steps, start, step_duration_s,
+                        confidence=confidence, engine=engine, workers=workers, png=png)
+    console = console or Console(quiet=True)
+
+    def run_step(step: Scenario, run_dir: Path) -> RunResult:
+        return run(step, out=run_dir, engine=engine, workers=workers, png=png, base_url=base_url, progress=progress)
+    return run_sweep(sc, opts, sweep_dir(sc, Path(out) if out else None, Path(reports_dir)), run_step, console)

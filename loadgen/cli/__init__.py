@@ -1,4 +1,4 @@
-"""The command line (typer): ``loadgen run | report | compare | validate | history | ui | worker | target``.
+"""The command line (typer): ``loadgen run | sweep | report | compare | validate | history | ui | worker | target``.
 Commands parse flags and call ``loadgen.api``; exit codes are the verdict's."""
 
 from loadgen.cli.main import app, main

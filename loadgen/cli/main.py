@@ -286,5 +286,7 @@ def main() -> None:
     raise SystemExit(exits.run_app(app))
 
 
+importlib.import_module("loadgen.cli.sweep")  # registers ``loadgen sweep`` on ``app``
+
 if __name__ == "__main__":
     main()
