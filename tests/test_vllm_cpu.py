@@ -89,3 +89,33 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on (256) {worst_on_ms:.0f} ms; "
           f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")
     assert req_on["error_kind"].is_null().all() and worst_on_ms < 0.7 * worst_off_ms
+
+
+SWEEP = {"name": "vllm-cpu-sweep", "target": {"base_url": BASE_URL, "model": "auto", "api": "chat"}, "seed": 2,
+         "load": {"arrival": "constant", "rate_per_s": 1, "duration_s": 8, "warmup_s": 1, "max_in_flight": 32},
+         "workload": {"classes": [{"name": "chat", "prompt_tokens": {"dist": "uniform", "min": 32, "max": 256},
+                                   "output_tokens": {"dist": "fixed", "value": 32}}]},
+         "slo": {"ttft_ms": {"p50": 5000}, "error_rate": {"max": 0.01}}}
+
+
+def test_sweep_steps_against_real_vllm_on_cpu(tiny_model: Path, tmp_path: Path) -> None:
+    """`loadgen sweep --rates 1,3` end to end: two full runs against the server, judged and reported."""
+    import json
+
+    import yaml
+
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(SWEEP))
+    with vllm_serving(tiny_model):
+        res = run_cli("sweep", str(path), "--rates", "1,3", "--out", str(tmp_path / "sweep"), timeout=600)
+    out = tmp_path / "sweep"
+    doc = json.loads((out / "sweep.json").read_text())
+    print(res.stdout[-2000:])
+    steps = {s["load"]: s for s in doc["steps"] if s["attempt"] == 1}
+    assert set(steps) == {1.0, 3.0} and res.returncode in (0, 1, 3), res.stderr
+    for load, step in steps.items():
+        run = json.loads((out / step["run_dir"] / "summary.json").read_text())
+        assert run["requests"]["failed"] == 0 and step["completed"] >= 0.9 * load * 8
+        assert run["target"]["engine"] == "vllm"
+    assert steps[3.0]["requests_per_s"] > 1.8 * steps[1.0]["requests_per_s"]
+    assert (out / "sweep.html").exists() and (out / "junit.xml").exists()
