@@ -3,7 +3,7 @@
 `loadgen target tiny-model`, then `loadgen target vllm --device cpu` with chunked prefill off and then on with a
 256-token budget, each time `loadgen run scenarios/vllm_cpu.yaml` (victim decodes, 1k-2k-token aggressors).
 Needs `local_target/vllm/install-cpu.sh .venv` (`.ci/run` does it); skipped without vLLM, except under CI.
-Selected alone with `pytest -m vllm_cpu` (about 4 minutes on 2 cores: each server start takes ~70 s).
+Selected alone with `pytest -m vllm_cpu` (about 6 minutes on 2 cores: each of its three server starts takes ~70 s).
 """
 
 from __future__ import annotations

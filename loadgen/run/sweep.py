@@ -155,7 +155,8 @@ class Sweep:
         duration = self.opts.step_duration_s or self.scenario.load.duration_s
         assert duration is not None
         step, factor = self._step(load, duration)
-        if step.call == "undecided" and not step.saturated and self.opts.retry_factor > 1 and not self.interrupted:
+        if step.call == "undecided" and not step.saturated and self.opts.retry_factor > 1 and not self.interrupted \
+                and len(self.steps) < self.opts.max_steps:
             longer = duration * min(MAX_RETRY_FACTOR, max(self.opts.retry_factor, 1.2 * factor))
             if time.monotonic() - t0 + self._estimate_s(longer) <= self.opts.budget_s:
                 self._step(load, longer, attempt=2)
