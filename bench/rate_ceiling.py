@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         free = one(None, args.concurrency, args.duration_s, Path(tmp) / "free")
-        rows = [free, one(100 * free["requests_per_s"], args.concurrency, args.duration_s, Path(tmp) / "loose"),
+        rows = [free, one(round(100 * free["requests_per_s"]), args.concurrency, args.duration_s, Path(tmp) / "loose"),
                 one(round(args.binding_share * free["requests_per_s"], 1), args.concurrency, args.duration_s,
                     Path(tmp) / "binding")]
     print("| ceiling (req/s) | achieved req/s | send lag p50 (ms) | p99 (ms) | max (ms) | min spacing (ms) |")

@@ -165,6 +165,13 @@ def test_exit_codes(cap: Capacity, require: float | None, code: int) -> None:
     assert exit_code(cap, require)[0] == code
 
 
+@pytest.mark.parametrize("calls, require, code", [
+    (["pass", "pass"], None, 0), (["pass", "fail"], None, 1), (["pass", "undecided"], None, 3),
+    (["pass", "fail"], 5, 0)])
+def test_fixed_steps_without_a_requirement_are_slo_tests(calls: list, require: float | None, code: int) -> None:
+    assert exit_code(Capacity(10, 20 if "fail" in calls else None, "fail" in calls), require, calls)[0] == code
+
+
 def test_confidence_calls_from_a_real_runs_records() -> None:
     golden = Path(__file__).parent / "data" / "golden_run"
     _, samples = load_run(golden)

@@ -3,7 +3,8 @@ DistServe's attainment), the knee and the saturation point, and the exit code. `
 
 Exit codes: 0 when the capacity meets ``--require`` (or none was asked and the search bracketed a capacity),
 1 when it is below ``--require`` or no load passed, 3 when the search could not decide (budget or steps spent
-before a passing load sat below a failing one, or ``--require`` falls inside the capacity interval).
+before a passing load sat below a failing one, or ``--require`` falls inside the capacity interval). Fixed steps
+without ``--require`` are SLO tests: 0 every step passed, 1 one failed, 3 one was undecided.
 """
 
 from __future__ import annotations
@@ -149,7 +150,13 @@ def knee_of(steps: list[Step]) -> Optional[float]:
     return knee
 
 
-def exit_code(cap: Capacity, require: Optional[float]) -> tuple[int, list[str]]:
+def exit_code(cap: Capacity, require: Optional[float], calls: Optional[list[Call]] = None) -> tuple[int, list[str]]:
+    """``calls``: fixed steps' calls (None for a search). Without ``require``, fixed steps are SLO tests: 0 when
+    every step passed, 1 when one failed, 3 when one was undecided."""
+    if require is None and calls is not None:
+        if "fail" in calls:
+            return 1, [f"{calls.count('fail')} of {len(calls)} steps failed their SLOs"]
+        return (3, [f"{calls.count('undecided')} step(s) undecided"]) if "undecided" in calls else (0, [])
     if require is not None:
         if cap.low is not None and cap.low >= require:
             return 0, [f"capacity ≥ {cap.low:g} meets --require {require:g}"]
@@ -160,16 +167,17 @@ def exit_code(cap: Capacity, require: Optional[float]) -> tuple[int, list[str]]:
         return 0, []
     if cap.low is None and cap.high is not None:
         return 1, [f"no load passed: the capacity is below {cap.high:g}"]
-    return 3, ["the search could not bracket the capacity (a passing load below a failing one)"]
+    return 3, ["the capacity is not bracketed: no passing load sits below a failing one"]
 
 
 def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[float], tolerance: float,
                     confidence: float, stop_reason: str, wall_s: float, out_dir: Optional[Path],
-                    interrupted: bool = False) -> SweepResult:
+                    interrupted: bool = False, fixed: bool = False) -> SweepResult:
     cap = capacity_of(steps, lambda s: s.call)
     has_attainment = any(s.attainment is not None for s in steps)
     attain = capacity_of(steps, lambda s: s.attainment) if has_attainment else None
-    code, reasons = exit_code(cap, require)
+    calls = [s.call if not s.saturated else "fail" for s in final_steps(steps)] if fixed else None
+    code, reasons = exit_code(cap, require, calls)
     if interrupted:
         code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
     saturated = [s.load for s in final_steps(steps) if s.saturated]

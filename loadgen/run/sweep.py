@@ -116,7 +116,8 @@ class Sweep:
                 self._probe_or_stop(load, t0)
         o = self.opts
         return summarize_sweep(self.scenario.name, o.mode, self.steps, o.require, o.tolerance, o.confidence,
-                               self.stop_reason, time.monotonic() - t0, self.out, self.interrupted)
+                               self.stop_reason, time.monotonic() - t0, self.out, self.interrupted,
+                               fixed=o.loads is not None)
 
     def _probe_or_stop(self, load: float, t0: float) -> None:
         """Probe ``load``; a step that cannot be planned, or a target gone after the first step, ends the sweep
