@@ -62,15 +62,22 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
     if workers and source is None:
         raise ScenarioError("workers need a scenario loaded from a file (api.load_scenario or a path): each "
                             "worker process loads it again")
-    if base_url is not None:
-        sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
-        register(*scenario_secrets(sc))
+    sc = _with_base_url(sc, base_url)
     opts = RunOptions(out=Path(out) if out is not None else None, reports_dir=Path(reports_dir), progress=progress,
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s)
     console = console or Console(quiet=True)
     if engine == "locust":
         return _run_locust(sc, opts, console, workers, source, base_url)
     return run_scenario(sc, opts, console)
+
+
+def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
+    """The scenario with its target's base URL replaced (None: as it is), its secrets registered."""
+    if base_url is None:
+        return sc
+    sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
+    register(*scenario_secrets(sc))
+    return sc
 
 
 def _run_locust(sc: Scenario, opts: Any, console: Console, workers: int,
@@ -146,9 +153,7 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     if find_max not in (None, "rate", "concurrency"):
         raise ScenarioError(f"find_max {find_max!r}: choose rate or concurrency")
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    if base_url is not None:
-        sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
-        register(*scenario_secrets(sc))
+    sc = _with_base_url(sc, base_url)
     mode = find_max or ("rate" if rates is not None else "concurrency")
     loads = [float(x) for x in rates] if rates is not None else \
         [float(x) for x in concurrency] if concurrency is not None else None

@@ -156,3 +156,32 @@ def backlog(requests: pl.DataFrame) -> Backlog | None:
     growth = sent - completed
     saturated = growth > 0.1 * sent and growth > 3 * math.sqrt(in_flight + 1)
     return Backlog(sent, completed, in_flight, saturated)
+
+
+# ---- what the probes so far say (the search and the sweep's result both read it) ---------------------------
+@dataclass(frozen=True)
+class Probe:
+    load: float
+    call: Call
+    saturated: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.call == "fail" or self.saturated
+
+
+@dataclass(frozen=True)
+class Interval:
+    low: float | None  # highest load that passed below the lowest failure (None: none passed)
+    high: float | None  # lowest load that failed (None: none failed)
+
+    @property
+    def bracketed(self) -> bool:
+        return self.low is not None and self.high is not None
+
+
+def interval(probes: list[Probe]) -> Interval:
+    fails = [p.load for p in probes if p.failed]
+    high = min(fails) if fails else None
+    passes = [p.load for p in probes if p.call == "pass" and not p.failed and (high is None or p.load < high)]
+    return Interval(max(passes) if passes else None, high)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from loadgen.analysis.capacity import Backlog, Call, ObjectiveCall
+from loadgen.analysis.capacity import Backlog, Call, ObjectiveCall, Probe, interval
 from loadgen.analysis.result import RunResult
 
 SCHEMA_VERSION = 1
@@ -128,12 +128,8 @@ def final_steps(steps: list[Step]) -> list[Step]:
 
 def capacity_of(steps: list[Step], call_of: Any) -> Capacity:
     """[highest pass below the lowest failure, lowest failure]: saturation counts as failure."""
-    final = final_steps(steps)
-    fails = [s.load for s in final if call_of(s) == "fail" or s.saturated]
-    high = min(fails) if fails else None
-    passes = [s.load for s in final if call_of(s) == "pass" and not s.saturated and (high is None or s.load < high)]
-    low = max(passes) if passes else None
-    return Capacity(low, high, low is not None and high is not None)
+    span = interval([Probe(s.load, call_of(s), s.saturated) for s in final_steps(steps)])
+    return Capacity(span.low, span.high, span.bracketed)
 
 
 def knee_of(steps: list[Step]) -> Optional[float]:

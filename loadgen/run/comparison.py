@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from loadgen.analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, run_samples
 from loadgen.analysis.summary import summarize
 from loadgen.report.compare_report import comparison_dict
@@ -45,6 +47,12 @@ class CompareOptions:
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, Any], RunSamples]:
+    info, _, samples = load_run_frames(run_dir)
+    return info, samples
+
+
+def load_run_frames(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame, RunSamples]:
+    """run.json, the request records and the bootstrap's samples of one run directory (records read once)."""
     if not (run_dir / "run.json").exists():
         raise CompareError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
     info = json.loads((run_dir / "run.json").read_text())
@@ -54,7 +62,7 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], RunSamples]:
     except FileNotFoundError as exc:
         raise CompareError(f"{run_dir}: {exc}") from None
     _, tables = summarize(scenario, requests, chunks, info.get("planned"))
-    return info, run_samples(requests, chunks, tables["stalls"])
+    return info, requests, run_samples(requests, chunks, tables["stalls"])
 
 
 def same_plan(base: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -23,12 +23,11 @@ from rich.console import Console
 from loadgen.analysis.capacity import attainment_call, backlog, judge, samples_factor, step_call
 from loadgen.analysis.metrics import measured, with_request_metrics
 from loadgen.analysis.result import RunResult
-from loadgen.analysis.sweep_result import Step, SweepResult, summarize_sweep
+from loadgen.analysis.sweep_result import Step, SweepResult, final_steps, summarize_sweep
 from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
-from loadgen.run.comparison import load_run
+from loadgen.run.comparison import load_run_frames
 from loadgen.run.search import CapacitySearch, Probe
 from loadgen.run.target import TargetError
-from loadgen.run.sinks import load_records
 
 Mode = Literal["rate", "concurrency"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
@@ -136,8 +135,7 @@ class Sweep:
         return CapacitySearch(start, lo, hi, self.opts.tolerance, integer=self.opts.mode == "concurrency")
 
     def _probes(self) -> list[Probe]:
-        final = {s.load: s for s in self.steps}  # a re-run replaces its first attempt
-        return [Probe(s.load, s.call, s.saturated) for s in final.values()]
+        return [Probe(s.load, s.call, s.saturated) for s in final_steps(self.steps)]
 
     def _within_budget(self, t0: float) -> bool:
         elapsed = time.monotonic() - t0
@@ -213,9 +211,8 @@ def judge_step(result: RunResult, sc: Scenario, opts: SweepOptions, load: float,
                attempt: int, wall_s: float) -> Step:
     """One finished step: its objectives called with confidence, its backlog, its figures."""
     assert result.run_dir is not None
-    _, samples = load_run(result.run_dir)
+    _, requests, samples = load_run_frames(result.run_dir)
     calls = judge(result.slo, samples, sc.slo.goodput, opts.confidence, opts.replicates, seed=sc.seed)
-    requests, _ = load_records(result.run_dir)
     log = backlog(measured(with_request_metrics(requests))) if sc.load.arrival != "concurrency" else None
     offered = load if opts.mode == "rate" else None  # closed loop with a ceiling: at most this
     return Step.from_result(result, load, duration_s, attempt, wall_s, calls, step_call(calls),
