@@ -7,19 +7,24 @@
     print(result.verdict, result.metrics["ttft_ms"]["p99"], result.stalls["count"])
     again = api.report(result.run_dir)            # recomputed from the raw records
     diff = api.compare(result.run_dir, again.run_dir)
+    advice = api.advise(result.run_dir)            # which server setting would meet the SLOs
 
 Errors before anything is sent (a bad scenario, flag or target) raise ``ScenarioError`` or ``TargetError`` with
-the one line the CLI prints; ``CompareError`` for run directories that cannot be compared.
+the one line the CLI prints; ``CompareError`` for run directories that cannot be compared; ``AdviceError`` for
+one that cannot be advised on, ``SettingsError`` for a bad ``tries`` or ``server`` item.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from rich.console import Console
 
+from loadgen.advise.settings import SettingsError
+from loadgen.advise.whatif import AdviceError
+from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.sweep_result import SweepResult
 from loadgen.core.secrets import register
@@ -28,8 +33,9 @@ from loadgen.plan.scenario import load_scenario as _load_file
 from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
 from loadgen.run.target import TargetError, scenario_secrets
 
-__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "RunResult", "Comparison", "SweepResult",
-           "Scenario", "ScenarioError", "TargetError", "CompareError"]
+__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "advise", "RunResult", "Comparison",
+           "SweepResult", "Advice", "Scenario", "ScenarioError", "TargetError", "CompareError", "AdviceError",
+           "SettingsError"]
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -164,3 +170,20 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     def run_step(step: Scenario, run_dir: Path) -> RunResult:
         return run(step, out=run_dir, engine=engine, workers=workers, png=png, base_url=base_url, progress=progress)
     return run_sweep(sc, opts, sweep_dir(sc, Path(out) if out else None, Path(reports_dir)), run_step, console)
+
+
+def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[str] = (), png: bool = True,
+           progress: Callable[[str], None] | None = None) -> Advice:
+    """What to change on the server (``loadgen advise``): fit the simulator's cost model to the run, replay the
+    run's plan under the current setting (how well the model fits) and under each candidate (``tries``:
+    ``KEY=V1,V2`` items; default chunked prefill off and on with budgets 256…8192), recommend the one that meets
+    every objective with the most goodput. ``server``: ``KEY=VALUE`` items saying what the server ran with
+    (read from run.json for the embedded simulator). Writes advice.json and advice.md, and the advice section
+    of report.html. ``exit_code``: 0 a setting meets every objective, 1 none does."""
+    from loadgen.advise.settings import parse_items
+    from loadgen.advise.whatif import AdviseOptions
+    from loadgen.run.advise import advise_run
+
+    opts = AdviseOptions(parse_items(list(tries), many=True),
+                         {k: v[0] for k, v in parse_items(list(server), many=False).items()})
+    return advise_run(Path(run_dir), opts, progress or (lambda line: None), png)

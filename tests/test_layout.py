@@ -18,9 +18,10 @@ MAY_IMPORT = {
     "drivers": {"core", "plan", "drivers"},
     "analysis": {"core", "plan", "analysis"},
     "report": {"core", "plan", "analysis", "report"},
-    "run": {"core", "plan", "drivers", "analysis", "report", "run"},
-    "api": {"core", "plan", "drivers", "analysis", "report", "run", "api"},
-    "cli": {"core", "plan", "drivers", "analysis", "report", "run", "api", "cli"},
+    "advise": {"core", "plan", "analysis", "report", "advise"},
+    "run": {"core", "plan", "drivers", "analysis", "report", "advise", "run"},
+    "api": {"core", "plan", "drivers", "analysis", "report", "advise", "run", "api"},
+    "cli": {"core", "plan", "drivers", "analysis", "report", "advise", "run", "api", "cli"},
 }
 NETWORK = {"httpx", "httpcore", "h11", "httptools", "uvloop", "locust", "gevent", "geventhttpclient", "flask"}
 LOCUST = {"locust", "gevent", "geventhttpclient", "flask"}

@@ -287,6 +287,7 @@ def main() -> None:
 
 
 importlib.import_module("loadgen.cli.sweep")  # registers ``loadgen sweep`` on ``app``
+importlib.import_module("loadgen.cli.advise")  # registers ``loadgen advise``
 
 if __name__ == "__main__":
     main()

@@ -46,6 +46,8 @@ class SimulatorSpec(_Sparse):
     waiting_served_ratio: float | None = Field(None, ge=0)
     overhead_ms: float | None = Field(None, ge=0)
     compute_ms_per_token: float | None = Field(None, ge=0)
+    decode_ms_per_token: float | None = Field(None, ge=0, description="compute per decoding sequence "
+                                              "(default: compute_ms_per_token)")
     attention_ms_per_token2: float | None = Field(None, ge=0)
     weights_read_ms: float | None = Field(None, ge=0)
     kv_read_ms_per_token: float | None = Field(None, ge=0)

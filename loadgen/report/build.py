@@ -8,6 +8,8 @@ from pathlib import Path
 import polars as pl
 
 from loadgen.core.secrets import write_text
+from loadgen.analysis.advice_result import Advice
+from loadgen.report.advice_report import html_section
 from loadgen.report.charts import build_charts
 from loadgen.report.html import render_page, write_pngs
 from loadgen.report.timeline import choose_window
@@ -18,7 +20,7 @@ from loadgen.analysis.result import RunResult
 
 def write_reports(run_dir: Path, result: RunResult, name: str, tables: dict[str, pl.DataFrame],
                   requests: pl.DataFrame, chunks: pl.DataFrame, window: tuple[float, float] | None = None,
-                  png: bool = True, server: pl.DataFrame | None = None) -> None:
+                  png: bool = True, server: pl.DataFrame | None = None, advice: Advice | None = None) -> None:
     views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), result, server)
     charts = build_charts(views, choose_window(views, window))
     images = []
@@ -26,4 +28,5 @@ def write_reports(run_dir: Path, result: RunResult, name: str, tables: dict[str,
         images = [(c.title, p.relative_to(run_dir).as_posix())
                   for c, p in zip(charts, write_pngs(charts, run_dir / "charts"))]
     write_all(run_dir, result, name, tables, images)
-    write_text(run_dir / "report.html", render_page(result, name, run_dir.name, charts))
+    advice_html = html_section(advice) if advice is not None else ""
+    write_text(run_dir / "report.html", render_page(result, name, run_dir.name, charts, advice_html))

@@ -50,3 +50,15 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in result.reasons:
         console.print(f"  - {reason}", highlight=False, markup=False)
+    if stall_objective_failed(result):
+        console.print(f"hint: a stall objective failed: `loadgen advise {run_dir}` replays this run under other "
+                      "server settings (chunked prefill, token budget) and says which would meet it",
+                      highlight=False, markup=False)
+
+
+STALL_OBJECTIVES = ("stalls.", "itl_ms.max_per_request", "fluidity.")
+
+
+def stall_objective_failed(result: RunResult) -> bool:
+    """Whether an objective on stalls (rates, worst gap per request, fluidity) failed: ``advise`` can help."""
+    return any(o["passed"] is False and o["objective"].startswith(STALL_OBJECTIVES) for o in result.slo)

@@ -134,10 +134,11 @@ def page(title: str, body: str) -> str:
             f"{body}<script>{RENDER_JS}</script></body></html>")
 
 
-def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart]) -> str:
+def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart], advice_html: str = "") -> str:
+    """The run's page; ``advice_html``: the advice section (``loadgen advise`` wrote advice.json)."""
     return page(f"loadgen: {name} — {result.verdict}",
                 header(result, name, run_name) + "<h2>SLOs</h2>" + slo_table(result)
-                + "<h2>Latency</h2>" + metrics_table(result) + stalls_section(result)
+                + "<h2>Latency</h2>" + metrics_table(result) + stalls_section(result) + advice_html
                 + "".join(chart_section(c) for c in charts))
 
 

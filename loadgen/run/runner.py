@@ -24,6 +24,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen import __version__
 from loadgen.run import exits
+from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize
 from loadgen.drivers.asyncio_engine import AsyncioEngine
@@ -364,10 +365,22 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
-        write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server)
+        write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
+                      load_advice(run_dir))
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
+
+
+def load_advice(run_dir: Path) -> Advice | None:
+    """advice.json (``loadgen advise`` wrote it), for report.html's advice section; unreadable: none."""
+    path = run_dir / "advice.json"
+    if not path.exists():
+        return None
+    try:
+        return Advice.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 __all__ = ["Run", "RunOptions", "run_scenario", "rebuild_reports", "TargetError"]

@@ -30,7 +30,8 @@ class EngineConfig(BaseModel):
     """A continuous-batching engine: scheduler limits plus a roofline-shaped step-time model.
 
     step_ms = overhead_ms
-            + compute_ms_per_token × tokens in the step                      (compute-bound: prefill)
+            + compute_ms_per_token × prefill tokens in the step              (compute-bound: prefill)
+            + decode_ms_per_token × decoding sequences in the step           (default: compute_ms_per_token)
             + attention_ms_per_token2 × Σ prefill token × its context position (grows with prompt length)
             + weights_read_ms + kv_read_ms_per_token × Σ running context      (bandwidth-bound: decode)
     """
@@ -51,6 +52,8 @@ class EngineConfig(BaseModel):
     # cost model (ms)
     overhead_ms: float = Field(1.0, ge=0)
     compute_ms_per_token: float = Field(0.03, ge=0)
+    decode_ms_per_token: float | None = Field(None, ge=0, description="compute per decoding sequence in a step "
+                                              "(None: compute_ms_per_token, as on a GPU; a fitted model sets it)")
     attention_ms_per_token2: float = Field(1e-5, ge=0)
     weights_read_ms: float = Field(6.5, ge=0)
     kv_read_ms_per_token: float = Field(2e-5, ge=0)

@@ -26,10 +26,11 @@ def step_ms(cfg: EngineConfig, prefills: list[PrefillChunk], decode_contexts: li
     ``decode_contexts`` holds each decoding sequence's context length (prompt + generated so far).
     """
     prefill_tokens = sum(c.tokens for c in prefills)
-    tokens = prefill_tokens + len(decode_contexts)
+    decode_ms = cfg.compute_ms_per_token if cfg.decode_ms_per_token is None else cfg.decode_ms_per_token
     kv_tokens = sum(decode_contexts) + sum(c.start + c.tokens for c in prefills)
     return (cfg.overhead_ms
-            + cfg.compute_ms_per_token * tokens
+            + cfg.compute_ms_per_token * prefill_tokens
+            + decode_ms * len(decode_contexts)
             + cfg.attention_ms_per_token2 * sum(attention_work(c) for c in prefills)
             + cfg.weights_read_ms
             + cfg.kv_read_ms_per_token * kv_tokens)

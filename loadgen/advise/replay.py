@@ -1,0 +1,148 @@
+"""A run's plan replayed through the simulator's scheduler in virtual time: the same requests (lengths,
+classes, send times or closed-loop users) through ``local_target.sim.engine.Engine``, whose steps last what
+the cost model says; the result is records in the run's own schema, so every figure is computed by the same
+analysis as a measured run. Pure: no clock, no sockets; seconds of traffic replay in a fraction of that.
+
+Open loop: a request is sent at its intended time, or when one of ``max_in_flight`` slots frees (as the
+driver does). Closed loop: ``concurrency`` users each send their next request when the last one ends. A request
+reaches the engine ``arrival_delay_ms`` after it is sent (the fixed cost outside the engine's steps); requests
+that arrive during a step wait for the next one; an idle engine starts at the arrival. Anything still running
+``drain_timeout_s`` after the last send is cancelled, as a measured run does. Each step lasts the cost model's
+time plus one of ``step_noise_ms`` drawn by the seeded generator (never less than half the model's time).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from local_target.sim.config import EngineConfig
+from local_target.sim.engine import Engine, SimRequest
+from loadgen.core.records import ChunkRecord, RequestRecord
+
+NS_PER_MS = 1_000_000
+MAX_STEPS = 5_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRequest:
+    seq: int
+    worker: int
+    class_name: str
+    warmup: bool
+    t_intended_ns: int  # from the run's start
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class ReplayLoad:
+    closed_loop_users: int | None  # None: open loop
+    max_in_flight: int
+    arrival_delay_ms: float
+    drain_timeout_s: float
+    step_noise_ms: tuple[float, ...] = ()
+    seed: int = 0
+
+
+class _Sends:
+    """Which request goes out next and when (the client side)."""
+
+    def __init__(self, requests: list[ReplayRequest], load: ReplayLoad) -> None:
+        self.queue = deque(sorted(requests, key=lambda r: (r.t_intended_ns, r.worker, r.seq)) if
+                           load.closed_loop_users is None else sorted(requests, key=lambda r: (r.worker, r.seq)))
+        self.slots = load.closed_loop_users or load.max_in_flight
+        self.closed = load.closed_loop_users is not None
+        self.free_at: list[int] = [0] * self.slots  # heap of the times slots free up
+        self.last_send_ns = 0
+
+    def due(self, t_ns: int) -> list[tuple[ReplayRequest, int]]:
+        """The requests sent by ``t_ns``, each with its send time."""
+        out = []
+        while self.queue and self.free_at and self.free_at[0] <= t_ns:
+            req = self.queue[0]
+            t_send = self.free_at[0] if self.closed else max(req.t_intended_ns, self.free_at[0])
+            if t_send > t_ns:
+                break
+            heapq.heappop(self.free_at)
+            self.queue.popleft()
+            self.last_send_ns = t_send
+            out.append((req, t_send))
+        return out
+
+    def next_time(self) -> int | None:
+        if not self.queue or not self.free_at:
+            return None
+        return self.free_at[0] if self.closed else max(self.queue[0].t_intended_ns, self.free_at[0])
+
+    def done(self, t_ns: int) -> None:
+        heapq.heappush(self.free_at, t_ns)
+
+
+@dataclass
+class _Flight:
+    req: ReplayRequest
+    sim: SimRequest
+    t_sent_ns: int
+    t_arrival_ns: int
+    tokens: list[int]
+
+
+def replay(cfg: EngineConfig, requests: list[ReplayRequest], load: ReplayLoad,
+           t0_ns: int = 0) -> tuple[list[RequestRecord], list[ChunkRecord]]:
+    """Replay ``requests`` through an engine configured by ``cfg``; records are stamped from ``t0_ns``."""
+    engine, sends = Engine(cfg), _Sends(requests, load)
+    delay_ns = int(load.arrival_delay_ms * NS_PER_MS)
+    rng, noise = random.Random(load.seed), load.step_noise_ms
+    arriving: list[tuple[int, int, _Flight]] = []  # heap of (arrival, order, flight)
+    flights: list[_Flight] = []
+    live: dict[int, _Flight] = {}  # id(SimRequest) → its flight, while it runs
+    t_ns, steps = 0, 0
+    while steps < MAX_STEPS:
+        for req, t_send in sends.due(t_ns):
+            sim = SimRequest(f"{req.worker}-{req.seq}", req.prompt_tokens, req.output_tokens, req.output_tokens)
+            flight = _Flight(req, sim, t_send, t_send + delay_ns, [])
+            flights.append(flight)
+            live[id(sim)] = flight
+            heapq.heappush(arriving, (flight.t_arrival_ns, len(flights), flight))
+        while arriving and arriving[0][0] <= t_ns:
+            engine.add(heapq.heappop(arriving)[2].sim)
+        if t_ns > sends.last_send_ns + load.drain_timeout_s * 1e9 and not sends.queue:
+            break
+        step = engine.plan_step() if engine.has_work() else None
+        if not step:
+            upcoming = [t for t in (sends.next_time(), arriving[0][0] if arriving else None) if t is not None]
+            if not upcoming:
+                break
+            t_ns = max(t_ns, min(upcoming))
+            continue
+        steps += 1
+        model_ms = engine.step_duration_ms(step)
+        step_ms = max(model_ms + noise[rng.randrange(len(noise))], model_ms / 2) if noise else model_ms
+        t_ns += max(int(step_ms * NS_PER_MS), 1)
+        for sim, _ in engine.finish_step(step, t_ns):
+            live[id(sim)].tokens.append(t_ns)
+            if sim.finish_reason is not None:
+                del live[id(sim)]
+                sends.done(t_ns)
+    return _records(flights, t0_ns, t_ns)
+
+
+def _records(flights: list[_Flight], t0_ns: int, t_end_ns: int) -> tuple[list[RequestRecord], list[ChunkRecord]]:
+    requests, chunks = [], []
+    for f in flights:
+        r, done = f.req, f.sim.finish_reason is not None
+        t_done = f.tokens[-1] if done else t_end_ns
+        requests.append(RequestRecord(
+            seq=r.seq, class_name=r.class_name, warmup=r.warmup, t_intended_ns=t0_ns + r.t_intended_ns,
+            t_sent_ns=t0_ns + f.t_sent_ns,
+            t_first_token_ns=t0_ns + f.tokens[0] if f.tokens else None,
+            t_last_token_ns=t0_ns + f.tokens[-1] if f.tokens else None, t_done_ns=t0_ns + t_done,
+            prompt_tokens_asked=r.prompt_tokens, prompt_tokens=r.prompt_tokens, prompt_tokens_source="server",
+            output_tokens_asked=r.output_tokens, output_tokens=len(f.tokens), output_tokens_source="server",
+            chunks=len(f.tokens), finish_reason="length" if done else None,
+            error_kind=None if done else "cancelled", worker=r.worker))
+        chunks += [ChunkRecord(seq=r.seq, t_ns=t0_ns + t, tokens=1, worker=r.worker) for t in f.tokens]
+    return requests, chunks

@@ -1,0 +1,140 @@
+"""What-if over a measured run, from its records alone (no I/O here; ``run/advise.py`` reads and writes):
+
+1. **Calibrate** the simulator's cost model to the run (``analysis/calibrate.py``) and replay the run's own plan
+   under the server's setting: predicted against measured TTFT, ITL, worst gap and prefill-induced stalls show
+   how far the model can be trusted.
+2. **Counterfactuals**: the same plan under each candidate setting (``settings.py``), every objective of the
+   scenario judged on the replay by the same analysis as a measured run.
+3. **Recommend** the candidate that meets every objective with the most goodput, with its flags and costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import polars as pl
+
+from local_target.sim.config import EngineConfig
+from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
+from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
+from loadgen.analysis.advice_result import Advice, CandidateResult, costs_of, fit_rows, recommend
+from loadgen.analysis.calibrate import Calibration, calibrate
+from loadgen.analysis.frames import chunks_frame, requests_frame
+from loadgen.analysis.metrics import with_request_metrics
+from loadgen.analysis.result import RunResult
+from loadgen.analysis.summary import summarize
+from loadgen.plan.scenario import Scenario
+from loadgen.report.wording import with_headline
+
+UNBOUNDED_KV_TOKENS = 10**12
+MIN_COMPLETED = 20
+
+
+class AdviceError(ValueError):
+    """A run that cannot be advised on (exit 2): too few completed requests, nothing to fit."""
+
+
+@dataclass
+class RunData:
+    """What the advisor reads of a run directory."""
+
+    info: dict[str, Any]  # run.json
+    scenario: Scenario
+    requests: pl.DataFrame
+    chunks: pl.DataFrame
+    server: pl.DataFrame | None
+    run_dir: str = ""
+
+
+@dataclass
+class AdviseOptions:
+    tries: dict[str, list[Any]] = field(default_factory=dict)  # --try KEY=V1,V2
+    server: dict[str, Any] = field(default_factory=dict)  # --server KEY=V: what the run's server ran with
+
+
+def result_of(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
+              server: pl.DataFrame | None = None) -> RunResult:
+    summary, _ = summarize(scenario, requests, chunks, planned, None, server)
+    return RunResult.from_dict(with_headline(summary))
+
+
+def current_settings(data: RunData, engine: str, given: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The run's server settings and where they came from: the embedded simulator's run.json, else --server
+    over the engine's defaults."""
+    sim = (data.info.get("target") or {}).get("simulator")
+    if sim:
+        base = {k: sim[k] for k in ("chunked_prefill", "max_num_batched_tokens", "max_num_seqs") if k in sim}
+        return {**base, **given}, "run.json" if not given else "run.json and --server"
+    base = dict(ENGINE_DEFAULTS.get(engine, ENGINE_DEFAULTS["vllm"]))
+    return {**base, **given}, "--server" if set(given) >= {"chunked_prefill", "max_num_batched_tokens",
+                                                            "max_num_seqs"} else "assumed"
+
+
+def replay_requests(requests: pl.DataFrame) -> tuple[list[ReplayRequest], int]:
+    """The run's requests as the replay takes them (achieved lengths; a failed request's asked output) and
+    the run's start."""
+    t0 = int(requests["t_intended_ns"].min())  # type: ignore[arg-type]
+    out = []
+    for r in requests.iter_rows(named=True):
+        ok = r["error_kind"] is None
+        out.append(ReplayRequest(r["seq"], r["worker"], r["class_name"], r["warmup"], r["t_intended_ns"] - t0,
+                                 max(1, r["prompt_tokens"] or r["prompt_tokens_asked"]),
+                                 max(1, r["output_tokens"] if ok else r["output_tokens_asked"])))
+    return out, t0
+
+
+def engine_config(engine: str, settings: dict[str, Any], cal: Calibration) -> EngineConfig:
+    knobs = {k: v for k, v in settings.items() if k in KNOBS}
+    if engine == "llamacpp":
+        knobs["chunked_prefill"] = True
+    return EngineConfig(engine=engine, max_model_len=10**7, kv_cache_tokens=cal.kv_cache_tokens or UNBOUNDED_KV_TOKENS,
+                        spin_ms=0.0, **knobs, **cal.cost)
+
+
+def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None) -> Advice:
+    req = with_request_metrics(data.requests)
+    completed = int(req.filter(pl.col("ok") & ~pl.col("warmup")).height)
+    if completed < MIN_COMPLETED:
+        raise AdviceError(f"{data.run_dir}: {completed} completed requests; the fit needs at least {MIN_COMPLETED}")
+    engine = (data.info.get("target") or {}).get("engine") or "vllm"
+    current, source = current_settings(data, engine, opts.server)
+    measured = result_of(data.scenario, data.requests, data.chunks, data.info.get("planned"), data.server)
+    cal = calibrate(req, data.chunks, dict(measured.stalls.get("prefill_fit") or {}), data.server)
+    reqs, t0 = replay_requests(data.requests)
+    load = data.scenario.load
+    replay_load = ReplayLoad(load.concurrency if load.arrival == "concurrency" else None, load.max_in_flight,
+                             cal.arrival_delay_ms, load.drain_timeout_s, tuple(cal.step_noise_ms),
+                             data.scenario.seed)
+    results: list[CandidateResult] = []
+    grid = candidates(current, engine, opts.tries)
+    for i, cand in enumerate(grid):
+        progress(f"replay {i + 1}/{len(grid)}: {cand.label}")
+        replayed = _replayed(data, cand, engine, cal, reqs, replay_load, t0)
+        if i == 0:
+            fit = fit_rows(measured, replayed)  # the current setting's replay against the measurement
+        simulated = (data.info.get("target") or {}).get("simulator") is not None
+        flags = simulator_flags(cand.fields) if simulated else cand.flags(engine)
+        results.append(CandidateResult.from_result(cand.label, cand.fields, flags, replayed))
+    chosen = recommend(results)
+    notes = list(cal.notes) + _notes(source, current, engine, data)
+    return Advice(data.run_dir, engine, source, current, cal.as_dict(), fit, results, chosen,
+                  costs_of(results[chosen], results[0]) if chosen is not None else [], notes)
+
+
+def _replayed(data: RunData, cand: Candidate, engine: str, cal: Calibration, reqs: list[ReplayRequest],
+              load: ReplayLoad, t0: int) -> RunResult:
+    records, chunk_records = replay(engine_config(engine, cand.fields, cal), reqs, load, t0)
+    return result_of(data.scenario, requests_frame(records), chunks_frame(chunk_records), len(records))
+
+
+def _notes(source: str, current: dict[str, Any], engine: str, data: RunData) -> list[str]:
+    out = []
+    if source == "assumed":
+        shown = ", ".join(f"{k}={v}" for k, v in current.items())
+        out.append(f"the server's settings were not given: assumed {engine}'s defaults ({shown}); pass --server "
+                   "KEY=VALUE for each one the server ran with")
+    if data.scenario.load.arrival == "concurrency" and data.scenario.load.max_rate_per_s:
+        out.append("the replay's closed-loop users are not held to load.max_rate_per_s")
+    out.append("errors, timeouts and the network are not modelled: the replays complete every request")
+    return out

@@ -1,0 +1,144 @@
+"""``loadgen advise``'s outcome, typed: the fitted cost model and how well its replay of the run matches the
+measurement, every candidate setting's predicted figures and objectives, the recommendation and what it costs,
+and the exit code. ``advice.json`` is ``to_dict``.
+
+Exit codes: 0 when a candidate is predicted to meet every objective (the recommendation; it may be the current
+setting), 1 when none is, 2 for bad input (before any replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from loadgen.analysis.result import RunResult
+
+SCHEMA_VERSION = 1
+# (label, metric, statistic) of the figures compared between the measured run and its replay
+FIGURES = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"), ("ITL p50", "itl_ms", "p50"),
+           ("ITL p99", "itl_ms", "p99"), ("worst gap", "chunk_gap_ms", "max"))
+STALL_FIGURE = "prefill-induced stalls per 1k tokens"
+
+
+@dataclass
+class FitRow:
+    figure: str
+    measured: Optional[float]
+    predicted: Optional[float]
+
+    @property
+    def error(self) -> Optional[float]:
+        """(predicted − measured) / measured; None where the measurement is 0 or missing."""
+        if self.measured in (None, 0) or self.predicted is None:
+            return None
+        return (self.predicted - self.measured) / self.measured  # type: ignore[operator]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "error": self.error}
+
+
+def figures_of(r: RunResult) -> dict[str, Optional[float]]:
+    """The figures compared (FIGURES, then the prefill-induced stall rate) of one run or replay."""
+    out: dict[str, Optional[float]] = {label: (r.metrics.get(m) or {}).get(stat)  # type: ignore[misc]
+                                       for label, m, stat in FIGURES}
+    out[STALL_FIGURE] = (r.stalls or {}).get("prefill_induced_per_1k_tokens")
+    return out
+
+
+def fit_rows(measured: RunResult, predicted: RunResult) -> list[FitRow]:
+    m, p = figures_of(measured), figures_of(predicted)
+    return [FitRow(k, m[k], p[k]) for k in m]
+
+
+@dataclass
+class CandidateResult:
+    label: str
+    settings: dict[str, Any]
+    flags: list[str]
+    verdict: str
+    objectives: list[dict[str, Any]]
+    figures: dict[str, Optional[float]]
+    goodput_requests_per_s: Optional[float]
+    ttft_p99_by_class_ms: dict[str, Optional[float]]
+
+    @property
+    def meets_all(self) -> bool:
+        return bool(self.objectives) and all(o["passed"] is True for o in self.objectives)
+
+    @property
+    def failed(self) -> list[str]:
+        return [o["objective"] for o in self.objectives if o["passed"] is not True]
+
+    @classmethod
+    def from_result(cls, label: str, settings: dict[str, Any], flags: list[str], r: RunResult) -> "CandidateResult":
+        by_class = {name: ((c.get("metrics") or {}).get("ttft_ms") or {}).get("p99")
+                    for name, c in (r.classes or {}).items()}
+        return cls(label, settings, flags, r.verdict, [dict(o) for o in r.slo], figures_of(r),
+                   (r.throughput or {}).get("goodput_requests_per_s"), by_class)
+
+
+@dataclass
+class Advice:
+    run_dir: str
+    engine: str
+    settings_source: str  # "run.json" (the embedded simulator) | "--server" | "assumed"
+    current: dict[str, Any]
+    calibration: dict[str, Any]
+    fit: list[FitRow]
+    candidates: list[CandidateResult]
+    recommended: Optional[int]  # index into candidates
+    costs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def recommendation(self) -> Optional[CandidateResult]:
+        return None if self.recommended is None else self.candidates[self.recommended]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.recommended is not None else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "run_dir": self.run_dir, "engine": self.engine,
+                "settings_source": self.settings_source, "current": self.current, "calibration": self.calibration,
+                "fit": [r.as_dict() for r in self.fit],
+                "candidates": [{**asdict(c), "meets_all": c.meets_all} for c in self.candidates],
+                "recommended": self.recommended,
+                "recommendation": None if self.recommendation is None else self.recommendation.label,
+                "costs": self.costs, "notes": self.notes, "exit_code": self.exit_code}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Advice":
+        fit = [FitRow(r["figure"], r["measured"], r["predicted"]) for r in d["fit"]]
+        cands = [CandidateResult(**{k: v for k, v in c.items() if k != "meets_all"}) for c in d["candidates"]]
+        return cls(d["run_dir"], d["engine"], d["settings_source"], d["current"], d["calibration"], fit, cands,
+                   d["recommended"], d.get("costs", []), d.get("notes", []))
+
+
+def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Optional[int]:
+    """The candidate meeting every objective with the most goodput; within ``goodput_tie`` of it, the lowest
+    TTFT p99 (then the earlier: the current setting first). None when no candidate meets them all."""
+    ok = [i for i, c in enumerate(cands) if c.meets_all]
+    if not ok:
+        return None
+    best = max(cands[i].goodput_requests_per_s or 0.0 for i in ok)
+    near = [i for i in ok if (cands[i].goodput_requests_per_s or 0.0) >= best * (1 - goodput_tie)]
+    return min(near, key=lambda i: (cands[i].figures.get("TTFT p99") or float("inf"), i))
+
+
+def costs_of(chosen: CandidateResult, base: CandidateResult) -> list[str]:
+    """What the recommendation changes against the current setting's replay: each class's TTFT p99, the ITL
+    p99 and worst gap, and goodput."""
+    out = []
+    for name, after in chosen.ttft_p99_by_class_ms.items():
+        before = base.ttft_p99_by_class_ms.get(name)
+        if before and after is not None:
+            out.append(f"{name} TTFT p99 {before:,.0f} → {after:,.0f} ms ({(after - before) / before:+.0%})")
+    for label in ("ITL p99", "worst gap"):
+        before, after = base.figures.get(label), chosen.figures.get(label)
+        if before and after is not None:
+            out.append(f"{label} {before:,.1f} → {after:,.1f} ms ({(after - before) / before:+.0%})")
+    gb, ga = base.goodput_requests_per_s, chosen.goodput_requests_per_s
+    if gb and ga is not None:
+        out.append(f"goodput {gb:.2f} → {ga:.2f} req/s ({(ga - gb) / gb:+.0%})")
+    return out

@@ -1,0 +1,48 @@
+"""``loadgen advise RUN_DIR``: which server setting would meet the SLOs, from a measured run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from loadgen import api
+from loadgen.advise.settings import SettingsError
+from loadgen.advise.whatif import AdviceError
+from loadgen.cli.main import _fail, app, console
+from loadgen.report.advice_report import console_tables, headline
+
+
+@app.command()
+def advise(
+    run_dir: Path = typer.Argument(..., help="a run directory (loadgen run's output)"),
+    try_: Optional[list[str]] = typer.Option(None, "--try", help="candidate values of a server setting, "
+                                             "KEY=V1,V2 (repeatable; the grid is their product): chunked_prefill, "
+                                             "max_num_batched_tokens, max_num_seqs, waiting_served_ratio, "
+                                             "max_waiting_tokens. Default: chunked prefill off, and on with "
+                                             "budgets 256…8192, at the current max_num_seqs"),
+    server: Optional[list[str]] = typer.Option(None, "--server", help="what the run's server ran with, "
+                                               "KEY=VALUE (repeatable; same keys). Read from run.json for the "
+                                               "embedded simulator; else the engine's defaults are assumed"),
+    png: bool = typer.Option(True, "--png/--no-png", help="re-render the report's PNG charts too"),
+) -> None:
+    """Fit the simulator's cost model to a run, replay the run's own plan under each candidate server setting
+    and recommend the one that meets every objective with the most goodput, with its flags. Writes advice.json
+    and advice.md in RUN_DIR and adds an advice section to its report.html. Exit 0: a setting meets every
+    objective; 1: none does; 2: bad input."""
+    try:
+        with console.status("advise: fitting the cost model") as status:
+            result = api.advise(run_dir, tries=try_ or (), server=server or (), png=png,
+                                progress=lambda line: status.update(f"advise: {line}"))
+    except (AdviceError, SettingsError) as exc:
+        raise _fail(str(exc)) from None
+    for table in console_tables(result):
+        console.print(table)
+        console.print()
+    for line in result.costs:
+        console.print(f"  {line}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"[bold]{headline(result)}[/bold]  ({run_dir / 'advice.md'})")
+    raise typer.Exit(result.exit_code)

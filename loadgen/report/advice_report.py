@@ -1,0 +1,108 @@
+"""Views of an ``Advice``: advice.md, the console's table and report.html's advice section. Text only."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+from rich.table import Table
+
+from loadgen.analysis.advice_result import Advice, CandidateResult
+
+COLUMNS = ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap")
+
+
+def _num(value: Optional[float], digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:+.0%}"
+
+
+def _mark(c: CandidateResult, chosen: Optional[CandidateResult]) -> str:
+    return "→ " if c is chosen else ""
+
+
+def _outcome(c: CandidateResult) -> str:
+    return "meets all" if c.meets_all else "fails " + ", ".join(c.failed)
+
+
+def headline(a: Advice) -> str:
+    rec = a.recommendation
+    if rec is None:
+        return "no candidate setting is predicted to meet every objective"
+    if a.recommended == 0:
+        return f"keep the current setting ({rec.label}): it is predicted to meet every objective"
+    return f"recommended: {rec.label} — {' '.join(rec.flags)}"
+
+
+def fit_lines(a: Advice) -> list[list[str]]:
+    return [[r.figure, _num(r.measured, 2), _num(r.predicted, 2), _pct(r.error)] for r in a.fit]
+
+
+def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
+    rec = a.recommendation
+    return [[_mark(c, rec) + c.label, *(_num(c.figures.get(k)) for k in COLUMNS),
+             _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
+             ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c)]
+            for c in a.candidates]
+
+
+CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s", "objectives"]
+SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput", "SLOs"]
+FIT_HEAD = ["figure", "measured", "replayed", "error"]
+
+
+def markdown(a: Advice) -> str:
+    def table(head: list[str], rows: list[list[str]]) -> list[str]:
+        return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + \
+               ["| " + " | ".join(r) + " |" for r in rows]
+
+    lines = [f"# Advice for {a.run_dir}", "", f"**{headline(a)}**", ""]
+    if a.costs:
+        lines += ["What it changes against the current setting (both replayed):", ""] + \
+                 [f"- {c}" for c in a.costs] + [""]
+    lines += [f"Engine: {a.engine}; the server's settings from {a.settings_source}: "
+              + ", ".join(f"{k}={v}" for k, v in a.current.items()), "",
+              "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
+    lines += ["", "## Every candidate, replayed", ""] + table(CANDIDATE_HEAD, candidate_lines(a))
+    cost = a.calibration.get("cost", {})
+    lines += ["", "## The fitted cost model", "", ", ".join(f"{k} = {v:.4g}" for k, v in cost.items())
+              + f"; arrival delay {a.calibration.get('arrival_delay_ms', 0):.1f} ms", ""]
+    if a.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in a.notes] + [""]
+    return "\n".join(lines)
+
+
+def console_tables(a: Advice) -> list[Any]:
+    fit = Table(title="the fitted model's replay of the run", title_justify="left", box=None)
+    for h in FIT_HEAD:
+        fit.add_column(h, justify="left" if h == "figure" else "right")
+    for row in fit_lines(a):
+        fit.add_row(*row)
+    cands = Table(title="every candidate, replayed (ms; goodput req/s)", title_justify="left", box=None)
+    for h in SHORT_HEAD:
+        cands.add_column(h, justify="left" if h in ("setting", "SLOs") else "right", no_wrap=h == "setting")
+    for row in candidate_lines(a, short=True):
+        cands.add_row(*row)
+    return [fit, cands]
+
+
+def html_section(a: Advice) -> str:
+    """report.html's advice section (the page's own table style)."""
+    def table(head: list[str], rows: list[list[str]]) -> str:
+        th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+        return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+    costs = "".join(f"<li>{html.escape(c)}</li>" for c in a.costs)
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in a.notes)
+    return ("<section id=\"advice\"><h2>Advice: what to change</h2>"
+            f"<p><strong>{html.escape(headline(a))}</strong></p>"
+            + (f"<ul>{costs}</ul>" if costs else "")
+            + "<h3>The fitted model's replay of the run</h3>" + table(FIT_HEAD, fit_lines(a))
+            + "<h3>Every candidate, replayed</h3>" + table(CANDIDATE_HEAD, candidate_lines(a))
+            + (f"<ul class=\"notes\">{notes}</ul>" if notes else "") + "</section>")

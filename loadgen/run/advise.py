@@ -1,0 +1,39 @@
+"""``loadgen advise RUN_DIR``: read a run directory, ask the what-if (``advise/whatif.py``), write advice.json
+and advice.md beside the run's records and rebuild report.html with its advice section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from loadgen.advise.whatif import AdviceError, AdviseOptions, RunData, advise
+from loadgen.analysis.advice_result import Advice
+from loadgen.core.secrets import write_text
+from loadgen.plan.scenario import Scenario
+from loadgen.report.advice_report import markdown
+from loadgen.run.runner import rebuild_reports
+from loadgen.run.sinks import load_records, load_server_metrics
+
+
+def read_run(run_dir: Path) -> RunData:
+    """run.json, the records and the scraped server metrics; AdviceError for what is not a run directory."""
+    if not (run_dir / "run.json").exists():
+        raise AdviceError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        scenario = Scenario.model_validate(info["scenario"])
+        requests, chunks = load_records(run_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        raise AdviceError(f"{run_dir}: {exc}") from None
+    return RunData(info, scenario, requests, chunks, load_server_metrics(run_dir), str(run_dir))
+
+
+def advise_run(run_dir: Path, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None,
+               png: bool = True) -> Advice:
+    advice = advise(read_run(run_dir), opts, progress)
+    write_text(run_dir / "advice.json", json.dumps(advice.to_dict(), indent=2) + "\n")
+    write_text(run_dir / "advice.md", markdown(advice))
+    progress("report.html: adding the advice section")
+    rebuild_reports(run_dir, png=png and (run_dir / "charts").is_dir())
+    return advice
