@@ -1,7 +1,8 @@
 """End to end against a real vLLM (PyPI's CPU build) serving a tiny random-weight model made offline.
 
-`loadgen target tiny-model`, then `loadgen target vllm --device cpu` with chunked prefill off and then on with a
-256-token budget, each time `loadgen run scenarios/vllm_cpu.yaml` (victim decodes, 1k-2k-token aggressors).
+`loadgen target tiny-model`, then `loadgen target vllm --device cpu` with chunked prefill off, `loadgen run
+scenarios/vllm_cpu.yaml` (victim decodes, 1k-2k-token aggressors) and `loadgen advise` on that run; then vLLM
+again with the chunked setting the advice recommends, measured against what the advice predicted.
 Needs `local_target/vllm/install-cpu.sh .venv` (`.ci/run` does it); skipped without vLLM, except under CI.
 Selected alone with `pytest -m vllm_cpu` (about 6 minutes on 2 cores: each of its three server starts takes ~70 s).
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from loadgen import api
+from loadgen.report.advice_report import markdown
 from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
 from tests.run_helpers import run_cli, summary
 
@@ -83,12 +86,30 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     assert prompt_counter.max() - prompt_counter.min() >= 0.8 * req["prompt_tokens"].sum()  # type: ignore
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
 
-    with vllm_serving(tiny_model, "--chunked-prefill", "on", "--max-num-batched-tokens", "256"):
+    # loadgen advise: the fitted model replays this run, and names the chunked setting that meets the objectives
+    assert summary(off)["verdict"] == "fail"  # the stall objective: whole prefills stall the victims
+    advice = api.advise(off, server=["chunked_prefill=false", "max_num_batched_tokens=4096"], png=False)
+    print("\n" + markdown(advice))
+    rec = advice.recommendation
+    assert rec is not None and rec.settings["chunked_prefill"] is True, [c.failed for c in advice.candidates]
+    budget = str(rec.settings["max_num_batched_tokens"])
+    assert rec.flags[:2] == ["--enable-chunked-prefill", f"--max-num-batched-tokens {budget}"]
+
+    with vllm_serving(tiny_model, "--chunked-prefill", "on", "--max-num-batched-tokens", budget):
         req_on, chunks_on, _ = run_vllm_scenario(tmp_path / "on")
     worst_on_ms = worst_victim_gap_ms(req_on, chunks_on)
-    print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on (256) {worst_on_ms:.0f} ms; "
+    print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on ({budget}) {worst_on_ms:.0f} ms; "
           f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")
     assert req_on["error_kind"].is_null().all() and worst_on_ms < 0.7 * worst_off_ms
+    on = summary(tmp_path / "on")
+    for label, metric, stat in (("TTFT p99", "ttft_ms", "p99"), ("ITL p99", "itl_ms", "p99"),
+                                ("worst gap", "chunk_gap_ms", "max")):
+        value = on["metrics"][metric][stat]
+        print(f"{label}: predicted {rec.figures[label]:.1f} ms, measured {value:.1f} ms")
+        assert abs(rec.figures[label] - value) <= 0.30 * value, (label, rec.figures[label], value)  # type: ignore
+    measured_calls = {o["objective"]: o["passed"] for o in on["slo"]}
+    for objective in rec.objectives:  # every objective predicted to pass, passed
+        assert objective["passed"] is not True or measured_calls[objective["objective"]] is True, objective
 
 
 SWEEP = {"name": "vllm-cpu-sweep", "target": {"base_url": BASE_URL, "model": "auto", "api": "chat"}, "seed": 2,

@@ -67,8 +67,9 @@ def current_settings(data: RunData, engine: str, given: dict[str, Any]) -> tuple
         base = {k: sim[k] for k in ("chunked_prefill", "max_num_batched_tokens", "max_num_seqs") if k in sim}
         return {**base, **given}, "run.json" if not given else "run.json and --server"
     base = dict(ENGINE_DEFAULTS.get(engine, ENGINE_DEFAULTS["vllm"]))
-    return {**base, **given}, "--server" if set(given) >= {"chunked_prefill", "max_num_batched_tokens",
-                                                            "max_num_seqs"} else "assumed"
+    assumed = sorted(set(base) - set(given))
+    return {**base, **given}, ("--server" if given else "") + (
+        (" and " if given else "") + f"{engine}'s defaults for " + ", ".join(assumed) if assumed else "")
 
 
 def replay_requests(requests: pl.DataFrame) -> tuple[list[ReplayRequest], int]:
@@ -130,10 +131,10 @@ def _replayed(data: RunData, cand: Candidate, engine: str, cal: Calibration, req
 
 def _notes(source: str, current: dict[str, Any], engine: str, data: RunData) -> list[str]:
     out = []
-    if source == "assumed":
-        shown = ", ".join(f"{k}={v}" for k, v in current.items())
-        out.append(f"the server's settings were not given: assumed {engine}'s defaults ({shown}); pass --server "
-                   "KEY=VALUE for each one the server ran with")
+    if "defaults" in source:
+        assumed = source.split(" for ", 1)[1]
+        out.append(f"{engine}'s defaults were assumed for {assumed} (not given): pass --server KEY=VALUE for each "
+                   "setting the server ran with (a wrong one shows as a poor replay of the run)")
     if data.scenario.load.arrival == "concurrency" and data.scenario.load.max_rate_per_s:
         out.append("the replay's closed-loop users are not held to load.max_rate_per_s")
     out.append("errors, timeouts and the network are not modelled: the replays complete every request")

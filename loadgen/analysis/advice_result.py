@@ -81,7 +81,7 @@ class CandidateResult:
 class Advice:
     run_dir: str
     engine: str
-    settings_source: str  # "run.json" (the embedded simulator) | "--server" | "assumed"
+    settings_source: str  # "run.json" (the embedded simulator), "--server", and/or "<engine>'s defaults for …"
     current: dict[str, Any]
     calibration: dict[str, Any]
     fit: list[FitRow]

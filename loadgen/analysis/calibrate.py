@@ -28,6 +28,7 @@ import polars as pl
 from loadgen.analysis.metrics import chunk_gaps
 
 MIN_BIN_SAMPLES = 5
+MIN_CLEAN_SAMPLES = 300
 NOISE_QUANTILES = 200
 NS_PER_MS = 1e6
 
@@ -107,19 +108,33 @@ def _active(ok: pl.DataFrame, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def decode_samples(requests: pl.DataFrame, chunks: pl.DataFrame, tol_ms: float = 1.0) -> pl.DataFrame:
-    """One row per chunk gap in a step without a prefill: n (decoding streams), kv_tokens, itl_ms."""
+    """One row per chunk gap of a pure decode step: n (decoding streams), kv_tokens, itl_ms.
+
+    A gap during which another request was waiting for its first token (sent, not yet answered) may hold
+    that request's prefill, whole, chunked or as a batch of its own (SGLang, TGI): it is left out. When that
+    leaves fewer than ``MIN_CLEAN_SAMPLES`` (a server that always has a queue), only the gaps that end with
+    another request's first token are left out."""
     ok = requests.filter(pl.col("ok") & pl.col("t_first_token_ns").is_not_null() & (pl.col("output_tokens") > 1))
     if ok.is_empty():
         return pl.DataFrame(schema={"n": pl.Float64, "kv_tokens": pl.Float64, "itl_ms": pl.Float64})
     gaps = chunk_gaps(ok, chunks.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi"))
     t_end = gaps["t_ns"].to_numpy().astype(np.float64)
-    firsts = np.sort(ok["t_first_token_ns"].to_numpy().astype(np.float64))
+    t_start = t_end - gaps["chunk_gap_ms"].to_numpy() * NS_PER_MS
+    answered = requests.filter(pl.col("t_first_token_ns").is_not_null())
+    sent = np.sort(answered["t_sent_ns"].to_numpy().astype(np.float64))
+    firsts = np.sort(answered["t_first_token_ns"].to_numpy().astype(np.float64))
     tol_ns = tol_ms * NS_PER_MS
-    prefill_ended = (np.searchsorted(firsts, t_end + tol_ns, side="right")
-                     - np.searchsorted(firsts, t_end - tol_ns, side="left")) > 0
+    # requests whose [sent, first token] overlaps the gap: sent before its end, answered after its start
+    waiting = np.searchsorted(sent, t_end, side="left") - np.searchsorted(firsts, t_start + tol_ns, side="right")
+    ended = (np.searchsorted(firsts, t_end + tol_ns, side="right")
+             - np.searchsorted(firsts, t_end - tol_ns, side="left")) > 0
     n, kv = _active(ok, t_end)
-    return (pl.DataFrame({"n": n, "kv_tokens": kv, "itl_ms": gaps["itl_ms"].to_numpy(), "skip": prefill_ended})
-            .filter(~pl.col("skip") & (pl.col("n") >= 1)).drop("skip"))
+    frame = pl.DataFrame({"n": n, "kv_tokens": kv, "itl_ms": gaps["itl_ms"].to_numpy(), "waiting": waiting > 0,
+                          "ended": ended}).filter(pl.col("n") >= 1)
+    clean = frame.filter(~pl.col("waiting"))
+    if clean.height < MIN_CLEAN_SAMPLES:
+        clean = frame.filter(~pl.col("ended"))
+    return clean.drop("waiting", "ended")
 
 
 def fit_decode(samples: pl.DataFrame) -> DecodeFit:
@@ -183,7 +198,8 @@ def calibrate(requests: pl.DataFrame, chunks: pl.DataFrame, prefill_fit: dict[st
             "kv_read_ms_per_token": decode.per_kv_token_ms}
     kv_tokens, source = kv_capacity(requests, server)
     if kv_tokens is None:
-        notes.append("KV-cache capacity unknown (no kv_cache_usage scraped): the replay assumes no preemption")
+        notes.append("KV-cache capacity unknown (no kv_cache_usage of 5 % or more scraped): the replay assumes the "
+                     "cache never fills (no preemption)")
     else:
         notes.append(f"KV-cache capacity {kv_tokens:,} tokens, from {source}")
     return Calibration(cost, max(a - decode.base_ms, 0.0), kv_tokens, decode,

@@ -65,7 +65,7 @@ def markdown(a: Advice) -> str:
     if a.costs:
         lines += ["What it changes against the current setting (both replayed):", ""] + \
                  [f"- {c}" for c in a.costs] + [""]
-    lines += [f"Engine: {a.engine}; the server's settings from {a.settings_source}: "
+    lines += [f"Engine: {a.engine}; the server's settings (from {a.settings_source}): "
               + ", ".join(f"{k}={v}" for k, v in a.current.items()), "",
               "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
     lines += ["", "## Every candidate, replayed", ""] + table(CANDIDATE_HEAD, candidate_lines(a))
