@@ -172,18 +172,19 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     return run_sweep(sc, opts, sweep_dir(sc, Path(out) if out else None, Path(reports_dir)), run_step, console)
 
 
-def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[str] = (), png: bool = True,
-           progress: Callable[[str], None] | None = None) -> Advice:
+def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[str] = (), capacity: bool = False,
+           png: bool = True, progress: Callable[[str], None] | None = None) -> Advice:
     """What to change on the server (``loadgen advise``): fit the simulator's cost model to the run, replay the
     run's plan under the current setting (how well the model fits) and under each candidate (``tries``:
     ``KEY=V1,V2`` items; default chunked prefill off and on with budgets 256…8192), recommend the one that meets
     every objective with the most goodput. ``server``: ``KEY=VALUE`` items saying what the server ran with
-    (read from run.json for the embedded simulator). Writes advice.json and advice.md, and the advice section
+    (read from run.json for the embedded simulator). ``capacity``: also each candidate's highest request rate
+    meeting every objective on the calibrated simulator (open-loop runs), which then ranks them. Writes advice.json and advice.md, and the advice section
     of report.html. ``exit_code``: 0 a setting meets every objective, 1 none does."""
     from loadgen.advise.settings import parse_items
     from loadgen.advise.whatif import AdviseOptions
     from loadgen.run.advise import advise_run
 
     opts = AdviseOptions(parse_items(list(tries), many=True),
-                         {k: v[0] for k, v in parse_items(list(server), many=False).items()})
+                         {k: v[0] for k, v in parse_items(list(server), many=False).items()}, capacity)
     return advise_run(Path(run_dir), opts, progress or (lambda line: None), png)

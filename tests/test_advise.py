@@ -204,3 +204,42 @@ def test_not_a_run_directory_is_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2 and "no run.json" in res.stderr
     with pytest.raises(SettingsError):
         parse_items(["chunked_prefill=maybe"], many=True)
+
+
+# ---- --capacity ----------------------------------------------------------------------------------------------
+def test_tiling_multiplies_the_rate_over_the_same_duration() -> None:
+    from loadgen.advise.capacity import plan_span_ns, tiled
+
+    reqs = [ReplayRequest(i, 0, "c", i < 2, i * 100_000_000, 10, 10) for i in range(10)]  # 10 req/s for 1 s
+    assert plan_span_ns(reqs) == 1_000_000_000
+    for factor in (0.5, 1.0, 2.5):
+        plan = tiled(reqs, factor)
+        assert len(plan) == round(10 * factor) and max(r.t_intended_ns for r in plan) < 1_000_000_000
+        assert len({(r.worker, r.seq) for r in plan}) == len(plan) and sum(r.warmup for r in plan) <= 2
+
+
+@pytest.mark.parametrize("threshold", [0.3, 1.0, 3.7, 50.0])
+def test_the_capacity_search_brackets_the_threshold(threshold: float) -> None:
+    from loadgen.advise.capacity import search
+
+    lo, hi = search(lambda f: f <= threshold, tolerance=0.05)
+    assert lo is not None and lo <= threshold and (hi is None or (hi > threshold and hi - lo <= 0.05 * lo))
+
+
+def test_capacity_on_the_calibrated_simulator_matches_the_known_capacity(tmp_path: Path) -> None:
+    """The sweep's known-capacity simulator (4 seats, 10 steps of 20 ms a request: 20 req/s), measured at 12
+    req/s: advise --capacity finds its capacity from the fitted model, and twice that with twice the seats."""
+    import yaml
+
+    from tests.test_sweep import KNOWN, KNOWN_CAPACITY_PER_S
+
+    scenario = tmp_path / "known.yaml"
+    scenario.write_text(yaml.safe_dump(KNOWN))
+    assert run_cli("run", str(scenario), "--out", str(tmp_path / "run"), "--no-progress", "--no-png").returncode == 0
+    advice = api.advise(tmp_path / "run", tries=["max_num_seqs=4,8"], capacity=True, png=False)
+    four, eight = advice.candidates
+    print(f"\ncapacity: 4 seats {four.capacity_requests_per_s}, 8 seats {eight.capacity_requests_per_s} req/s")
+    assert four.capacity_requests_per_s == pytest.approx(KNOWN_CAPACITY_PER_S, rel=0.15)
+    assert eight.capacity_requests_per_s == pytest.approx(2 * KNOWN_CAPACITY_PER_S, rel=0.15)
+    assert advice.recommendation is eight  # the most goodput at capacity
+    assert "capacity req/s" in (tmp_path / "run" / "advice.md").read_text()

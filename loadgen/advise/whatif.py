@@ -5,7 +5,8 @@
    how far the model can be trusted.
 2. **Counterfactuals**: the same plan under each candidate setting (``settings.py``), every objective of the
    scenario judged on the replay by the same analysis as a measured run.
-3. **Recommend** the candidate that meets every objective with the most goodput, with its flags and costs.
+3. **Recommend** the candidate that meets every objective with the most goodput, with its flags and costs;
+   with ``capacity``, each candidate's capacity on the calibrated simulator (``capacity.py``) ranks them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Callable
 import polars as pl
 
 from local_target.sim.config import EngineConfig
+from loadgen.advise.capacity import MAX_FACTOR, plan_span_ns, search, tiled
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
 from loadgen.analysis.advice_result import Advice, CandidateResult, costs_of, fit_rows, recommend
@@ -51,6 +53,7 @@ class RunData:
 class AdviseOptions:
     tries: dict[str, list[Any]] = field(default_factory=dict)  # --try KEY=V1,V2
     server: dict[str, Any] = field(default_factory=dict)  # --server KEY=V: what the run's server ran with
+    capacity: bool = False  # --capacity: each candidate's highest rate meeting every objective
 
 
 def result_of(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
@@ -93,6 +96,37 @@ def engine_config(engine: str, settings: dict[str, Any], cal: Calibration) -> En
                         spin_ms=0.0, **knobs, **cal.cost)
 
 
+@dataclass
+class _Replayer:
+    """The run's plan, the fitted model and the client's load: one replay per call, judged like a run."""
+
+    data: RunData
+    engine: str
+    cal: Calibration
+    reqs: list[ReplayRequest]
+    load: ReplayLoad
+    t0_ns: int
+
+    def result(self, settings: dict[str, Any], reqs: list[ReplayRequest] | None = None) -> RunResult:
+        records, chunk_records = replay(engine_config(self.engine, settings, self.cal), reqs or self.reqs,
+                                        self.load, self.t0_ns)
+        return result_of(self.data.scenario, requests_frame(records), chunks_frame(chunk_records), len(records))
+
+    def capacity(self, cand: Candidate, progress: Callable[[str], None]) -> tuple[float | None, str]:
+        """The highest request rate at which the replay meets every objective, and a note on the figure."""
+        rate_per_s = len(self.reqs) / (plan_span_ns(self.reqs) / 1e9)
+
+        def meets(factor: float) -> bool:
+            r = self.result(cand.fields, tiled(self.reqs, factor))
+            return bool(r.slo) and all(o["passed"] is True for o in r.slo)
+
+        lo, hi = search(meets, progress=lambda f, ok: progress(
+            f"{cand.label}: {f * rate_per_s:.2f} req/s {'meets every objective' if ok else 'fails'}"))
+        if lo is None:
+            return None, f"fails even at 1/{MAX_FACTOR:g} of the run's rate"
+        return lo * rate_per_s, "at least: the search's ceiling" if hi is None else ""
+
+
 def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None) -> Advice:
     req = with_request_metrics(data.requests)
     completed = int(req.filter(pl.col("ok") & ~pl.col("warmup")).height)
@@ -104,33 +138,32 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
     cal = calibrate(req, data.chunks, dict(measured.stalls.get("prefill_fit") or {}), data.server)
     reqs, t0 = replay_requests(data.requests)
     load = data.scenario.load
-    replay_load = ReplayLoad(load.concurrency if load.arrival == "concurrency" else None, load.max_in_flight,
-                             cal.arrival_delay_ms, load.drain_timeout_s, tuple(cal.step_noise_ms),
-                             data.scenario.seed)
+    closed = load.concurrency if load.arrival == "concurrency" else None
+    rp = _Replayer(data, engine, cal, reqs, ReplayLoad(closed, load.max_in_flight, cal.arrival_delay_ms,
+                                                       load.drain_timeout_s, tuple(cal.step_noise_ms),
+                                                       data.scenario.seed), t0)
+    simulated = (data.info.get("target") or {}).get("simulator") is not None
     results: list[CandidateResult] = []
     grid = candidates(current, engine, opts.tries)
     for i, cand in enumerate(grid):
         progress(f"replay {i + 1}/{len(grid)}: {cand.label}")
-        replayed = _replayed(data, cand, engine, cal, reqs, replay_load, t0)
+        replayed = rp.result(cand.fields)
         if i == 0:
             fit = fit_rows(measured, replayed)  # the current setting's replay against the measurement
-        simulated = (data.info.get("target") or {}).get("simulator") is not None
         flags = simulator_flags(cand.fields) if simulated else cand.flags(engine)
         results.append(CandidateResult.from_result(cand.label, cand.fields, flags, replayed))
+        if opts.capacity and closed is None:
+            results[-1].capacity_requests_per_s, results[-1].capacity_note = rp.capacity(cand, progress)
     chosen = recommend(results)
-    notes = list(cal.notes) + _notes(source, current, engine, data)
+    notes = list(cal.notes) + _notes(source, engine, data, opts)
     return Advice(data.run_dir, engine, source, current, cal.as_dict(), fit, results, chosen,
                   costs_of(results[chosen], results[0]) if chosen is not None else [], notes)
 
 
-def _replayed(data: RunData, cand: Candidate, engine: str, cal: Calibration, reqs: list[ReplayRequest],
-              load: ReplayLoad, t0: int) -> RunResult:
-    records, chunk_records = replay(engine_config(engine, cand.fields, cal), reqs, load, t0)
-    return result_of(data.scenario, requests_frame(records), chunks_frame(chunk_records), len(records))
-
-
-def _notes(source: str, current: dict[str, Any], engine: str, data: RunData) -> list[str]:
+def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list[str]:
     out = []
+    if opts.capacity and data.scenario.load.arrival == "concurrency":
+        out.append("--capacity searches open-loop runs only (a request rate); this run is closed-loop")
     if "defaults" in source:
         assumed = source.split(" for ", 1)[1]
         out.append(f"{engine}'s defaults were assumed for {assumed} (not given): pass --server KEY=VALUE for each "

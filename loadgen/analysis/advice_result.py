@@ -60,6 +60,8 @@ class CandidateResult:
     figures: dict[str, Optional[float]]
     goodput_requests_per_s: Optional[float]
     ttft_p99_by_class_ms: dict[str, Optional[float]]
+    capacity_requests_per_s: Optional[float] = None  # --capacity: the highest rate meeting every objective
+    capacity_note: str = ""  # "", or why there is no figure / it is a bound ("at least", "below")
 
     @property
     def meets_all(self) -> bool:
@@ -116,13 +118,20 @@ class Advice:
 
 
 def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Optional[int]:
-    """The candidate meeting every objective with the most goodput; within ``goodput_tie`` of it, the lowest
-    TTFT p99 (then the earlier: the current setting first). None when no candidate meets them all."""
+    """The candidate meeting every objective with the most goodput (its capacity, where ``--capacity`` found
+    them); within ``goodput_tie`` of it, the lowest TTFT p99 (then the earlier: the current setting first).
+    None when no candidate meets them all."""
     ok = [i for i, c in enumerate(cands) if c.meets_all]
     if not ok:
         return None
-    best = max(cands[i].goodput_requests_per_s or 0.0 for i in ok)
-    near = [i for i in ok if (cands[i].goodput_requests_per_s or 0.0) >= best * (1 - goodput_tie)]
+    by_capacity = any(c.capacity_requests_per_s is not None for c in cands)
+
+    def goodput(i: int) -> float:
+        c = cands[i]
+        return (c.capacity_requests_per_s if by_capacity else c.goodput_requests_per_s) or 0.0
+
+    best = max(goodput(i) for i in ok)
+    near = [i for i in ok if goodput(i) >= best * (1 - goodput_tie)]
     return min(near, key=lambda i: (cands[i].figures.get("TTFT p99") or float("inf"), i))
 
 

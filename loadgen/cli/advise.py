@@ -25,6 +25,9 @@ def advise(
     server: Optional[list[str]] = typer.Option(None, "--server", help="what the run's server ran with, "
                                                "KEY=VALUE (repeatable; same keys). Read from run.json for the "
                                                "embedded simulator; else the engine's defaults are assumed"),
+    capacity: bool = typer.Option(False, "--capacity", help="also search each candidate's capacity on the "
+                                  "calibrated simulator: the highest request rate (a multiple of the run's) that "
+                                  "meets every objective; it then ranks the candidates. Open-loop runs"),
     png: bool = typer.Option(True, "--png/--no-png", help="re-render the report's PNG charts too"),
 ) -> None:
     """Fit the simulator's cost model to a run, replay the run's own plan under each candidate server setting
@@ -33,7 +36,7 @@ def advise(
     objective; 1: none does; 2: bad input."""
     try:
         with console.status("advise: fitting the cost model") as status:
-            result = api.advise(run_dir, tries=try_ or (), server=server or (), png=png,
+            result = api.advise(run_dir, tries=try_ or (), server=server or (), capacity=capacity, png=png,
                                 progress=lambda line: status.update(f"advise: {line}"))
     except (AdviceError, SettingsError) as exc:
         raise _fail(str(exc)) from None

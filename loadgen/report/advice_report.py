@@ -43,12 +43,27 @@ def fit_lines(a: Advice) -> list[list[str]]:
     return [[r.figure, _num(r.measured, 2), _num(r.predicted, 2), _pct(r.error)] for r in a.fit]
 
 
+def _has_capacity(a: Advice) -> bool:
+    return any(c.capacity_requests_per_s is not None or c.capacity_note for c in a.candidates)
+
+
+def _capacity(c: CandidateResult) -> str:
+    value = _num(c.capacity_requests_per_s, 2)
+    return f"≥ {value}" if c.capacity_note.startswith("at least") else value
+
+
 def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
     rec = a.recommendation
     return [[_mark(c, rec) + c.label, *(_num(c.figures.get(k)) for k in COLUMNS),
              _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
+             *([_capacity(c)] if _has_capacity(a) else []),
              ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c)]
             for c in a.candidates]
+
+
+def candidate_head(a: Advice, short: bool = False) -> list[str]:
+    head = SHORT_HEAD if short else CANDIDATE_HEAD
+    return head[:-1] + (["capacity" if short else "capacity req/s"] if _has_capacity(a) else []) + head[-1:]
 
 
 CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s", "objectives"]
@@ -68,7 +83,7 @@ def markdown(a: Advice) -> str:
     lines += [f"Engine: {a.engine}; the server's settings (from {a.settings_source}): "
               + ", ".join(f"{k}={v}" for k, v in a.current.items()), "",
               "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
-    lines += ["", "## Every candidate, replayed", ""] + table(CANDIDATE_HEAD, candidate_lines(a))
+    lines += ["", "## Every candidate, replayed", ""] + table(candidate_head(a), candidate_lines(a))
     cost = a.calibration.get("cost", {})
     lines += ["", "## The fitted cost model", "", ", ".join(f"{k} = {v:.4g}" for k, v in cost.items())
               + f"; arrival delay {a.calibration.get('arrival_delay_ms', 0):.1f} ms", ""]
@@ -84,7 +99,7 @@ def console_tables(a: Advice) -> list[Any]:
     for row in fit_lines(a):
         fit.add_row(*row)
     cands = Table(title="every candidate, replayed (ms; goodput req/s)", title_justify="left", box=None)
-    for h in SHORT_HEAD:
+    for h in candidate_head(a, short=True):
         cands.add_column(h, justify="left" if h in ("setting", "SLOs") else "right", no_wrap=h == "setting")
     for row in candidate_lines(a, short=True):
         cands.add_row(*row)
@@ -104,5 +119,5 @@ def html_section(a: Advice) -> str:
             f"<p><strong>{html.escape(headline(a))}</strong></p>"
             + (f"<ul>{costs}</ul>" if costs else "")
             + "<h3>The fitted model's replay of the run</h3>" + table(FIT_HEAD, fit_lines(a))
-            + "<h3>Every candidate, replayed</h3>" + table(CANDIDATE_HEAD, candidate_lines(a))
+            + "<h3>Every candidate, replayed</h3>" + table(candidate_head(a), candidate_lines(a))
             + (f"<ul class=\"notes\">{notes}</ul>" if notes else "") + "</section>")
