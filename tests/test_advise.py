@@ -172,11 +172,13 @@ def _cand(label: str, passed: list[bool], goodput: float, ttft_p99: float) -> Ca
                            {"TTFT p99": ttft_p99}, goodput, {})
 
 
-def test_the_choice_meets_every_objective_with_the_most_goodput_then_the_lowest_ttft() -> None:
+def test_the_choice_meets_every_objective_with_the_most_goodput_then_current_then_the_lowest_ttft() -> None:
     cands = [_cand("current", [True, False], 9.0, 100), _cand("a", [True, True], 5.0, 50),
              _cand("b", [True, True], 8.0, 900), _cand("c", [True, True], 7.99, 300)]
     assert recommend(cands) == 3  # b and c tie on goodput (within 1 %); c has the lower TTFT p99
     assert recommend(cands[:1]) is None
+    cands[0] = _cand("current", [True, True], 7.95, 400)
+    assert recommend(cands) == 0  # the current setting meets them all as well as any: no change
 
 
 def test_nonnegative_least_squares() -> None:
@@ -197,6 +199,15 @@ def test_nonnegative_least_squares() -> None:
 def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     res = run_cli("advise", str(tmp_path), "--no-png", *args)
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_too_few_completed_requests_to_fit_is_exit_2(tmp_path: Path) -> None:
+    res = run_cli("run", "scenarios/smoke.yaml", "--duration", "2", "--out", str(tmp_path / "run"), "--no-progress",
+                  "--no-png")
+    assert res.returncode in (0, 3), res.stderr
+    res = run_cli("advise", str(tmp_path / "run"))
+    assert res.returncode == 2 and "the fit needs at least 20" in res.stderr
+    assert not (tmp_path / "run" / "advice.json").exists()
 
 
 def test_not_a_run_directory_is_exit_2(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
     measured = result_of(data.scenario, data.requests, data.chunks, data.info.get("planned"), data.server)
     cal = calibrate(req, data.chunks, dict(measured.stalls.get("prefill_fit") or {}), data.server)
     reqs, t0 = replay_requests(data.requests)
+    if cal.kv_cache_tokens is not None:  # the server held the run's largest request, whatever the estimate
+        cal.kv_cache_tokens = max(cal.kv_cache_tokens, max(r.prompt_tokens + r.output_tokens for r in reqs))
     load = data.scenario.load
     closed = load.concurrency if load.arrival == "concurrency" else None
     rp = _Replayer(data, engine, cal, reqs, ReplayLoad(closed, load.max_in_flight, cal.arrival_delay_ms,

@@ -119,8 +119,8 @@ class Advice:
 
 def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Optional[int]:
     """The candidate meeting every objective with the most goodput (its capacity, where ``--capacity`` found
-    them); within ``goodput_tie`` of it, the lowest TTFT p99 (then the earlier: the current setting first).
-    None when no candidate meets them all."""
+    them); within ``goodput_tie`` of it, the current setting if it is one of them (no change to make), else the
+    lowest TTFT p99. None when no candidate meets them all."""
     ok = [i for i, c in enumerate(cands) if c.meets_all]
     if not ok:
         return None
@@ -132,6 +132,8 @@ def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Option
 
     best = max(goodput(i) for i in ok)
     near = [i for i in ok if goodput(i) >= best * (1 - goodput_tie)]
+    if 0 in near:  # the current setting already does as well: no change to make
+        return 0
     return min(near, key=lambda i: (cands[i].figures.get("TTFT p99") or float("inf"), i))
 
 

@@ -35,7 +35,8 @@ def headline(a: Advice) -> str:
     if rec is None:
         return "no candidate setting is predicted to meet every objective"
     if a.recommended == 0:
-        return f"keep the current setting ({rec.label}): it is predicted to meet every objective"
+        return f"keep the current setting ({rec.label.removesuffix(' (current)')}): it is predicted to meet every " \
+            "objective"
     return f"recommended: {rec.label} — {' '.join(rec.flags)}"
 
 
