@@ -179,8 +179,9 @@ def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[s
     ``KEY=V1,V2`` items; default chunked prefill off and on with budgets 256…8192), recommend the one that meets
     every objective with the most goodput. ``server``: ``KEY=VALUE`` items saying what the server ran with
     (read from run.json for the embedded simulator). ``capacity``: also each candidate's highest request rate
-    meeting every objective on the calibrated simulator (open-loop runs), which then ranks them. Writes advice.json and advice.md, and the advice section
-    of report.html. ``exit_code``: 0 a setting meets every objective, 1 none does."""
+    meeting every objective on the calibrated simulator (open-loop runs), which then ranks them. Writes
+    advice.json and advice.md, and the advice section of report.html. ``exit_code``: 0 a setting meets every
+    objective, 1 none does."""
     from loadgen.advise.settings import parse_items
     from loadgen.advise.whatif import AdviseOptions
     from loadgen.run.advise import advise_run
