@@ -164,6 +164,9 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
 
 def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list[str]:
     out = []
+    if not (data.info.get("target") or {}).get("engine"):
+        out.append("the server's engine was not recognised (no /metrics, no tokenize dialect): replayed as vLLM's "
+                   "scheduler, with vLLM's flags")
     if opts.capacity and data.scenario.load.arrival == "concurrency":
         out.append("--capacity searches open-loop runs only (a request rate); this run is closed-loop")
     if "defaults" in source:
