@@ -59,6 +59,8 @@ def test_advice_files_and_the_report_section(advised: Advice) -> None:
     assert doc["candidates"][0]["label"].endswith("(current)") and len(doc["candidates"]) >= 5
     md = (run_dir / "advice.md").read_text()
     assert "## Every candidate, replayed" in md and "## How well the fitted model replays the run" in md
+    first = advised.candidates[0].objectives[0]
+    assert f"| {first['objective']} " in md.split("## Every objective per candidate")[1].splitlines()[2]
     assert 'id="advice"' in (run_dir / "report.html").read_text()
     api.report(run_dir, png=False)  # a rebuilt report keeps the section
     assert 'id="advice"' in (run_dir / "report.html").read_text()

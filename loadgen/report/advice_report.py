@@ -67,6 +67,17 @@ def candidate_head(a: Advice, short: bool = False) -> list[str]:
     return head[:-1] + (["capacity" if short else "capacity req/s"] if _has_capacity(a) else []) + head[-1:]
 
 
+def objective_head(a: Advice) -> list[str]:
+    first = a.candidates[0].objectives if a.candidates else []
+    return ["setting"] + [f"{o['objective']} {o.get('comparison', '<=')} {_num(o['threshold'], 2)}" for o in first]
+
+
+def objective_lines(a: Advice) -> list[list[str]]:
+    """Each candidate's value of each objective, marked pass (✓), fail (✗) or inconclusive (?)."""
+    mark = {True: "✓", False: "✗", None: "?"}
+    return [[c.label] + [f"{_num(o['value'], 2)} {mark[o['passed']]}" for o in c.objectives] for c in a.candidates]
+
+
 CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s", "objectives"]
 SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput", "SLOs"]
 FIT_HEAD = ["figure", "measured", "replayed", "error"]
@@ -85,6 +96,7 @@ def markdown(a: Advice) -> str:
               + ", ".join(f"{k}={v}" for k, v in a.current.items()), "",
               "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
     lines += ["", "## Every candidate, replayed", ""] + table(candidate_head(a), candidate_lines(a))
+    lines += ["", "## Every objective per candidate", ""] + table(objective_head(a), objective_lines(a))
     cost = a.calibration.get("cost", {})
     lines += ["", "## The fitted cost model", "", ", ".join(f"{k} = {v:.4g}" for k, v in cost.items())
               + f"; arrival delay {a.calibration.get('arrival_delay_ms', 0):.1f} ms", ""]
@@ -121,4 +133,5 @@ def html_section(a: Advice) -> str:
             + (f"<ul>{costs}</ul>" if costs else "")
             + "<h3>The fitted model's replay of the run</h3>" + table(FIT_HEAD, fit_lines(a))
             + "<h3>Every candidate, replayed</h3>" + table(candidate_head(a), candidate_lines(a))
+            + "<h3>Every objective per candidate</h3>" + table(objective_head(a), objective_lines(a))
             + (f"<ul class=\"notes\">{notes}</ul>" if notes else "") + "</section>")
