@@ -256,3 +256,18 @@ def test_capacity_on_the_calibrated_simulator_matches_the_known_capacity(tmp_pat
     assert eight.capacity_requests_per_s == pytest.approx(2 * KNOWN_CAPACITY_PER_S, rel=0.15)
     assert advice.recommendation is eight  # the most goodput at capacity
     assert "capacity req/s" in (tmp_path / "run" / "advice.md").read_text()
+
+
+def test_a_gap_ending_in_a_burst_of_chunks_is_a_held_delivery_not_an_engine_step() -> None:
+    import polars as pl
+
+    from loadgen.analysis.calibrate import held_deliveries
+
+    ms = 1_000_000
+    steady = [i * 10 * ms for i in range(10)]  # one chunk every 10 ms
+    held = steady + [590 * ms + i * ms // 10 for i in range(6)]  # 500 ms, then 6 chunks within 0.6 ms
+    short = steady + [590 * ms + i * ms // 10 for i in range(4)]  # 4 at once: chunk coalescing, not a hold
+    chunks = pl.DataFrame({"seq": [1] * len(held) + [2] * len(short), "t_ns": held + short, "tokens": 1,
+                           "worker": 0})
+    requests = pl.DataFrame({"seq": [1, 2], "worker": [0, 0], "class_name": "c", "warmup": False})
+    assert held_deliveries(requests, chunks).to_list() == [500.0]

