@@ -13,6 +13,7 @@ REQUEST_SCHEMA = {
     "output_tokens_asked": pl.Int64, "output_tokens": pl.Int64, "output_tokens_source": pl.String,
     "chunks": pl.Int64, "request_id": pl.String, "finish_reason": pl.String, "http_status": pl.Int64,
     "error_kind": pl.String, "error_message": pl.String, "reasoning": pl.Boolean, "worker": pl.Int64,
+    "conversation": pl.Int64, "turn": pl.Int64, "cached_tokens": pl.Int64,
 }
 CHUNK_SCHEMA = {"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
                 "worker": pl.Int64}

@@ -35,4 +35,18 @@ def summary_of(metrics: pl.DataFrame | None) -> dict[str, Any]:
             out[f"{col}_max"] = float(w[col].max())  # type: ignore[arg-type]
     if "preemptions_total" in w.columns:
         out["preemptions"] = float(w["preemptions_total"].max() - w["preemptions_total"].min())  # type: ignore
+    out.update(_prefix_cache(w))
     return out
+
+
+def _prefix_cache(w: pl.DataFrame) -> dict[str, float]:
+    """The server's prefix-cache hit rate over the run: hits / queries (vLLM's token counters), or SGLang's
+    own gauge at the last scrape."""
+    if {"prefix_cache_queries_total", "prefix_cache_hits_total"} <= set(w.columns):
+        queries = float(w["prefix_cache_queries_total"].max() - w["prefix_cache_queries_total"].min())  # type: ignore
+        hits = float(w["prefix_cache_hits_total"].max() - w["prefix_cache_hits_total"].min())  # type: ignore
+        return {"prefix_cache_hit_rate": hits / queries} if queries > 0 else {}
+    if "prefix_cache_hit_rate" in w.columns:
+        last = w["prefix_cache_hit_rate"].drop_nulls()
+        return {"prefix_cache_hit_rate": float(last[-1])} if len(last) else {}
+    return {}

@@ -35,6 +35,8 @@ VLLM = EngineInfo("vllm", "vLLM", "vllm:", {
     "vllm:generation_tokens_total": "generation_tokens_total",
     "vllm:iteration_tokens_total_sum": "iteration_tokens_sum",
     "vllm:iteration_tokens_total_count": "iteration_tokens_count",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",  # V1: prompt tokens looked up ...
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",  # ... and found in the prefix cache
 }, "POST /tokenize (prompt or messages → count)")
 SGLANG = EngineInfo("sglang", "SGLang", "sglang:", {
     "sglang:num_running_reqs": "running",
@@ -42,6 +44,7 @@ SGLANG = EngineInfo("sglang", "SGLang", "sglang:", {
     "sglang:token_usage": "kv_cache_usage",
     "sglang:prompt_tokens_total": "prompt_tokens_total",
     "sglang:generation_tokens_total": "generation_tokens_total",
+    "sglang:cache_hit_rate": "prefix_cache_hit_rate",
 }, "POST /tokenize or /v1/tokenize in vLLM's shape, where the version has one")
 LLAMACPP = EngineInfo("llamacpp", "llama.cpp", "llamacpp:", {
     "llamacpp:requests_processing": "running",

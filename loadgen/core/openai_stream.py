@@ -19,6 +19,7 @@ class Parsed:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
     request_id: str | None = None
     error: str | None = None  # the server reported an error in the stream, or the chunk is not valid
     error_status: int | None = None
@@ -44,6 +45,9 @@ def parse_event(data: str) -> Parsed:
     if isinstance(usage, dict):
         out.prompt_tokens = _int(usage.get("prompt_tokens"))
         out.completion_tokens = _int(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            out.cached_tokens = _int(details.get("cached_tokens"))
     return out
 
 

@@ -33,6 +33,9 @@ class RequestRecord:
     error_message: str | None = None
     reasoning: bool = False
     worker: int = 0
+    conversation: int | None = None  # a multi-turn conversation's arrival index (None: a request on its own)
+    turn: int | None = None  # its turn, from 0
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache (usage), if it said
 
 
 @dataclass(slots=True)

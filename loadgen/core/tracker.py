@@ -32,6 +32,9 @@ class RequestMeta:
     prompt_tokens_asked: int
     output_tokens_asked: int
     worker: int = 0
+    conversation: int | None = None
+    turn: int | None = None
+    keep_text: bool = False  # a conversation's turn: its answer is the next turn's history
 
 
 def error_kind_for_status(status: int) -> str:
@@ -49,7 +52,7 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
-                 "_summary", "_error")
+                 "_summary", "_error", "_text", "record")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.meta = meta
@@ -62,6 +65,13 @@ class StreamTracker:
         self._last_count = 0
         self._summary = Parsed()
         self._error: tuple[str, str] | None = None
+        self._text: list[str] | None = [] if meta.keep_text else None
+        self.record: RequestRecord | None = None  # set by finish
+
+    @property
+    def answer(self) -> str:
+        """The generated text (content, not reasoning), kept when ``meta.keep_text``."""
+        return "".join(self._text or ())
 
     def feed(self, data: bytes, now_ns: int) -> None:
         self.last_read_ns = now_ns
@@ -79,8 +89,12 @@ class StreamTracker:
         summary.finish_reason = p.finish_reason or summary.finish_reason
         if p.prompt_tokens is not None:
             summary.prompt_tokens = p.prompt_tokens
+        if p.cached_tokens is not None:
+            summary.cached_tokens = p.cached_tokens
         if p.text:
             self._chunks.append(ChunkRecord(self.meta.seq, t_ns, self._tokens_of(p), p.reasoning, self.meta.worker))
+            if self._text is not None and not p.reasoning:
+                self._text.append(p.text)
         if p.completion_tokens is not None:
             summary.completion_tokens = self._last_count = p.completion_tokens
         if p.error and self._error is None:
@@ -106,8 +120,9 @@ class StreamTracker:
         """The records of this request; ``error_kind`` is the driver's (connect, timeouts, cancelled)."""
         if status != 200:
             body = self._head.decode("utf-8", errors="replace")
-            return self._record(now_ns, [], Parsed(), status, error_kind or error_kind_for_status(status),
-                                error_message or _error_text(body)), []
+            self.record = self._record(now_ns, [], Parsed(), status, error_kind or error_kind_for_status(status),
+                                       error_message or _error_text(body))
+            return self.record, []
         kind, message = error_kind, error_message
         if kind is None and self._decoder.overflow:
             kind, message = "protocol", self._decoder.overflow
@@ -119,7 +134,8 @@ class StreamTracker:
         chunks = self._chunks
         if not self._exact:
             _rescale(chunks, self._summary.completion_tokens)
-        return self._record(now_ns, chunks, self._summary, status, kind, message), chunks
+        self.record = self._record(now_ns, chunks, self._summary, status, kind, message)
+        return self.record, chunks
 
     def _record(self, now_ns: int, chunks: list[ChunkRecord], s: Parsed, status: int, kind: str | None,
                 message: str | None) -> RequestRecord:
@@ -136,7 +152,8 @@ class StreamTracker:
             output_tokens_asked=m.output_tokens_asked, output_tokens=output,
             output_tokens_source="server" if s.completion_tokens is not None else "local",
             chunks=len(chunks), request_id=s.request_id, finish_reason=s.finish_reason, http_status=status,
-            error_kind=kind, error_message=message, reasoning=any(c.reasoning for c in chunks), worker=m.worker)
+            error_kind=kind, error_message=message, reasoning=any(c.reasoning for c in chunks), worker=m.worker,
+            conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens)
 
 
 def _rescale(chunks: list[ChunkRecord], total: int | None) -> None:

@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import json
 import time
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 import httpx
@@ -36,6 +35,8 @@ from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
+from loadgen.drivers.conversations import Conversations, TurnFor
+from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
 
 WATCHDOG_PERIOD_S = 0.1
@@ -45,41 +46,11 @@ BodyFor = Callable[[PlannedRequest], Awaitable[dict[str, Any]]]
 OnRecord = Callable[[RequestRecord, list[ChunkRecord]], None]
 
 
-@dataclass
-class EngineStats:
-    sent: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    output_tokens: int = 0
-    t0_ns: int = 0
-    cut_at_end: int = 0  # requests still in flight at the run's hard end (cancelled then)
-    cpu_s: float = 0.0  # this process's CPU time while the engine ran (generator saturation check)
-    wall_s: float = 0.0
-    in_flight: dict[int, tuple[asyncio.Task[None], StreamTracker]] = field(default_factory=dict)
-
-
-@dataclass
-class EngineConfig:
-    url: str  # full URL of the completions endpoint
-    headers: dict[str, str]
-    ttft_timeout_s: float
-    idle_timeout_s: float
-    max_in_flight: int
-    duration_s: float | None  # closed loop: stop sending after warmup + duration
-    warmup_s: float
-    concurrency: int | None
-    send_ahead_ms: float = 0.0  # > 0 only with a transport that holds a request until its time (lean)
-    request_timeout_s: float = 600.0
-    drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
-    max_event_bytes: int = 1 << 20
-    max_rate_per_s: float | None = None  # closed loop: this process's users together, at most (RateCeiling)
-
-
 class AsyncioEngine:
     def __init__(self, cfg: EngineConfig, plan: Plan, body_for: BodyFor, on_record: OnRecord,
-                 client: httpx.AsyncClient) -> None:
+                 client: httpx.AsyncClient, turn_for: TurnFor | None = None) -> None:
         self.cfg, self.plan, self.body_for, self.on_record, self.client = cfg, plan, body_for, on_record, client
+        self.conversations = Conversations(self, turn_for) if turn_for and plan.conversational else None
         self.stats = EngineStats()
         self._sem = asyncio.Semaphore(cfg.max_in_flight)
         self._timeouts: dict[int, tuple[str, str]] = {}
@@ -112,6 +83,8 @@ class AsyncioEngine:
                 await asyncio.gather(*(self._worker() for _ in range(self.cfg.concurrency or 1)))
             else:
                 await self._open_loop()
+            if self.conversations:
+                await self.conversations.wait()
             while self.stats.in_flight:
                 await asyncio.gather(*(t for t, _ in list(self.stats.in_flight.values())), return_exceptions=True)
         finally:
@@ -133,6 +106,10 @@ class AsyncioEngine:
         assert self.plan.requests is not None
         for req in self.plan.requests:
             deadline = self.stats.t0_ns + req.t_intended_offset_ns
+            if req.conversation is not None:  # its conversation's task sends every turn
+                if req.turn == 0 and self.conversations:
+                    self.conversations.start(req, deadline)
+                continue
             body = await self._body(req, deadline)  # built before the deadline, not after it
             await sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
             if self._stopping:
@@ -146,16 +123,19 @@ class AsyncioEngine:
         try:
             return json.dumps(await self.body_for(req)).encode()
         except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
-            meta = RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens,
-                               req.output_tokens)
-            tracker = StreamTracker(meta, t_sent_ns=0)
-            self._record(tracker, 0, "protocol", f"the request could not be prepared: {type(exc).__name__}: {exc}")
+            self._failed_body(req, t_intended_ns, exc)
             return None
+
+    def _failed_body(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
+        tracker = StreamTracker(_meta(req, t_intended_ns), t_sent_ns=0)
+        self._record(tracker, 0, "protocol", f"the request could not be prepared: {type(exc).__name__}: {exc}")
 
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
                   if self.cfg.duration_s is not None else None)
         await sleep_until(self.stats.t0_ns, lambda: self._stopping)
+        if self.conversations:  # the user is a conversation, then the next
+            return await self.conversations.user(end_ns)
         while not self._stopping:
             seq = next(self._seqs)
             if self.plan.size is not None and seq >= self.plan.size:
@@ -173,9 +153,7 @@ class AsyncioEngine:
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
-        meta = RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens,
-                           req.output_tokens)
-        tracker = StreamTracker(meta, 0, self.cfg.max_event_bytes)  # t_sent stamped when the request leaves
+        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes)  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         self.stats.in_flight[req.seq] = (task, tracker)
         return task
@@ -246,3 +224,9 @@ class AsyncioEngine:
             task.cancel()
         if self._owns_schedule:
             self._stopping = True
+
+
+def _meta(req: PlannedRequest, t_intended_ns: int) -> RequestMeta:
+    turn = req.turn if req.conversation is not None else None
+    return RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens, req.output_tokens,
+                       conversation=req.conversation, turn=turn, keep_text=req.conversation is not None)

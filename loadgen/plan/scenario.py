@@ -106,6 +106,7 @@ Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Exponential, E
 Component.model_rebuild()
 
 
+
 # ---- sections ------------------------------------------------------------------------------------------
 class Tls(_Strict):
     """https targets: certificate checks and client certificates (the lean transport keeps its timestamps)."""
@@ -170,9 +171,25 @@ class TraceFile(_Strict):
     speedup: float = Field(1.0, gt=0)
 
 
+class Ramp(_Strict):
+    """Arrivals whose rate goes from ``start_rate_per_s`` to ``end_rate_per_s`` over warm-up + duration."""
+
+    start_rate_per_s: float = Field(gt=0)
+    end_rate_per_s: float = Field(gt=0)
+    shape: Literal["linear", "exponential"] = "linear"
+    poisson: bool = Field(True, description="random arrivals at the ramp's rate (false: evenly spaced)")
+
+    def mean_rate_per_s(self) -> float:
+        r0, r1 = self.start_rate_per_s, self.end_rate_per_s
+        if self.shape == "linear" or math.isclose(r0, r1):
+            return (r0 + r1) / 2
+        return (r1 - r0) / math.log(r1 / r0)
+
+
 class Load(_Strict):
-    arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace"] = "poisson"
+    arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace", "ramp"] = "poisson"
     rate_per_s: float | None = Field(None, gt=0)
+    ramp: Ramp | None = None
     burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 = Poisson, <1 burstier, >1 smoother")
     concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
     stages: list[Stage] | None = None
@@ -189,7 +206,7 @@ class Load(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Load":
         needs = {"constant": "rate_per_s", "poisson": "rate_per_s", "gamma": "rate_per_s",
-                 "concurrency": "concurrency", "stages": "stages", "trace": "trace"}[self.arrival]
+                 "concurrency": "concurrency", "stages": "stages", "trace": "trace", "ramp": "ramp"}[self.arrival]
         if getattr(self, needs) is None:
             raise ValueError(f"arrival {self.arrival!r} needs load.{needs}")
         if self.max_rate_per_s is not None and self.arrival != "concurrency":
@@ -210,7 +227,34 @@ class Load(_Strict):
             return min(self.rate_per_s * horizon, self.requests or math.inf)
         if self.arrival == "stages" and self.stages:
             return min(sum(s.rate_per_s * s.duration_s for s in self.stages), self.requests or math.inf)
+        if self.arrival == "ramp" and self.ramp is not None and self.duration_s is not None:
+            return min(self.ramp.mean_rate_per_s() * (self.warmup_s + self.duration_s), self.requests or math.inf)
         return None
+
+
+MAX_TURNS = 1000
+
+
+class Conversation(_Strict):
+    """A class whose every arrival is a conversation: ``turns`` requests one after another, each sent
+    ``think_time_s`` after the previous answer ended, carrying the history (every earlier prompt and the answer
+    actually received). The class's ``prompt_tokens`` is each turn's new message; its ``output_tokens`` each
+    answer."""
+
+    turns: Distribution
+    first_prompt_tokens: Distribution | None = Field(None, description="the first turn's prompt (a document, "
+                                                     "say); default: prompt_tokens like every turn")
+    think_time_s: float = Field(0.0, ge=0, le=3600, description="between an answer's end and the next turn")
+    think_time_dist: Literal["fixed", "exponential"] = Field("fixed", description="exponential: think_time_s "
+                                                            "is the mean")
+
+    @field_validator("turns")
+    @classmethod
+    def _bounded(cls, turns: Any) -> Any:
+        top = getattr(turns, "max", None) or getattr(turns, "value", None)
+        if top is None or top > MAX_TURNS:
+            raise ValueError(f"turns needs a max (or a fixed value) of at most {MAX_TURNS}")
+        return turns
 
 
 class RequestClass(_Strict):
@@ -221,6 +265,7 @@ class RequestClass(_Strict):
     shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS,
                                       description="tokens of a system prompt shared by the class")
     ignore_eos: bool = Field(True, description="force exactly the sampled output length")
+    conversation: Conversation | None = Field(None, description="each arrival is a multi-turn conversation")
 
 
 class Workload(_Strict):

@@ -1,21 +1,24 @@
 """The plan: (Scenario, seed) → every request's intended send offset, class and lengths. Pure.
 
-Open-loop arrivals are computed in full before the first send. Request ``i``'s class and lengths come from its
-own seeded generator, so they do not depend on how many requests come before it or on timing; a closed-loop
-run of unknown length takes them one by one with ``Plan.request(i)``.
+Open-loop arrivals are computed in full before the first send (arrivals.py). Arrival ``i``'s class and lengths
+come from its own seeded generator, so they do not depend on how many arrivals come before it or on timing; a
+closed-loop run of unknown length takes them one by one with ``Plan.unit(i)``.
+
+An arrival of a class with a ``conversation`` is a conversation: its turns are planned up front (count,
+lengths, think times, from the conversation's own generator) and sent one after another by the driver, each
+when the previous answer has ended plus its think time. In an open-loop plan every turn is a
+``PlannedRequest`` with its own ``seq`` (turns follow their conversation's first); ``t_intended_offset_ns`` of a
+later turn is its conversation's start, the driver stamps the real time.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
+import dataclasses
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
-from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal, Mixture, Normal,
-                       RequestClass, Scenario, ScenarioError, Uniform)
+from loadgen.plan.arrivals import arrival_offsets_s, read_trace_file, sample_length
+from loadgen.plan.scenario import MAX_PLAN_REQUESTS, Conversation, RequestClass, Scenario, ScenarioError
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,147 +26,12 @@ class PlannedRequest:
     seq: int
     t_intended_offset_ns: int  # from the run's start; 0 in closed loop (the driver stamps the real time)
     class_name: str
-    prompt_tokens: int
+    prompt_tokens: int  # a conversation's turn: its new message (the history comes on top)
     output_tokens: int
     warmup: bool
-
-
-# ---- distributions -------------------------------------------------------------------------------------
-def sample_length(dist: object, rng: random.Random) -> int:
-    value = _draw(dist, rng)
-    lo = getattr(dist, "min", 1)
-    hi = getattr(dist, "max", None) or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
-    return min(max(lo, round(value)), hi)
-
-
-def _draw(dist: object, rng: random.Random) -> float:
-    if isinstance(dist, Fixed):
-        return dist.value
-    if isinstance(dist, Uniform):
-        return rng.randint(dist.min, dist.max)
-    if isinstance(dist, Normal):
-        return rng.gauss(dist.mean, dist.std)
-    if isinstance(dist, LogNormal):
-        return dist.median * math.exp(rng.gauss(0.0, dist.sigma))
-    if isinstance(dist, Exponential):
-        return rng.expovariate(1.0 / dist.mean)
-    if isinstance(dist, Empirical):
-        return _draw_empirical(dist, rng)
-    if isinstance(dist, Mixture):
-        component = rng.choices(dist.components, weights=[c.weight for c in dist.components])[0]
-        return sample_length(component.dist, rng)
-    raise TypeError(f"unknown distribution {dist!r}")
-
-
-_FILE_CACHE: dict[Path, list[int]] = {}
-
-
-def _draw_empirical(dist: Empirical, rng: random.Random) -> float:
-    if dist.histogram is not None:
-        lo, hi, _ = rng.choices(dist.histogram, weights=[b[2] for b in dist.histogram])[0]
-        return rng.randint(lo, hi)
-    assert dist.file is not None
-    return rng.choice(load_lengths_file(dist.file))
-
-
-def load_lengths_file(path: Path) -> list[int]:
-    """One length per line (the first comma-separated field; a non-numeric header line is skipped)."""
-    if path not in _FILE_CACHE:
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise ScenarioError(f"{path}: cannot read lengths file: {exc.strerror}") from None
-        values = [int(float(f)) for line in lines if (f := line.split(",")[0].strip()) and _number(f)]
-        if not values:
-            raise ScenarioError(f"{path}: no lengths found (one number per line)")
-        _FILE_CACHE[path] = values
-    return _FILE_CACHE[path]
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-# ---- arrivals ------------------------------------------------------------------------------------------
-def arrival_offsets_s(s: Scenario, rng: random.Random) -> list[float]:
-    """Intended send offsets (seconds from start) of an open-loop scenario, warm-up included."""
-    load = s.load
-    if load.arrival == "stages":
-        return _stage_offsets(s, rng)
-    horizon = load.warmup_s + load.duration_s if load.duration_s is not None else math.inf
-    limit = load.requests if load.requests is not None else math.inf
-    rate = load.rate_per_s
-    assert rate is not None
-    out: list[float] = []
-    t = 0.0
-    while len(out) < limit:
-        if load.arrival == "poisson":
-            t += rng.expovariate(rate)
-        elif load.arrival == "gamma":
-            t += rng.gammavariate(load.burstiness, 1.0 / (rate * load.burstiness))
-        elif out:
-            t += 1.0 / rate
-        if t >= horizon:
-            break
-        out.append(t)
-        _check_plan_size(len(out))
-    return out
-
-
-def _check_plan_size(n: int) -> None:
-    if n > MAX_PLAN_REQUESTS:  # the model checked the expected count; this bounds an unlucky draw's memory too
-        raise ScenarioError(f"the plan holds over {MAX_PLAN_REQUESTS:,} requests: lower the rate or the duration")
-
-
-def _stage_offsets(s: Scenario, rng: random.Random) -> list[float]:
-    out: list[float] = []
-    start = 0.0
-    for stage in s.load.stages or []:
-        t = start
-        while True:
-            t += rng.expovariate(stage.rate_per_s)
-            if t >= start + stage.duration_s:
-                break
-            out.append(t)
-            _check_plan_size(len(out))
-        start += stage.duration_s
-    return out[: s.load.requests] if s.load.requests else out
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRow:
-    offset_s: float
-    prompt_tokens: int
-    output_tokens: int
-
-
-def read_trace_file(s: Scenario) -> list[TraceRow]:
-    spec = s.load.trace
-    assert spec is not None
-    try:
-        text = spec.path.read_text()
-    except OSError as exc:
-        raise ScenarioError(f"load.trace.path: cannot read {spec.path}: {exc.strerror}") from None
-    rows = ([json.loads(line) for line in text.splitlines() if line.strip()] if spec.path.suffix == ".jsonl"
-            else list(csv.DictReader(text.splitlines())))
-    out = []
-    for n, row in enumerate(rows, start=1):
-        try:
-            out.append(TraceRow(float(row[spec.time_column]) / spec.speedup, int(row[spec.prompt_column]),
-                                int(row[spec.output_column])))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ScenarioError(f"{spec.path}: row {n}: needs numeric {spec.time_column}, {spec.prompt_column}, "
-                                f"{spec.output_column} ({exc!r})") from None
-    if not out:
-        raise ScenarioError(f"{spec.path}: the trace has no rows")
-    _check_plan_size(len(out))
-    first = min(r.offset_s for r in out)
-    return sorted((TraceRow(r.offset_s - first, r.prompt_tokens, r.output_tokens) for r in out),
-                  key=lambda r: r.offset_s)
+    conversation: int | None = None  # the arrival index of its conversation (None: a request on its own)
+    turn: int = 0
+    think_ns: int = 0  # a later turn: sent this long after the previous turn's answer ended
 
 
 # ---- the plan ------------------------------------------------------------------------------------------
@@ -178,8 +46,20 @@ class Plan:
         self.offsets_s: list[float] | None = (None if self.closed_loop else
                                               [r.offset_s for r in self._trace] if self._trace else
                                               arrival_offsets_s(scenario, rng))
+        self.conversational = any(c.conversation is not None for c in self._classes)
         self.requests: list[PlannedRequest] | None = (
-            [self.request(i) for i in range(len(self.offsets_s))] if self.offsets_s is not None else None)
+            self._expand(len(self.offsets_s)) if self.offsets_s is not None else None)
+
+    def _expand(self, arrivals: int) -> list[PlannedRequest]:
+        if not self.conversational:
+            return [self._arrival(i) for i in range(arrivals)]
+        out: list[PlannedRequest] = []
+        for i in range(arrivals):
+            out += [dataclasses.replace(r, seq=len(out) + k) for k, r in enumerate(self.unit(i))]
+            if len(out) > MAX_PLAN_REQUESTS:
+                raise ScenarioError(f"the plan's conversations hold over {MAX_PLAN_REQUESTS:,} requests: lower "
+                                    "the rate, the duration or the turns")
+        return out
 
     @property
     def size(self) -> int | None:
@@ -189,6 +69,30 @@ class Plan:
         return self.scenario.load.requests
 
     def request(self, seq: int) -> PlannedRequest:
+        """Request ``seq``: of the open-loop plan, or (closed loop, no conversations) the ``seq``-th arrival."""
+        if self.requests is not None:
+            return self.requests[seq]
+        return self._arrival(seq)
+
+    def unit(self, index: int) -> list[PlannedRequest]:
+        """Arrival ``index``'s requests: itself, or its conversation's turns (each ``seq`` is ``index``: an
+        open-loop plan renumbers them, a closed-loop driver numbers them as it sends)."""
+        first = self._arrival(index)
+        conv = self.class_of(first.class_name).conversation
+        if conv is None:
+            return [first]
+        cls = self.class_of(first.class_name)
+        rng = random.Random(f"conversation:{self.scenario.seed}:{index}")
+        out = [dataclasses.replace(first, conversation=index)]
+        if conv.first_prompt_tokens is not None:
+            out[0] = dataclasses.replace(out[0], prompt_tokens=sample_length(conv.first_prompt_tokens, rng))
+        for turn in range(1, sample_length(conv.turns, rng)):
+            prompt, output = sample_length(cls.prompt_tokens, rng), sample_length(cls.output_tokens, rng)
+            out.append(dataclasses.replace(first, prompt_tokens=prompt, output_tokens=output, conversation=index,
+                                           turn=turn, think_ns=int(think_time_s(conv, rng) * 1e9)))
+        return out
+
+    def _arrival(self, seq: int) -> PlannedRequest:
         rng = random.Random(f"request:{self.scenario.seed}:{seq}")
         cls: RequestClass = rng.choices(self._classes, weights=self._weights)[0]
         prompt = sample_length(cls.prompt_tokens, rng)
@@ -204,14 +108,28 @@ class Plan:
         send (closed loop: the end of warm-up + duration) plus the drain. None: a closed loop bounded only by
         its request count, each request bounded by ``target.request_timeout_s``."""
         if self.offsets_s is not None:
-            return (self.offsets_s[-1] if self.offsets_s else 0.0) + drain_timeout_s
+            return (self.offsets_s[-1] if self.offsets_s else 0.0) + self._longest_think_s() + drain_timeout_s
         load = self.scenario.load
         if load.duration_s is not None:
             return load.warmup_s + load.duration_s + drain_timeout_s
         return None
 
+    def _longest_think_s(self) -> float:
+        """An open-loop plan: the most think time of any one conversation (its turns wait that long in all)."""
+        totals: dict[int, int] = {}
+        for r in self.requests or []:
+            if r.conversation is not None:
+                totals[r.conversation] = totals.get(r.conversation, 0) + r.think_ns
+        return max(totals.values(), default=0) / 1e9
+
     def class_of(self, name: str) -> RequestClass:
         return next(c for c in self._classes if c.name == name)
+
+
+def think_time_s(conv: Conversation, rng: random.Random) -> float:
+    if conv.think_time_dist == "exponential" and conv.think_time_s > 0:
+        return rng.expovariate(1.0 / conv.think_time_s)
+    return conv.think_time_s
 
 
 def build_plan(scenario: Scenario) -> Plan:

@@ -42,6 +42,8 @@ class SimulatorSpec(_Sparse):
     max_num_seqs: int | None = Field(None, gt=0)
     chunked_prefill: bool | None = None
     kv_cache_tokens: int | None = Field(None, gt=0)
+    prefix_caching: bool | None = Field(None, description="reuse the KV of prompt prefixes already computed")
+    block_size_tokens: int | None = Field(None, ge=1, le=1024, description="the prefix cache's block size")
     max_waiting_tokens: int | None = Field(None, ge=0)
     waiting_served_ratio: float | None = Field(None, ge=0)
     overhead_ms: float | None = Field(None, ge=0)

@@ -85,6 +85,8 @@ class PromptFactory:
         for cls in self.scenario.workload.classes:
             self._systems[cls.name] = await self._system_prompt(cls)
             self._fits[cls.name] = await fit(self.counter, self._systems[cls.name])
+        if any(c.conversation is not None for c in self.scenario.workload.classes):
+            self._fits[""] = await fit(self.counter, None)  # a later turn's message, counted alone
 
     async def _system_prompt(self, cls: RequestClass) -> str | None:
         if cls.shared_prefix_tokens <= 0:
@@ -94,7 +96,13 @@ class PromptFactory:
         return filler(max(1, round(cls.shared_prefix_tokens / per_word)), rng)
 
     async def build(self, req: PlannedRequest) -> Prompt:
-        system, fit_ = self._systems[req.class_name], self._fits[req.class_name]
+        """A prompt of ``req.prompt_tokens`` as the target counts it: with the class's system prompt, or for a
+        conversation's later turn its new message alone (the system prompt still goes first in its body)."""
+        prompt = await self._build(req, self._systems[req.class_name] if req.turn == 0 else None,
+                                   self._fits[req.class_name if req.turn == 0 else ""])
+        return Prompt(self._systems[req.class_name], prompt.user, prompt.tokens) if req.turn else prompt
+
+    async def _build(self, req: PlannedRequest, system: str | None, fit_: LinearFit) -> Prompt:
         rng = random.Random(f"filler:{self.scenario.seed}:{req.seq}")
         tag = request_tag(self.scenario.seed, req.seq)
         target, per_word = req.prompt_tokens, fit_.tokens_per_word
@@ -139,8 +147,11 @@ async def build_prompts(factory: PromptFactory, requests: list[PlannedRequest], 
     return out
 
 
+History = list[tuple[str, str]]  # a conversation's earlier turns: (the message sent, the answer received)
+
+
 def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prompt, output_tokens: int,
-                 continuous_usage: bool) -> dict[str, Any]:
+                 continuous_usage: bool, history: History | None = None) -> dict[str, Any]:
     target = scenario.target
     body: dict[str, Any] = {"model": model, "max_tokens": output_tokens, "stream": True,
                             "stream_options": {"include_usage": True}}
@@ -150,9 +161,12 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
         body.update(ignore_eos=True, min_tokens=output_tokens)
     if target.api == "chat":
         messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
+        for sent, answer in history or []:
+            messages += [{"role": "user", "content": sent}, {"role": "assistant", "content": answer}]
         body["messages"] = messages + [{"role": "user", "content": prompt.user}]
     else:
-        body["prompt"] = f"{prompt.system}\n{prompt.user}" if prompt.system else prompt.user
+        parts = [prompt.system] if prompt.system else []
+        body["prompt"] = "\n".join(parts + [part for turn in history or [] for part in turn] + [prompt.user])
     body.update(target.extra_body)
     return body
 

@@ -15,7 +15,7 @@ from loadgen.drivers.asyncio_engine import EngineConfig
 from loadgen.drivers.lean_transport import LeanTransport
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.plan.workload import Prompt, PromptFactory, request_body
+from loadgen.plan.workload import History, Prompt, PromptFactory, request_body
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, token_counter
 
 SEND_AHEAD_MS = 1.0  # with the lean transport: sends start this early and are held until their time
@@ -74,9 +74,15 @@ class Prepared:
 
     async def body(self, req: PlannedRequest, prompt: Prompt | None = None) -> dict[str, Any]:
         """The request's JSON body (its prompt built now unless given)."""
+        return (await self.turn(req, [], prompt))[0]
+
+    async def turn(self, req: PlannedRequest, history: History,
+                   prompt: Prompt | None = None) -> tuple[dict[str, Any], str]:
+        """A conversation's turn: its body (the history, then its new message) and that new message."""
         prompt = prompt or await self.factory.build(req)
-        return request_body(self.scenario, self.target.model, self.plan.class_of(req.class_name), prompt,
-                            req.output_tokens, self.target.continuous_usage)
+        body = request_body(self.scenario, self.target.model, self.plan.class_of(req.class_name), prompt,
+                            req.output_tokens, self.target.continuous_usage, history)
+        return body, prompt.user
 
 
 @dataclass

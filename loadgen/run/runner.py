@@ -246,7 +246,10 @@ class Run:
         async def body_for(req: PlannedRequest) -> dict[str, Any]:
             return await prepared.body(req, prompts.get(req.seq))
 
-        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.sink.add, client)
+        async def turn_for(req: PlannedRequest, history: list[tuple[str, str]]) -> tuple[dict[str, Any], str]:
+            return await prepared.turn(req, history, prompts.get(req.seq) if not self.plan.closed_loop else None)
+
+        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.sink.add, client, turn_for)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:

@@ -129,11 +129,17 @@ def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], l
         except Exception as exc:  # noqa: BLE001 - polars raises several kinds for a damaged file
             broken.append(f"{req_path.name} + {chunk_path.name}: unreadable ({type(exc).__name__}), skipped")
             continue
-        requests.append(pair[0])
+        requests.append(_with_new_columns(pair[0], REQUEST_SCHEMA))
         chunks.append(pair[1])
         if ".part-" in req_path.name:
             parts += [req_path, chunk_path]
     return requests, chunks, parts
+
+
+def _with_new_columns(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Records written before a column existed (an older loadgen's run) get it as nulls."""
+    missing = [pl.lit(None, dtype).alias(name) for name, dtype in schema.items() if name not in frame.columns]
+    return frame.with_columns(missing).select(list(schema)) if missing else frame
 
 
 def merge_parts(run_dir: Path, broken: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -46,6 +46,9 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(256, gt=0)
     chunked_prefill: bool = False
     kv_cache_tokens: int = Field(400_000, gt=0)
+    # automatic prefix caching (prefix_cache.py): reuse the KV of full blocks whose whole prefix matches
+    prefix_caching: bool = False
+    block_size_tokens: int = Field(16, ge=1, le=1024)
     # TGI's router: a new prefill batch waits for waiting >= ratio x running, or this many decode steps
     max_waiting_tokens: int = Field(20, ge=0)
     waiting_served_ratio: float = Field(1.2, ge=0)

@@ -32,6 +32,7 @@ from typing import Callable
 
 from .config import EngineConfig
 from .costmodel import PrefillChunk, step_ms
+from .prefix_cache import PrefixCache, block_hashes, generated_tokens
 
 
 @dataclass(eq=False)
@@ -41,6 +42,7 @@ class SimRequest:
     max_tokens: int
     stop_after: int  # output length at which the request finishes (== max_tokens unless it stops early)
     t_arrival_ns: int = 0
+    tokens: list[str] | None = None  # the prompt's token strings (prefix caching: its blocks' hashes)
     # on_token(req, index) is called when the step that generates token ``index`` is planned and returns the
     # action that delivers it at the step's end (or None); on_finish(req, reason) runs after delivery.
     on_token: Callable[["SimRequest", int], Callable[[], None] | None] = lambda req, index: None
@@ -54,6 +56,8 @@ class SimRequest:
     t_last_token_ns: int | None = None
     t_prev_token_ns: int | None = None  # the token before the last one (for inter-token latency)
     finish_reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    block_hashes: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.prefill_target = self.prompt_tokens
@@ -85,12 +89,16 @@ class Engine:
         self.kv_used = 0
         self.num_preemptions = 0
         self.decode_steps_waited = 0  # TGI: decode steps since a waiting request last got a prefill batch
+        self.prefix_cache = (PrefixCache(cfg.block_size_tokens, cfg.kv_cache_tokens // cfg.block_size_tokens)
+                             if cfg.prefix_caching else None)
 
     @property
     def kv_free(self) -> int:
         return self.cfg.kv_cache_tokens - self.kv_used
 
     def add(self, req: SimRequest) -> None:
+        if self.prefix_cache is not None and req.tokens is not None:
+            req.block_hashes = block_hashes(req.tokens, self.cfg.block_size_tokens)
         self.waiting.append(req)
 
     def abort(self, req: SimRequest) -> None:
@@ -178,21 +186,38 @@ class Engine:
     def _admit_waiting(self, step: Step, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
-            remaining = req.prefill_target - req.prefilled
+            hit = self._cached(req)
+            remaining = req.prefill_target - req.prefilled - hit
             if self.cfg.splits_prompts:
                 need = min(remaining, budget)
             elif remaining <= budget or not step.prefills:
                 need = remaining
             else:
                 break
-            if need <= 0 or self.kv_free < need:
+            if need <= 0 or self.kv_free < need + hit:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            self.kv_used += need
-            req.kv_tokens += need
+            if self.prefix_cache is not None and not req.prefilled:
+                self._use_cache(req)
+            self.kv_used += need + hit
+            req.kv_tokens += need + hit
             step.prefills.append((req, PrefillChunk(need, req.prefilled)))
             budget -= need
+
+    def _cached(self, req: SimRequest) -> int:
+        """Prompt tokens of ``req`` the prefix cache holds, when it is admitted from scratch."""
+        if self.prefix_cache is None or req.prefilled or not req.block_hashes:
+            return 0
+        hit = min(self.prefix_cache.match_tokens(req.block_hashes), req.prefill_target - 1)
+        return hit - hit % self.cfg.block_size_tokens
+
+    def _use_cache(self, req: SimRequest) -> None:
+        assert self.prefix_cache is not None
+        hit = self.prefix_cache.use(req.block_hashes, req.prefill_target)
+        req.prefilled = hit
+        if not req.preemptions:
+            req.cached_tokens = hit
 
     def step_duration_ms(self, step: Step) -> float:
         """Modelled duration of ``step`` in real milliseconds (``time_scale`` applied)."""
@@ -206,6 +231,8 @@ class Engine:
         for req, chunk in step.prefills:
             req.prefilled += chunk.tokens
             if req.decoding:
+                if self.prefix_cache is not None:
+                    self.prefix_cache.insert(req.block_hashes)
                 emitted.append((req, self._emit(req, t_end_ns)))
         for req in step.decodes:
             if req in self.running:  # an abort during the step removed it
@@ -225,6 +252,11 @@ class Engine:
         return index
 
     def _finish(self, req: SimRequest) -> None:
+        if self.prefix_cache is not None and req.tokens is not None:
+            full = len(req.block_hashes)
+            parent = req.block_hashes[-1] if full else 0
+            self.prefix_cache.insert(block_hashes(req.tokens + generated_tokens(req.generated),
+                                                  self.cfg.block_size_tokens, parent, full))
         self.running.remove(req)
         self.kv_used -= req.kv_tokens
         req.kv_tokens = 0

@@ -97,12 +97,21 @@ class _Collector:
         yield m.ttft_s.family("vllm:time_to_first_token_seconds", "Time to first token.", labels)
         yield m.itl_s.family("vllm:inter_token_latency_seconds", "Inter-token latency.", labels)
         yield m.iteration_tokens.family("vllm:iteration_tokens_total", "Tokens per engine step.", labels)
+        if e.prefix_cache is not None:
+            yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                e.prefix_cache.queries_tokens)
+            yield self._counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                e.prefix_cache.hits_tokens)
 
     def _sglang(self) -> Iterator[object]:
         e, m = self.engine, self.metrics
         yield self._gauge("sglang:num_running_reqs", "The number of running requests.", len(e.running))
         yield self._gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(e.waiting))
         yield self._gauge("sglang:token_usage", "The token usage.", e.kv_used / e.cfg.kv_cache_tokens)
+        if e.prefix_cache is not None:
+            queries = e.prefix_cache.queries_tokens
+            yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.",
+                              e.prefix_cache.hits_tokens / queries if queries else 0.0)
         yield self._counter("sglang:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_total)
         yield self._counter("sglang:generation_tokens", "Number of generation tokens processed.",
                             m.generation_tokens_total)

@@ -74,6 +74,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    tokens: list[str]  # the rendered prompt's token strings (the prefix cache hashes them)
 
 
 def _validation_error(exc: ValidationError) -> ApiError:
@@ -92,10 +93,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def prompt_token_count(req: ChatRequest | CompletionRequest) -> int:
+def prompt_token_strs(req: ChatRequest | CompletionRequest) -> list[str]:
+    """The prompt as the engine sees it: the chat template rendered, or the completion prompt (token ids as
+    their decimal strings)."""
     if isinstance(req, ChatRequest):
         try:
-            return len(tokenizer.chat_tokens(req.messages))
+            return tokenizer.chat_tokens(req.messages)
         except ValueError as exc:
             raise ApiError(400, str(exc), param="messages") from None
     prompt = req.prompt
@@ -103,7 +106,7 @@ def prompt_token_count(req: ChatRequest | CompletionRequest) -> int:
         if len(prompt) != 1:
             raise ApiError(400, "the simulator takes one prompt per request", param="prompt")
         prompt = prompt[0]
-    return len(prompt) if isinstance(prompt, list) else tokenizer.count_tokens(prompt)
+    return [str(t) for t in prompt] if isinstance(prompt, list) else tokenizer.tokenize(prompt)
 
 
 def prepare(kind: Literal["chat", "completions"], body: dict[str, Any], cfg: EngineConfig) -> Prepared:
@@ -114,7 +117,8 @@ def prepare(kind: Literal["chat", "completions"], body: dict[str, Any], cfg: Eng
         raise _validation_error(exc) from None
     if req.model != cfg.model:
         raise ApiError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model", "model_not_found")
-    prompt_tokens = prompt_token_count(req)
+    tokens = prompt_token_strs(req)
+    prompt_tokens = len(tokens)
     if prompt_tokens == 0:
         raise ApiError(400, "the prompt is empty", param="prompt")
     asked = getattr(req, "max_completion_tokens", None) or req.max_tokens
@@ -132,12 +136,16 @@ def prepare(kind: Literal["chat", "completions"], body: dict[str, Any], cfg: Eng
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
     return Prepared(kind, req.model, prompt_tokens, max_tokens, req.min_tokens, req.ignore_eos, req.stream,
-                    opts.include_usage, opts.continuous_usage_stats)
+                    opts.include_usage, opts.continuous_usage_stats, tokens)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with prefix caching on, ``prompt_tokens_details.cached_tokens`` as vLLM reports it."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 class ChunkFormatter:
@@ -145,6 +153,7 @@ class ChunkFormatter:
 
     def __init__(self, prep: Prepared, request_id: str, created: int) -> None:
         self.prep = prep
+        self.cached_tokens: int | None = None  # set at the first token when the prefix cache is on
         obj = "chat.completion.chunk" if prep.kind == "chat" else "text_completion"
         self._head = (f'data: {{"id":{json.dumps(request_id)},"object":"{obj}","created":{created},'
                       f'"model":{json.dumps(prep.model)},"choices":[')
@@ -152,7 +161,7 @@ class ChunkFormatter:
     def _event(self, choice: str, completion_tokens: int) -> bytes:
         tail = ""
         if self.prep.continuous_usage:
-            tail = ',"usage":' + json.dumps(usage(self.prep.prompt_tokens, completion_tokens))
+            tail = ',"usage":' + json.dumps(usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens))
         return f"{self._head}{choice}]{tail}}}\n\n".encode()
 
     def role(self) -> bytes:
@@ -168,7 +177,7 @@ class ChunkFormatter:
         return self._event(choice, completion_tokens)
 
     def final_usage(self, completion_tokens: int) -> bytes:
-        body = json.dumps(usage(self.prep.prompt_tokens, completion_tokens))
+        body = json.dumps(usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens))
         return f'{self._head}],"usage":{body}}}\n\n'.encode()
 
     @staticmethod
@@ -177,7 +186,7 @@ class ChunkFormatter:
 
 
 def full_response(prep: Prepared, request_id: str, created: int, text: str, finish_reason: str,
-                  completion_tokens: int) -> dict[str, Any]:
+                  completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     if prep.kind == "chat":
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                   "logprobs": None, "finish_reason": finish_reason}
@@ -186,7 +195,7 @@ def full_response(prep: Prepared, request_id: str, created: int, text: str, fini
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": request_id, "object": obj, "created": created, "model": prep.model, "choices": [choice],
-            "usage": usage(prep.prompt_tokens, completion_tokens)}
+            "usage": usage(prep.prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def tokenize_response(body: dict[str, Any], cfg: EngineConfig) -> dict[str, Any]:

@@ -141,7 +141,7 @@ class EngineRuntime:
         if self.trace:
             self.trace.write({"type": "finish", "id": req.id, "t_ns": req.t_last_token_ns,
                               "reason": req.finish_reason, "output_tokens": req.generated,
-                              "preemptions": req.preemptions})
+                              "preemptions": req.preemptions, "cached_tokens": req.cached_tokens})
 
     def _trace_step(self, step: Step, t_start: int, t_end: int, stall_ms: float) -> None:
         assert self.trace is not None

@@ -41,6 +41,8 @@ class StreamSink:
 
     def on_token(self, req: SimRequest, index: int) -> Callable[[], None] | None:
         """Format token ``index``'s bytes now; return the action that writes them at the step's end."""
+        if index == 0 and self.app.cfg.prefix_caching:
+            self.fmt.cached_tokens = req.cached_tokens
         out = self.fmt.role() if index == 0 and self.prep.kind == "chat" else b""
         if self.faults.malformed_at == index:
             out += b'data: {"id": "broken", "choices": [{"delta":\n\n'
@@ -121,7 +123,8 @@ class SimApp:
         prep = api.prepare(kind, api.parse_body(body), self.cfg)  # type: ignore[arg-type]
         self._inject_refusals()
         request_id = self._request_id(kind, request)
-        req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep))
+        req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep),
+                         tokens=prep.tokens if self.cfg.prefix_caching else None)
         if prep.stream:
             sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after))
             req.on_token = sink.on_token
@@ -129,7 +132,7 @@ class SimApp:
         else:
             req.on_finish = lambda r, reason: conn.send_json(200, api.full_response(
                 prep, request_id, self.created, "".join(output_token(i) for i in range(r.generated)),
-                reason, r.generated))
+                reason, r.generated, r.cached_tokens if self.cfg.prefix_caching else None))
         conn.active = req
         self.runtime.submit(req, conn.t_received_ns)
 

@@ -6,7 +6,8 @@ Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this 
   "preempted": [id, ...], "stall_ms", "tokens": [[id, index, t_write_ns], ...]}`` — ``t_end_ns`` is the modelled
   emission time of every token the step generated, ``t_write_ns`` when its bytes actually went to the socket
   (later than ``t_end_ns`` for tokens held back by ``max_chunk_tokens`` coalescing);
-- ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions"}``.
+- ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions", "cached_tokens"}`` (prompt tokens
+  the prefix cache held at the request's first admission; 0 with caching off).
 """
 
 from __future__ import annotations

@@ -1,0 +1,39 @@
+"""The asyncio engine's configuration (what ``run/prepare.py`` derives from a scenario) and its running counts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from loadgen.core import StreamTracker
+
+
+@dataclass
+class EngineStats:
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    output_tokens: int = 0
+    t0_ns: int = 0
+    cut_at_end: int = 0  # requests still in flight at the run's hard end (cancelled then)
+    cpu_s: float = 0.0  # this process's CPU time while the engine ran (generator saturation check)
+    wall_s: float = 0.0
+    in_flight: dict[int, tuple[asyncio.Task[None], StreamTracker]] = field(default_factory=dict)
+
+
+@dataclass
+class EngineConfig:
+    url: str  # full URL of the completions endpoint
+    headers: dict[str, str]
+    ttft_timeout_s: float
+    idle_timeout_s: float
+    max_in_flight: int
+    duration_s: float | None  # closed loop: stop sending after warmup + duration
+    warmup_s: float
+    concurrency: int | None
+    send_ahead_ms: float = 0.0  # > 0 only with a transport that holds a request until its time (lean)
+    request_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
+    max_event_bytes: int = 1 << 20
+    max_rate_per_s: float | None = None  # closed loop: this process's users together, at most (RateCeiling)
