@@ -92,6 +92,7 @@ class ServerFigures(TypedDict, total=False):
     waiting_max: float
     kv_cache_usage_max: float
     preemptions: float
+    prefix_cache_hit_rate: float  # prompt tokens found in the server's prefix cache / looked up
 
 
 @dataclass
@@ -118,6 +119,7 @@ class RunResult:
     loadgen_version: Optional[str] = None
     finished: bool = True
     disk_error: Optional[str] = None
+    conversations: Optional[dict[str, Any]] = None  # multi-turn: per turn index and per conversation
     run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised
 
     @property

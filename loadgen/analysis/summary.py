@@ -10,6 +10,7 @@ from loadgen.analysis import server_frames
 from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
+from loadgen.analysis.conversations import conversation_figures
 from loadgen.analysis.slo import evaluate, evidence, stall_objectives, verdict
 
 
@@ -26,7 +27,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
     counts = m.request_counts(measured)
     metric_table = m.metric_table(measured, measured_gaps)
     tput = m.throughput(measured, good)
-    spike = spikes.analyze(req, measured, measured_gaps, chunks,
+    spike = spikes.analyze(prefilled(req), prefilled(measured), measured_gaps, chunks,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
@@ -48,8 +49,18 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "lengths": _lengths(measured),
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
+        "conversations": conversation_figures(measured),
         **(extra or {}),
     }, {"stalls": spike.stalls}
+
+
+def prefilled(requests: pl.DataFrame) -> pl.DataFrame:
+    """The stall analysis judges a prefill by the tokens it computed: with prefix caching, a prompt less the
+    tokens the server's cache held (``cached_tokens``, where the server said). A conversation's later turn
+    carries a long history but may prefill only its new message."""
+    if requests["cached_tokens"].null_count() == requests.height:
+        return requests
+    return requests.with_columns(prompt_tokens=pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0))
 
 
 def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:
@@ -75,9 +86,11 @@ def _lengths(measured: pl.DataFrame) -> dict[str, Any]:
     ok = measured.filter(pl.col("ok"))
     out: dict[str, Any] = {}
     for kind in ("prompt", "output"):
-        asked, got = ok[f"{kind}_tokens_asked"], ok[f"{kind}_tokens"]
-        diff = (got - asked).abs() if ok.height else pl.Series([], dtype=pl.Int64)
-        out[kind] = {"exact": int((diff == 0).sum()), "requests": ok.height,
-                     "max_abs_diff": int(diff.max()) if ok.height else 0,  # type: ignore[arg-type]
-                     "source": sorted(set(ok[f"{kind}_tokens_source"].to_list()))}
+        # a conversation's later turn asks for its new message; the server counts the history too
+        rows = ok.filter(pl.col("turn").fill_null(0) == 0) if kind == "prompt" else ok
+        asked, got = rows[f"{kind}_tokens_asked"], rows[f"{kind}_tokens"]
+        diff = (got - asked).abs() if rows.height else pl.Series([], dtype=pl.Int64)
+        out[kind] = {"exact": int((diff == 0).sum()), "requests": rows.height,
+                     "max_abs_diff": int(diff.max()) if rows.height else 0,  # type: ignore[arg-type]
+                     "source": sorted(set(rows[f"{kind}_tokens_source"].to_list()))}
     return out

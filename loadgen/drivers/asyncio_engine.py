@@ -51,6 +51,7 @@ class AsyncioEngine:
                  client: httpx.AsyncClient, turn_for: TurnFor | None = None) -> None:
         self.cfg, self.plan, self.body_for, self.on_record, self.client = cfg, plan, body_for, on_record, client
         self.conversations = Conversations(self, turn_for) if turn_for and plan.conversational else None
+        self.answers: dict[int, str] = {}  # a conversation turn's answer, kept until its conversation takes it
         self.stats = EngineStats()
         self._sem = asyncio.Semaphore(cfg.max_in_flight)
         self._timeouts: dict[int, tuple[str, str]] = {}
@@ -186,6 +187,8 @@ class AsyncioEngine:
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
         record, chunks = tracker.finish(now, status, kind, message)
+        if tracker.meta.keep_text:
+            self.answers[record.seq] = tracker.answer
         if record.error_kind == "cancelled":
             self.stats.cancelled += 1
         elif record.error_kind:

@@ -81,11 +81,11 @@ class Conversations:
             task = e._spawn(req, t_ns, body)
             tracker = e.stats.in_flight[req.seq][1]
             await asyncio.gather(task, return_exceptions=True)
-            record = tracker.record
+            record, answer = tracker.record, e.answers.pop(req.seq, "")
             if record is None or record.error_kind is not None:
                 return True
-            history.append((sent, tracker.answer))
-            t_due_ns = record.t_done_ns + _next_think_ns(turns, req)
+            history.append((sent, answer))
+            t_due_ns = record.t_done_ns + next_think_ns(turns, req)
         return True
 
     def _numbered(self, req: PlannedRequest) -> PlannedRequest | None:
@@ -116,6 +116,6 @@ class Conversations:
         return t_due_ns
 
 
-def _next_think_ns(turns: list[PlannedRequest], req: PlannedRequest) -> int:
+def next_think_ns(turns: list[PlannedRequest], req: PlannedRequest) -> int:
     following = [t for t in turns if t.turn == req.turn + 1]
     return following[0].think_ns if following else 0

@@ -37,7 +37,7 @@ class Prepared(Protocol):
 
     def engine_config(self) -> EngineConfig: ...
 
-    async def body(self, req: PlannedRequest) -> dict[str, Any]: ...
+    async def turn(self, req: PlannedRequest, history: list[tuple[str, str]]) -> tuple[dict[str, Any], str]: ...
 
 
 class Preparation(Protocol):
@@ -62,6 +62,8 @@ class EngineThread:
         self._on_done: dict[int, OnDone] = {}
         self._pending: set[asyncio.Task[None]] = set()  # submitted, not yet sent (waiting for their time)
         self._hard_end_ns: int | None = None
+        self._sent: dict[int, str] = {}  # a conversation turn's new message, until it ends
+        self.turns: dict[int, tuple[str, str]] = {}  # ... then (message, answer), until the caller takes it
         start_thread(self._main, ())
 
     # ---- caller side (any thread) ---------------------------------------------------------------------
@@ -77,14 +79,17 @@ class EngineThread:
             raise TimeoutError(f"the engine thread was not ready within {timeout_s:g} s")
         return self.target
 
-    def submit(self, req: PlannedRequest, t_intended_ns: int, on_done: OnDone) -> None:
+    def submit(self, req: PlannedRequest, t_intended_ns: int, on_done: OnDone,
+               history: list[tuple[str, str]] | None = None) -> None:
+        """Send ``req`` (a conversation's turn: with ``history``; its message and answer are then in ``turns``
+        when ``on_done`` runs)."""
         loop = self.loop
         assert loop is not None
         self._on_done[req.seq] = on_done
-        loop.call_soon_threadsafe(self._start_one, req, t_intended_ns)
+        loop.call_soon_threadsafe(self._start_one, req, t_intended_ns, history)
 
-    def _start_one(self, req: PlannedRequest, t_intended_ns: int) -> None:
-        task = self.loop.create_task(self._one(req, t_intended_ns))  # type: ignore[union-attr]
+    def _start_one(self, req: PlannedRequest, t_intended_ns: int, history: list[tuple[str, str]] | None) -> None:
+        task = self.loop.create_task(self._one(req, t_intended_ns, history))  # type: ignore[union-attr]
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -192,13 +197,15 @@ class EngineThread:
         def on_record(record: RequestRecord, chunks: list[ChunkRecord]) -> None:
             record.error_message = target.redact(record.error_message)  # the worker's records leave by message
             done = self._on_done.pop(record.seq, None)
+            if record.conversation is not None:
+                self.turns[record.seq] = (self._sent.pop(record.seq, ""), self.engine.answers.pop(record.seq, ""))
             if done is not None:
                 done(record, chunks)
 
         return AsyncioEngine(self.prepared.engine_config(), self.plan, no_body, on_record, client)
 
-    async def _one(self, req: PlannedRequest, t_intended_ns: int) -> None:
-        body = await self.prepared.body(req)
+    async def _one(self, req: PlannedRequest, t_intended_ns: int, history: list[tuple[str, str]] | None) -> None:
+        body, self._sent[req.seq] = await self.prepared.turn(req, history or [])
         if t_intended_ns <= 0:  # closed loop: intended = when the body is ready and the ceiling lets it go
             await self.engine.ceiling.wait()
             t_intended_ns = time.monotonic_ns()

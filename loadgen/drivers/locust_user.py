@@ -18,7 +18,6 @@ import argparse
 import collections
 import dataclasses
 import time
-from dataclasses import asdict
 from typing import Any, Callable
 
 import gevent
@@ -34,6 +33,8 @@ from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.drivers.engine_thread import EngineThread, Preparation
+from loadgen.drivers.locust_conversation import converse, next_arrival
+from loadgen.drivers.locust_messages import pack
 
 LEAD_MS = 50.0  # a request is handed to the engine thread this early (prompt building, hand-off)
 RECORDS_MESSAGE, SLICE_MESSAGE, DONE_MESSAGE = "loadgen_records", "loadgen_slice", "loadgen_done"
@@ -76,6 +77,8 @@ class ProcessState:
         self.sent = 0
         self.exhausted = False
         self.counts = collections.Counter()
+        self.arrivals: list[list[PlannedRequest]] | None = None  # open loop, conversational: by arrival
+        self.conversing = 0  # users inside a conversation (between turns nothing is in flight)
 
     def set_slice(self, index: int, workers: int, t0_ns: int) -> None:
         self.index, self.workers, self.t0_ns = index, workers, t0_ns
@@ -104,12 +107,17 @@ class ProcessState:
 
     @property
     def finished(self) -> bool:
-        return self.exhausted and self.in_flight == 0
+        return self.exhausted and self.in_flight == 0 and self.conversing == 0
 
-    def execute(self, req: PlannedRequest) -> tuple[RequestRecord, list[ChunkRecord]]:
-        """Send ``req`` at its intended time (open loop) or now (closed loop); block this greenlet until done."""
+    def execute(self, req: PlannedRequest, t_due_ns: int | None = None,
+                history: list[tuple[str, str]] | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
+        """Send ``req`` at its intended time (open loop; a later turn: ``t_due_ns``) or now (closed loop, turn
+        0); block this greenlet until done."""
         assert self.t0_ns is not None
-        if self.plan.closed_loop:
+        if t_due_ns is not None:
+            intended = t_due_ns
+            gevent.sleep(max(0.0, (intended - time.monotonic_ns()) / 1e9 - LEAD_MS / 1e3))
+        elif self.plan.closed_loop:
             intended = 0  # the engine thread stamps when the body is ready
             req = _with_warmup(req, time.monotonic_ns() - self.t0_ns < self.scenario.load.warmup_s * 1e9)
         else:
@@ -117,7 +125,8 @@ class ProcessState:
             gevent.sleep(max(0.0, (intended - time.monotonic_ns()) / 1e9 - LEAD_MS / 1e3))
         result: AsyncResult = AsyncResult()
         self.sent += 1
-        self.engine.submit(req, intended, lambda rec, chunks: self.handoff.put(self._finish, rec, chunks, result))
+        self.engine.submit(req, intended, lambda rec, chunks: self.handoff.put(self._finish, rec, chunks, result),
+                           history)
         return result.get()
 
     def _finish(self, record: RequestRecord, chunks: list[ChunkRecord], result: AsyncResult) -> None:
@@ -129,7 +138,7 @@ class ProcessState:
 
     def reset(self) -> None:
         """For the next run of the same process (the web UI's next Start)."""
-        self._next, self.exhausted, self.t0_ns, self.sent = 0, False, None, 0
+        self._next, self.exhausted, self.t0_ns, self.sent, self.conversing = 0, False, None, 0, 0
         self.counts.clear()
 
     def close(self) -> None:
@@ -151,11 +160,25 @@ class LLMUser(User):
     def one_request(self) -> None:
         state = LLMUser.state
         assert state is not None, "LLMUser.state is set by loadgen (loadgen ui / run --engine locust)"
+        if state.plan.conversational:
+            return self._conversation(state)
         req = state.next_request()
         if req is None:
             raise StopUser()
         record, _ = state.execute(req)
         fire_request_event(self.environment, record)
+
+
+    def _conversation(self, state: ProcessState) -> None:
+        turns = next_arrival(state)
+        if turns is None:
+            state.exhausted = True
+            raise StopUser()
+        state.conversing += 1
+        try:
+            converse(state, turns, lambda record: fire_request_event(self.environment, record))
+        finally:
+            state.conversing -= 1
 
 
 def fire_request_event(environment: Any, record: RequestRecord) -> None:
@@ -165,32 +188,6 @@ def fire_request_event(environment: Any, record: RequestRecord) -> None:
     environment.events.request.fire(request_type="POST", name=record.class_name,
                                     response_time=(end_ns - record.t_intended_ns) / 1e6,
                                     response_length=record.output_tokens, exception=exception, context={})
-
-
-# ---- records over Locust's messaging (distributed) ------------------------------------------------------
-def pack(records: list[tuple[RequestRecord, list[ChunkRecord]]], worker: int) -> dict[str, Any]:
-    """Columnar, msgpack-friendly; ``worker`` is stamped so that seqs from two workers never collide."""
-    reqs, chunks = [], []
-    for record, cs in records:
-        record.worker = worker
-        reqs.append(asdict(record))
-        for c in cs:
-            c.worker = worker
-            chunks.append((c.seq, c.t_ns, c.tokens, c.reasoning))
-    return {"requests": reqs, "chunks": chunks}
-
-
-def unpack(data: dict[str, Any]) -> list[tuple[RequestRecord, list[ChunkRecord]]]:
-    by_seq: dict[tuple[int, int], list[ChunkRecord]] = collections.defaultdict(list)
-    out = []
-    for r in data["requests"]:
-        record = RequestRecord(**r)
-        out.append((record, by_seq[(record.worker, record.seq)]))
-    workers = {r["seq"]: r["worker"] for r in data["requests"]}
-    for seq, t_ns, tokens, reasoning in data["chunks"]:
-        w = workers.get(seq, 0)
-        by_seq[(w, seq)].append(ChunkRecord(seq, t_ns, tokens, reasoning, w))
-    return out
 
 
 class Outbox:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from loadgen.report.writers import COLS, ROWS, fmt
 from loadgen.analysis.result import RunResult
+from loadgen.report.conversation_report import print_conversations
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 
@@ -38,6 +39,7 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
             slo.add_row(o["objective"], compact(o["value"]), f"{o['comparison']} {fmt(o['threshold'])}",
                         str(o["samples"]), state)
         console.print(slo)
+    print_conversations(console, result)
     req, tput = result.requests, result.throughput
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
                   f"{tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} tok/s, "

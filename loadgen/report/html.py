@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.report.charts import Chart
+from loadgen.report.conversation_report import conversations_html
 from loadgen.report.writers import COLS, ROWS, fmt, target_line
 from loadgen.analysis.result import RunResult
 
@@ -138,7 +139,8 @@ def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart]
     """The run's page; ``advice_html``: the advice section (``loadgen advise`` wrote advice.json)."""
     return page(f"loadgen: {name} — {result.verdict}",
                 header(result, name, run_name) + "<h2>SLOs</h2>" + slo_table(result)
-                + "<h2>Latency</h2>" + metrics_table(result) + stalls_section(result) + advice_html
+                + "<h2>Latency</h2>" + metrics_table(result) + conversations_html(result) + stalls_section(result)
+                + advice_html
                 + "".join(chart_section(c) for c in charts))
 
 

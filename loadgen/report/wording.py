@@ -1,9 +1,21 @@
-"""The run's figures in words: the stall headline and the lift (console, summary.md, report.html and
+"""The run's figures in words: numbers (`fmt`), the stall headline and the lift (console, summary.md, report.html and
 summary.json's ``stall_headline`` all say it the same way)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+    return str(value)
 
 
 def lift_words(figures_: dict[str, Any]) -> str:

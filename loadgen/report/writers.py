@@ -10,22 +10,12 @@ from xml.etree import ElementTree as ET
 from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.analysis.result import RunResult
+from loadgen.report.conversation_report import conversations_markdown
+from loadgen.report.wording import fmt
 
 ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
 ICON = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
-
-
-def fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
-    return str(value)
 
 
 def md_escape(text: str) -> str:
@@ -61,6 +51,7 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
     if errors:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
     lines += ["", _lengths_line(result.lengths), ""]
+    lines += conversations_markdown(result)
     lines += stalls_markdown(result)
     if images:
         lines += ["### Charts", "", "Interactive versions in `report.html`.", ""]

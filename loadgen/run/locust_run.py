@@ -29,6 +29,7 @@ from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
 from loadgen.drivers.scrape import Scraper  # noqa: E402
+from loadgen.drivers.locust_messages import unpack  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
@@ -176,7 +177,7 @@ class LocustRun:
         return done
 
     def _on_records(self, msg: Any, **_: Any) -> None:
-        for record, chunks in lu.unpack(msg.data):
+        for record, chunks in unpack(msg.data):
             self._record(record, chunks)
 
     def _start_workers(self, port: int) -> None:

@@ -17,6 +17,7 @@ from rich.console import Console  # noqa: E402
 
 from loadgen.core.secrets import redact_url  # noqa: E402
 from loadgen.drivers.scrape import Scraper  # noqa: E402
+from loadgen.drivers.locust_messages import unpack  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
@@ -62,7 +63,7 @@ class UiSession:
             runner = env.create_master_runner(master_bind_host=self.master_host,
                                                 master_bind_port=self.master_port)
             runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
-                                                                          for r, c in lu.unpack(msg.data)])
+                                                                          for r, c in unpack(msg.data)])
             runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
         else:
             env.create_local_runner()

@@ -1,0 +1,72 @@
+"""Locust's users as conversations (a conversational plan): one user task runs one arrival of the plan, its
+turns one after another, as ``drivers/conversations.py`` does on asyncio. Turn 0 leaves at its planned time
+(closed loop: when the user is ready); each later turn ``think_ns`` after the previous answer ended, with the
+history (the engine thread keeps each turn's message and answer in ``EngineThread.turns``). A failed turn ends
+its conversation. This module imports neither locust nor gevent: it works through ``ProcessState``.
+
+Slicing: open loop, arrival ``i`` (a conversation or a single request, in plan order) belongs to the process
+with ``i % workers == index``; closed loop, the process takes arrivals ``index, index + workers, …`` and
+numbers their turns ``arrival × MAX_TURNS + turn``, so seqs never collide across processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Callable
+
+from loadgen.core.records import RequestRecord
+from loadgen.drivers.conversations import next_think_ns
+from loadgen.plan.scenario import MAX_TURNS
+from loadgen.plan.schedule import Plan, PlannedRequest
+
+if TYPE_CHECKING:
+    from loadgen.drivers.locust_user import ProcessState
+
+
+def arrivals_of(plan: Plan) -> list[list[PlannedRequest]]:
+    """An open-loop plan's requests grouped by arrival (a conversation's turns together), in plan order."""
+    out: list[list[PlannedRequest]] = []
+    for req in plan.requests or []:
+        if req.turn == 0:
+            out.append([])
+        out[-1].append(req)
+    return out
+
+
+def next_arrival(state: "ProcessState") -> list[PlannedRequest] | None:
+    """This process's next arrival (None: its slice is done or the run's time is up)."""
+    index = state.index + state._next * state.workers
+    state._next += 1
+    plan = state.plan
+    if plan.closed_loop:
+        if state._past_end() or (plan.size is not None and state.sent >= plan.size):
+            return None
+        return [dataclasses.replace(r, seq=index * MAX_TURNS + r.turn) for r in plan.unit(index)]
+    if state.arrivals is None:
+        state.arrivals = arrivals_of(plan)
+    return state.arrivals[index] if index < len(state.arrivals) else None
+
+
+def converse(state: "ProcessState", turns: list[PlannedRequest], fire: Callable[[RequestRecord], None]) -> None:
+    """Send ``turns`` in order; each record also goes to ``fire`` (Locust's request event)."""
+    history: list[tuple[str, str]] = []
+    t_due_ns: int | None = None
+    for req in turns:
+        if t_due_ns is not None and stopping_at(state, t_due_ns):
+            return
+        state.in_flight += 1  # claimed: the run is not over until it is recorded
+        record, _ = state.execute(req, t_due_ns, history if req.conversation is not None else None)
+        fire(record)
+        if record.error_kind is not None or req.conversation is None:
+            return
+        history.append(state.engine.turns.pop(req.seq, ("", "")))
+        t_due_ns = record.t_done_ns + next_think_ns(turns, req)
+
+
+def stopping_at(state: "ProcessState", t_ns: int) -> bool:
+    """Whether a conversation's turn due at ``t_ns`` comes after the run stops sending."""
+    load, t0 = state.scenario.load, state.t0_ns or 0
+    if state.plan.closed_loop:
+        return load.duration_s is not None and t_ns >= t0 + int((load.warmup_s + load.duration_s) * 1e9)
+    end_s = state.plan.hard_end_s(load.drain_timeout_s)
+    return end_s is not None and t_ns >= t0 + int(end_s * 1e9)
