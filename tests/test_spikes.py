@@ -13,7 +13,7 @@ from loadgen.analysis import prefill, spikes
 from loadgen.analysis.slo import stall_objectives
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.report import wording
-from loadgen.plan.scenario import Slo
+from loadgen.plan.slo_spec import Slo
 from loadgen.analysis.frames import chunks_frame, requests_frame
 
 MS = 1_000_000

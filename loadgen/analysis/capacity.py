@@ -29,7 +29,7 @@ import polars as pl
 
 from loadgen.analysis.compare import QUANTILE, RunSamples, statistic
 from loadgen.analysis.result import SloResult
-from loadgen.plan.scenario import Goodput
+from loadgen.plan.slo_spec import Goodput
 
 Call = Literal["pass", "fail", "undecided"]
 LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")

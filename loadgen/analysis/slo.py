@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.plan.scenario import ErrorRate, Slo
+from loadgen.plan.slo_spec import ErrorRate, Slo
 from loadgen.analysis.metrics import QUANTILES, describe
 
 DEFAULT_ERROR_RATE = ErrorRate(max=0.0)
