@@ -46,7 +46,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "slo": [o.as_dict() for o in objectives],
         "stalls": spike.summary,
         "classes": _per_class(measured, measured_gaps, scenario, spike.per_class),
-        "lengths": _lengths(measured),
+        "lengths": _lengths(measured, [c.name for c in scenario.workload.classes if c.dataset is not None]),
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
         "conversations": conversation_figures(measured),
@@ -81,13 +81,15 @@ def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario,
     return out
 
 
-def _lengths(measured: pl.DataFrame) -> dict[str, Any]:
-    """Asked vs achieved prompt and output lengths (achieved from the server's usage where it reported it)."""
+def _lengths(measured: pl.DataFrame, from_datasets: list[str]) -> dict[str, Any]:
+    """Asked vs achieved prompt and output lengths (achieved from the server's usage where it reported it). A
+    dataset's prompts are sent as they are (their asked length is an estimate): not judged."""
     ok = measured.filter(pl.col("ok"))
     out: dict[str, Any] = {}
     for kind in ("prompt", "output"):
         # a conversation's later turn asks for its new message; the server counts the history too
-        rows = ok.filter(pl.col("turn").fill_null(0) == 0) if kind == "prompt" else ok
+        rows = (ok.filter((pl.col("turn").fill_null(0) == 0) & ~pl.col("class_name").is_in(from_datasets))
+                if kind == "prompt" else ok)
         asked, got = rows[f"{kind}_tokens_asked"], rows[f"{kind}_tokens"]
         diff = (got - asked).abs() if rows.height else pl.Series([], dtype=pl.Int64)
         out[kind] = {"exact": int((diff == 0).sum()), "requests": rows.height,

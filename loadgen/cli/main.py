@@ -278,11 +278,13 @@ def history(
 def main() -> None:
     from loadgen.run import exits
     from loadgen.cli.target import app as target_app
+    from loadgen.cli.dataset import app as dataset_app
     from loadgen.core.secrets import install_output_redaction
 
     install_output_redaction()  # first: everything printed from here on passes the redactor
     exits.install_sigterm()
     app.add_typer(target_app, name="target")
+    app.add_typer(dataset_app, name="dataset")
     raise SystemExit(exits.run_app(app))
 
 

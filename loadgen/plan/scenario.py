@@ -236,13 +236,33 @@ class Load(_Strict):
 MAX_TURNS = 1000
 
 
+class DatasetSpec(BaseModel):
+    """Prompts from a file (plan/datasets.py): each arrival of the class takes one row, drawn by the seed."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    path: Path
+    format: Literal["auto", "jsonl", "csv", "parquet", "sharegpt", "hf"] = Field(
+        "auto", description="auto: by the suffix (.jsonl .csv .parquet; .json is ShareGPT; a directory is hf)")
+    prompt_column: str = Field("prompt", description="jsonl/csv/parquet/hf: the prompt text")
+    messages_column: str | None = Field(None, description="... or OpenAI chat messages (a list; JSON in CSV)")
+    output_column: str | None = Field(None, description="the recorded answer (text) or its length (a number)")
+    split: str = Field("train", description="hf: the split of a saved DatasetDict")
+    sample: Literal["random", "sequential"] = Field("random", description="random: rows drawn by the seed; "
+                                                    "sequential: in file order, wrapping around")
+    min_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="keep rows whose estimated prompt ...")
+    max_prompt_tokens: int = Field(MAX_TOKENS, ge=1, le=MAX_TOKENS, description="... is within these bounds")
+    max_rows: int | None = Field(None, ge=1, description="use the first N rows that pass the filter")
+
+
 class Conversation(_Strict):
     """A class whose every arrival is a conversation: ``turns`` requests one after another, each sent
     ``think_time_s`` after the previous answer ended, carrying the history (every earlier prompt and the answer
     actually received). The class's ``prompt_tokens`` is each turn's new message; its ``output_tokens`` each
     answer."""
 
-    turns: Distribution
+    turns: Distribution | None = Field(None, description="turns per conversation (with a dataset: at most this "
+                                       "many of each row's turns; default all of them)")
     first_prompt_tokens: Distribution | None = Field(None, description="the first turn's prompt (a document, "
                                                      "say); default: prompt_tokens like every turn")
     think_time_s: float = Field(0.0, ge=0, le=3600, description="between an answer's end and the next turn")
@@ -252,6 +272,8 @@ class Conversation(_Strict):
     @field_validator("turns")
     @classmethod
     def _bounded(cls, turns: Any) -> Any:
+        if turns is None:
+            return turns
         top = getattr(turns, "max", None) or getattr(turns, "value", None)
         if top is None or top > MAX_TURNS:
             raise ValueError(f"turns needs a max (or a fixed value) of at most {MAX_TURNS}")
@@ -261,12 +283,33 @@ class Conversation(_Strict):
 class RequestClass(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     weight: float = Field(1.0, gt=0)
-    prompt_tokens: Distribution
-    output_tokens: Distribution
+    prompt_tokens: Distribution | None = Field(None, description="synthetic prompts of these lengths (not with "
+                                               "a dataset)")
+    output_tokens: Distribution | None = Field(None, description="with a dataset: default the recorded answers'")
+    dataset: DatasetSpec | None = Field(None, description="prompts (and output lengths) from a file")
     shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS,
                                       description="tokens of a system prompt shared by the class")
+    prefix_groups: int = Field(1, ge=1, le=100_000, description="K system prompts of shared_prefix_tokens each; "
+                               "arrival i uses group i mod K")
+    cache_bust: bool = Field(False, description="put each request's unique tag first, so that no prefix of it "
+                             "(not even the shared system prompt) can be served from a prefix cache")
     ignore_eos: bool = Field(True, description="force exactly the sampled output length")
     conversation: Conversation | None = Field(None, description="each arrival is a multi-turn conversation")
+
+    @model_validator(mode="after")
+    def _sources(self) -> "RequestClass":
+        if self.dataset is None and (self.prompt_tokens is None or self.output_tokens is None):
+            raise ValueError("give prompt_tokens and output_tokens (or a dataset)")
+        if self.dataset is not None and self.prompt_tokens is not None:
+            raise ValueError("a dataset gives the prompts: drop prompt_tokens (filter with "
+                             "dataset.min_prompt_tokens/max_prompt_tokens)")
+        if self.dataset is not None and self.shared_prefix_tokens:
+            raise ValueError("shared_prefix_tokens makes synthetic system prompts; a dataset brings its own")
+        if self.conversation and self.conversation.turns is None and self.dataset is None:
+            raise ValueError("conversation.turns is needed (only a dataset's rows can give the turns)")
+        if self.conversation and self.conversation.first_prompt_tokens and self.dataset is not None:
+            raise ValueError("conversation.first_prompt_tokens is for synthetic prompts, not a dataset's")
+        return self
 
 
 class Workload(_Strict):

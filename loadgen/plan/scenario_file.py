@@ -201,6 +201,8 @@ def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
         for dist in (cls.prompt_tokens, cls.output_tokens):
             if isinstance(dist, Empirical) and dist.file:
                 dist.file = resolve(dist.file)
+        if cls.dataset is not None:
+            cls.dataset = cls.dataset.model_copy(update={"path": resolve(cls.dataset.path)})
     t = scenario.target
     t.tokenizer = resolve(t.tokenizer)
     t.tls.ca_bundle, t.tls.client_cert, t.tls.client_key = (resolve(t.tls.ca_bundle), resolve(t.tls.client_cert),
@@ -216,6 +218,9 @@ def _check_files(scenario: Scenario) -> None:
                         ("target.tls.client_cert", t.tls.client_cert), ("target.tls.client_key", t.tls.client_key)):
         if path is not None and not path.is_file():
             raise ScenarioError(f"{field}: no such file: {path}")
+    for cls in scenario.workload.classes:
+        if cls.dataset is not None and not cls.dataset.path.exists():
+            raise ScenarioError(f"workload.classes[{cls.name}].dataset.path: no such file: {cls.dataset.path}")
     if t.tokenizer is not None:
         try:
             import tokenizers  # noqa: F401

@@ -18,7 +18,8 @@ import random
 from dataclasses import dataclass
 
 from loadgen.plan.arrivals import arrival_offsets_s, read_trace_file, sample_length
-from loadgen.plan.scenario import MAX_PLAN_REQUESTS, Conversation, RequestClass, Scenario, ScenarioError
+from loadgen.plan.datasets import Row, rows_for
+from loadgen.plan.scenario import MAX_PLAN_REQUESTS, MAX_TURNS, Conversation, RequestClass, Scenario, ScenarioError
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,8 @@ class PlannedRequest:
     conversation: int | None = None  # the arrival index of its conversation (None: a request on its own)
     turn: int = 0
     think_ns: int = 0  # a later turn: sent this long after the previous turn's answer ended
+    row: int | None = None  # a dataset class: the row of ``datasets.rows_for`` its prompt comes from
+    group: int = 0  # its class's prefix group (arrival index mod prefix_groups)
 
 
 # ---- the plan ------------------------------------------------------------------------------------------
@@ -86,22 +89,54 @@ class Plan:
         out = [dataclasses.replace(first, conversation=index)]
         if conv.first_prompt_tokens is not None:
             out[0] = dataclasses.replace(out[0], prompt_tokens=sample_length(conv.first_prompt_tokens, rng))
-        for turn in range(1, sample_length(conv.turns, rng)):
-            prompt, output = sample_length(cls.prompt_tokens, rng), sample_length(cls.output_tokens, rng)
+        for turn in range(1, self._turns(cls, conv, first, rng)):
+            prompt, output = self._lengths(cls, rng, first.row, turn)
             out.append(dataclasses.replace(first, prompt_tokens=prompt, output_tokens=output, conversation=index,
                                            turn=turn, think_ns=int(think_time_s(conv, rng) * 1e9)))
         return out
 
+    def _turns(self, cls: RequestClass, conv: Conversation, first: PlannedRequest, rng: random.Random) -> int:
+        """A conversation's turns: drawn; with a dataset, the row's turns (those with a recorded answer when
+        the output lengths come from it), at most the draw."""
+        asked = sample_length(conv.turns, rng) if conv.turns is not None else MAX_TURNS
+        if first.row is None:
+            return asked
+        row = self._rows(cls)[first.row]
+        usable = len(row.turns)
+        if cls.output_tokens is None:
+            usable = next((k for k in range(len(row.turns)) if not row.answer_estimate(k)), usable)
+        return min(asked, usable)
+
+    def _rows(self, cls: RequestClass) -> tuple[Row, ...]:
+        assert cls.dataset is not None
+        return rows_for(cls.dataset, need_answers=cls.output_tokens is None)
+
+    def _lengths(self, cls: RequestClass, rng: random.Random, row: int | None, turn: int) -> tuple[int, int]:
+        """(prompt, output) tokens: drawn, or a dataset row's estimates (output: drawn if the class says)."""
+        if row is None:
+            assert cls.prompt_tokens is not None and cls.output_tokens is not None
+            return sample_length(cls.prompt_tokens, rng), sample_length(cls.output_tokens, rng)
+        r = self._rows(cls)[row]
+        output = sample_length(cls.output_tokens, rng) if cls.output_tokens else r.answer_estimate(turn)
+        return max(1, r.prompt_estimate(turn)), max(1, output or 1)
+
+    def _row_of(self, cls: RequestClass, seq: int, rng: random.Random) -> int | None:
+        if cls.dataset is None:
+            return None
+        rows = len(self._rows(cls))
+        return rng.randrange(rows) if cls.dataset.sample == "random" else seq % rows
+
     def _arrival(self, seq: int) -> PlannedRequest:
         rng = random.Random(f"request:{self.scenario.seed}:{seq}")
         cls: RequestClass = rng.choices(self._classes, weights=self._weights)[0]
-        prompt = sample_length(cls.prompt_tokens, rng)
-        output = sample_length(cls.output_tokens, rng)
+        row = self._row_of(cls, seq, rng)
+        prompt, output = self._lengths(cls, rng, row, 0)
         offset_s = self.offsets_s[seq] if self.offsets_s is not None else 0.0
         if self._trace is not None:
             prompt, output = self._trace[seq].prompt_tokens, self._trace[seq].output_tokens
         warmup = offset_s < self.scenario.load.warmup_s if not self.closed_loop else False
-        return PlannedRequest(seq, int(offset_s * 1e9), cls.name, prompt, output, warmup)
+        return PlannedRequest(seq, int(offset_s * 1e9), cls.name, prompt, output, warmup, row=row,
+                              group=seq % cls.prefix_groups)
 
     def hard_end_s(self, drain_timeout_s: float) -> float | None:
         """Seconds after the first planned send at which the run ends, whatever is still in flight: the last

@@ -3,7 +3,10 @@ module stays pure apart from awaiting the counter.
 
 A prompt is ``[shared system prompt] + unique tag + filler words``. The tag (random per request, seeded)
 defeats accidental prefix-cache hits; ``shared_prefix_tokens`` puts the same system prompt in front of every
-request of a class. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
+request of a class (``prefix_groups`` K: one of K system prompts, arrival i taking group i mod K), which a
+prefix cache may serve; ``cache_bust`` puts the tag before the system prompt too, so nothing is shared. A
+dataset class's prompt is its row's text as it is (plan/datasets.py); a conversation's later turn is its new
+message, and ``request_body`` puts the history before it. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
 measured on the target, then each request is checked and nudged until the counter agrees (exact where the
 counter is exact: the server's ``/tokenize`` or a local tokenizer file): whole words first, then single-token
 padding words (``a``) for the last few tokens, which whole words of 1–3 tokens cannot hit. A length shorter
@@ -18,6 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
+from loadgen.plan.datasets import rows_for
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.plan.scenario import RequestClass, Scenario
 
@@ -77,30 +81,53 @@ class PromptFactory:
     def __init__(self, scenario: Scenario, counter: TokenCounter) -> None:
         self.scenario = scenario
         self.counter = counter
+        self._classes = {c.name: c for c in scenario.workload.classes}
         self._fits: dict[str, LinearFit] = {}
-        self._systems: dict[str, str | None] = {}
+        self._systems: dict[tuple[str, int], str | None] = {}
+        self._per_word: float | None = None
 
     async def prepare_classes(self) -> None:
-        """Build each class's shared system prompt and fit words→tokens on the target."""
+        """Build each class's (first) shared system prompt and fit words→tokens on the target."""
         for cls in self.scenario.workload.classes:
-            self._systems[cls.name] = await self._system_prompt(cls)
-            self._fits[cls.name] = await fit(self.counter, self._systems[cls.name])
+            if cls.dataset is None:
+                self._fits[cls.name] = await fit(self.counter, await self._system(cls, 0))
         if any(c.conversation is not None for c in self.scenario.workload.classes):
             self._fits[""] = await fit(self.counter, None)  # a later turn's message, counted alone
 
-    async def _system_prompt(self, cls: RequestClass) -> str | None:
+    async def _system(self, cls: RequestClass, group: int) -> str | None:
+        """The shared system prompt of ``cls``'s prefix group ``group`` (made once, seeded)."""
         if cls.shared_prefix_tokens <= 0:
             return None
-        per_word = (await fit(self.counter, None)).tokens_per_word
-        rng = random.Random(f"system:{self.scenario.seed}:{cls.name}")
-        return filler(max(1, round(cls.shared_prefix_tokens / per_word)), rng)
+        if (cls.name, group) not in self._systems:
+            if self._per_word is None:
+                self._per_word = (await fit(self.counter, None)).tokens_per_word
+            name = f"system:{self.scenario.seed}:{cls.name}" + (f":{group}" if group else "")
+            words = max(1, round(cls.shared_prefix_tokens / self._per_word))
+            self._systems[(cls.name, group)] = filler(words, random.Random(name))
+        return self._systems[(cls.name, group)]
 
     async def build(self, req: PlannedRequest) -> Prompt:
         """A prompt of ``req.prompt_tokens`` as the target counts it: with the class's system prompt, or for a
-        conversation's later turn its new message alone (the system prompt still goes first in its body)."""
-        prompt = await self._build(req, self._systems[req.class_name] if req.turn == 0 else None,
+        conversation's later turn its new message alone (the system prompt still goes first in its body). A
+        dataset class's prompt is its row's text, counted. With ``cache_bust`` the request's unique tag opens
+        the system prompt, so no two requests (nor two turns) share a prefix."""
+        cls = self._classes[req.class_name]
+        if cls.dataset is not None:
+            return await self._from_row(cls, req)
+        system = await self._system(cls, req.group)
+        if cls.cache_bust:
+            system = _busted(system, request_tag(self.scenario.seed, req.seq))
+        prompt = await self._build(req, system if req.turn == 0 else None,
                                    self._fits[req.class_name if req.turn == 0 else ""])
-        return Prompt(self._systems[req.class_name], prompt.user, prompt.tokens) if req.turn else prompt
+        return Prompt(system, prompt.user, prompt.tokens)
+
+    async def _from_row(self, cls: RequestClass, req: PlannedRequest) -> Prompt:
+        assert cls.dataset is not None and req.row is not None
+        row = rows_for(cls.dataset, need_answers=cls.output_tokens is None)[req.row]
+        system, user = row.system, row.turns[req.turn]
+        if cls.cache_bust:
+            system = _busted(system, request_tag(self.scenario.seed, req.seq))
+        return Prompt(system, user, await self.counter.count(system if req.turn == 0 else None, user))
 
     async def _build(self, req: PlannedRequest, system: str | None, fit_: LinearFit) -> Prompt:
         rng = random.Random(f"filler:{self.scenario.seed}:{req.seq}")
@@ -124,6 +151,10 @@ class PromptFactory:
             else:
                 n += max(1, round(missing / per_word))
         raise AssertionError("unreachable")
+
+
+def _busted(system: str | None, tag: str) -> str:
+    return f"{tag} {system}" if system else tag
 
 
 def _take(words: list[str], n: int, rng: random.Random) -> list[str]:

@@ -1,0 +1,55 @@
+"""``loadgen dataset sample|inspect``: write the bundled sample dataset; check how loadgen reads a dataset file
+(rows, turns, estimated lengths) before a scenario uses it."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+
+from loadgen.cli.main import _fail, console
+from loadgen.core.secrets import write_text
+from loadgen.plan.datasets import format_of, rows_for
+from loadgen.plan.sample_dataset import sample_json
+from loadgen.plan.scenario import DatasetSpec, ScenarioError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prompt datasets: the sample, and a check.")
+
+
+@app.command()
+def sample(out: Path = typer.Option(Path("scenarios/data/sharegpt_sample.json"), "--out", help="where to write it"),
+           conversations: int = typer.Option(100, "--conversations", min=1, max=100_000),
+           seed: int = typer.Option(0, "--seed")) -> None:
+    """Write the sample ShareGPT-format dataset (generated from the seed; nothing is downloaded)."""
+    write_text(out, sample_json(conversations, seed))
+    console.print(f"{conversations} conversations → {out}", highlight=False)
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, parquet, ShareGPT json) or a "
+                                        "saved Hugging Face dataset directory"),
+            format: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet, sharegpt or hf"),
+            prompt_column: str = typer.Option("prompt", "--prompt-column"),
+            messages_column: Optional[str] = typer.Option(None, "--messages-column"),
+            output_column: Optional[str] = typer.Option(None, "--output-column")) -> None:
+    """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths."""
+    if not path.exists():
+        raise _fail(f"{path}: no such file")
+    try:
+        spec = DatasetSpec(path=path, format=format, prompt_column=prompt_column,  # type: ignore[arg-type]
+                           messages_column=messages_column, output_column=output_column)
+        rows = rows_for(spec, need_answers=False)
+    except ValidationError as exc:
+        raise _fail(f"--format {format!r}: {exc.errors()[0]['msg']}") from None
+    except ScenarioError as exc:
+        raise _fail(str(exc)) from None
+    turns = [len(r.turns) for r in rows]
+    prompts = sorted(r.prompt_estimate() for r in rows)
+    answered = sum(1 for r in rows if r.answer_estimate(0))
+    console.print(f"{path}: {format_of(spec)}, {len(rows)} rows; turns per row: mean "
+                  f"{statistics.mean(turns):.2f}, max {max(turns)} ({sum(t > 1 for t in turns)} multi-turn); "
+                  f"first prompt ≈ {prompts[len(prompts) // 2]} tokens at the median, {prompts[-1]} at most; "
+                  f"{answered} rows with a recorded answer", highlight=False)
