@@ -108,11 +108,13 @@ def is_good(requests: pl.DataFrame, ttft_ms: float | None, tpot_ms: float | None
 def throughput(requests: pl.DataFrame, good: pl.Series) -> dict[str, float]:
     window = window_s(requests)
     if window == 0:
-        return {"requests_per_s": 0.0, "output_tokens_per_s": 0.0, "goodput_requests_per_s": 0.0}
+        return {"requests_per_s": 0.0, "output_tokens_per_s": 0.0, "goodput_requests_per_s": 0.0,
+                "prompt_tokens_per_s": 0.0}
     ok = requests.filter(pl.col("ok"))
     return {"requests_per_s": ok.height / window,
             "output_tokens_per_s": float(ok["output_tokens"].sum()) / window,
-            "goodput_requests_per_s": int(good.sum()) / window}
+            "goodput_requests_per_s": int(good.sum()) / window,
+            "prompt_tokens_per_s": float(ok["prompt_tokens"].sum()) / window}
 
 
 def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:

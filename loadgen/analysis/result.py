@@ -38,10 +38,11 @@ class RequestCounts(TypedDict, total=False):
     errors_by_kind: dict[str, int]
 
 
-class Throughput(TypedDict):
+class Throughput(TypedDict, total=False):
     requests_per_s: float
     output_tokens_per_s: float
     goodput_requests_per_s: float
+    prompt_tokens_per_s: float  # prompt tokens of the completed requests (embeddings: the throughput)
 
 
 class SloResult(TypedDict):

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from loadgen.core.openai_stream import Parsed, local_token_weight, parse_event
+from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
+from loadgen.core.openai_stream import Parsed, local_token_weight
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 
@@ -52,14 +53,17 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
-                 "_summary", "_error", "_text", "record")
+                 "_summary", "_error", "_text", "record", "_parse", "_body")
 
-    def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+    def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
+                 api: str = "chat") -> None:
         self.meta = meta
         self.t_sent_ns = t_sent_ns
         self.last_read_ns = 0  # for idle timeouts
         self._head = bytearray()  # the body's first bytes: the message of a non-200 answer
         self._decoder = SseDecoder(max_event_bytes)
+        self._parse = EVENT_PARSERS.get(api)  # None: an answer that is one JSON body (embeddings)
+        self._body: bytearray | None = None if self._parse else bytearray()
         self._chunks: list[ChunkRecord] = []
         self._exact = True  # every content chunk so far carried a running completion_tokens
         self._last_count = 0
@@ -77,11 +81,22 @@ class StreamTracker:
         self.last_read_ns = now_ns
         if len(self._head) < ERROR_BODY_BYTES:
             self._head += data[:ERROR_BODY_BYTES - len(self._head)]
+        if self._body is not None:
+            self._feed_body(data)
+            return
         for t_event, event in self._decoder.feed(data, now_ns):
             self._event(t_event, event)
 
+    def _feed_body(self, data: bytes) -> None:
+        assert self._body is not None
+        if len(self._body) + len(data) > self._decoder.max_event_bytes:
+            self._decoder.overflow = f"an answer over {self._decoder.max_event_bytes} bytes (target.max_event_bytes)"
+        elif self._decoder.overflow is None:
+            self._body += data
+
     def _event(self, t_ns: int, data: str) -> None:
-        p, summary = parse_event(data), self._summary
+        assert self._parse is not None
+        p, summary = self._parse(data), self._summary
         if p.done:
             summary.done = True
             return
@@ -98,6 +113,13 @@ class StreamTracker:
         if p.completion_tokens is not None:
             summary.completion_tokens = self._last_count = p.completion_tokens
         if p.error and self._error is None:
+            self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
+
+    def _whole_body(self) -> None:
+        """A non-streamed answer (embeddings), read when it has ended."""
+        p = parse_embeddings_body(bytes(self._body or b""))
+        self._summary = p
+        if p.error:
             self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
 
     def _tokens_of(self, p: Parsed) -> int:
@@ -124,6 +146,8 @@ class StreamTracker:
                                        error_message or _error_text(body))
             return self.record, []
         kind, message = error_kind, error_message
+        if self._body is not None and kind is None and not self._decoder.overflow:
+            self._whole_body()
         if kind is None and self._decoder.overflow:
             kind, message = "protocol", self._decoder.overflow
         if kind is None:

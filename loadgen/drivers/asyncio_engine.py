@@ -154,7 +154,7 @@ class AsyncioEngine:
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
-        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes)  # t_sent stamped when the request leaves
+        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api)  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         self.stats.in_flight[req.seq] = (task, tracker)
         return task

@@ -37,3 +37,4 @@ class EngineConfig:
     drain_timeout_s: float = 30.0  # after the last send; then what is in flight is cancelled
     max_event_bytes: int = 1 << 20
     max_rate_per_s: float | None = None  # closed loop: this process's users together, at most (RateCeiling)
+    api: str = "chat"  # target.api: how the answers are parsed (core/apis.py)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen.core.openai_stream import local_token_weight
-from loadgen.plan.scenario import DatasetSpec, ScenarioError
+from loadgen.plan.scenario import DatasetSpec, RequestClass, ScenarioError
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ def format_of(spec: DatasetSpec) -> str:
         raise ScenarioError(f"dataset {spec.path}: cannot tell the format from '{suffix}': set dataset.format "
                             "(jsonl, csv, parquet, sharegpt or hf)")
     return formats[suffix]
+
+
+def class_rows(cls: RequestClass, api: str) -> tuple[Row, ...]:
+    """The rows ``cls`` draws from under ``target.api`` (the plan's row numbers index this)."""
+    assert cls.dataset is not None
+    return rows_for(cls.dataset, need_answers=cls.output_tokens is None and api != "embeddings")
 
 
 def rows_for(spec: DatasetSpec, need_answers: bool) -> tuple[Row, ...]:

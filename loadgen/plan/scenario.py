@@ -127,7 +127,8 @@ class Tls(_Strict):
 class Target(_Strict):
     base_url: str = Field("embedded", description="OpenAI-compatible base URL ending in /v1, or 'embedded'")
     model: str = Field("auto", description="model name; 'auto' = the first of GET /v1/models")
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "responses", "messages", "embeddings"] = Field(
+        "chat", description="chat, completions, responses (OpenAI Responses), messages (Anthropic), embeddings")
     api_key_env: str | None = Field(None, description="environment variable holding the API key")
     headers: dict[str, str] = Field(default_factory=dict)
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -298,8 +299,8 @@ class RequestClass(_Strict):
 
     @model_validator(mode="after")
     def _sources(self) -> "RequestClass":
-        if self.dataset is None and (self.prompt_tokens is None or self.output_tokens is None):
-            raise ValueError("give prompt_tokens and output_tokens (or a dataset)")
+        if self.dataset is None and self.prompt_tokens is None:
+            raise ValueError("give prompt_tokens (or a dataset)")
         if self.dataset is not None and self.prompt_tokens is not None:
             raise ValueError("a dataset gives the prompts: drop prompt_tokens (filter with "
                              "dataset.min_prompt_tokens/max_prompt_tokens)")
@@ -334,6 +335,16 @@ class Scenario(_Strict):
     slo: Slo = Field(default_factory=Slo)
     # the file and --set items it was loaded from (Locust workers load it again); None when built in code
     _source: tuple[Path, list[str]] | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _api_fits(self) -> "Scenario":
+        for cls in self.workload.classes:
+            if self.target.api == "embeddings":
+                if cls.conversation is not None:
+                    raise ValueError(f"workload.classes[{cls.name}]: an embeddings target has no conversations")
+            elif cls.output_tokens is None and cls.dataset is None:
+                raise ValueError(f"workload.classes[{cls.name}]: give output_tokens (only embeddings need none)")
+        return self
 
     @property
     def source(self) -> tuple[Path, list[str]] | None:

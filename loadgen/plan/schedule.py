@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass
 
 from loadgen.plan.arrivals import arrival_offsets_s, read_trace_file, sample_length
-from loadgen.plan.datasets import Row, rows_for
+from loadgen.plan.datasets import Row, class_rows
 from loadgen.plan.scenario import MAX_PLAN_REQUESTS, MAX_TURNS, Conversation, RequestClass, Scenario, ScenarioError
 
 
@@ -108,11 +108,14 @@ class Plan:
         return min(asked, usable)
 
     def _rows(self, cls: RequestClass) -> tuple[Row, ...]:
-        assert cls.dataset is not None
-        return rows_for(cls.dataset, need_answers=cls.output_tokens is None)
+        return class_rows(cls, self.scenario.target.api)
 
     def _lengths(self, cls: RequestClass, rng: random.Random, row: int | None, turn: int) -> tuple[int, int]:
-        """(prompt, output) tokens: drawn, or a dataset row's estimates (output: drawn if the class says)."""
+        """(prompt, output) tokens: drawn, or a dataset row's estimates (output: drawn if the class says; none
+        for embeddings)."""
+        if self.scenario.target.api == "embeddings":
+            prompt = sample_length(cls.prompt_tokens, rng) if cls.prompt_tokens else self._rows(cls)[row or 0]
+            return (prompt if isinstance(prompt, int) else max(1, prompt.prompt_estimate(turn))), 0
         if row is None:
             assert cls.prompt_tokens is not None and cls.output_tokens is not None
             return sample_length(cls.prompt_tokens, rng), sample_length(cls.output_tokens, rng)

@@ -21,7 +21,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol
 
-from loadgen.plan.datasets import rows_for
+from loadgen.core.apis import CHAT_LIKE
+from loadgen.plan.datasets import class_rows
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.plan.scenario import RequestClass, Scenario
 
@@ -123,7 +124,7 @@ class PromptFactory:
 
     async def _from_row(self, cls: RequestClass, req: PlannedRequest) -> Prompt:
         assert cls.dataset is not None and req.row is not None
-        row = rows_for(cls.dataset, need_answers=cls.output_tokens is None)[req.row]
+        row = class_rows(cls, self.scenario.target.api)[req.row]
         system, user = row.system, row.turns[req.turn]
         if cls.cache_bust:
             system = _busted(system, request_tag(self.scenario.seed, req.seq))
@@ -183,22 +184,34 @@ History = list[tuple[str, str]]  # a conversation's earlier turns: (the message 
 
 def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prompt, output_tokens: int,
                  continuous_usage: bool, history: History | None = None) -> dict[str, Any]:
-    target = scenario.target
-    body: dict[str, Any] = {"model": model, "max_tokens": output_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if continuous_usage:
-        body["stream_options"]["continuous_usage_stats"] = True
-    if cls.ignore_eos:
+    """The request's JSON body in ``target.api``'s shape (core/apis.py), streamed where the API streams."""
+    api = scenario.target.api
+    if api == "embeddings":
+        text = f"{prompt.system}\n{prompt.user}" if prompt.system else prompt.user
+        return {"model": model, "input": text, **scenario.target.extra_body}
+    body: dict[str, Any] = {"model": model, "stream": True}
+    if api in ("chat", "completions"):
+        body.update(max_tokens=output_tokens, stream_options={"include_usage": True})
+        if continuous_usage:
+            body["stream_options"]["continuous_usage_stats"] = True
+    if cls.ignore_eos and api != "messages":  # vLLM's extensions; Anthropic's API takes no unknown field
         body.update(ignore_eos=True, min_tokens=output_tokens)
-    if target.api == "chat":
-        messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
-        for sent, answer in history or []:
-            messages += [{"role": "user", "content": sent}, {"role": "assistant", "content": answer}]
-        body["messages"] = messages + [{"role": "user", "content": prompt.user}]
+    turns: list[dict[str, str]] = []
+    for sent, answer in history or []:
+        turns += [{"role": "user", "content": sent}, {"role": "assistant", "content": answer}]
+    turns.append({"role": "user", "content": prompt.user})
+    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
+    if api == "chat":
+        body["messages"] = system + turns
+    elif api == "responses":
+        body.update(input=turns, max_output_tokens=output_tokens, **({"instructions": prompt.system}
+                                                                     if prompt.system else {}))
+    elif api == "messages":
+        body.update(messages=turns, max_tokens=output_tokens, **({"system": prompt.system} if prompt.system else {}))
     else:
         parts = [prompt.system] if prompt.system else []
         body["prompt"] = "\n".join(parts + [part for turn in history or [] for part in turn] + [prompt.user])
-    body.update(target.extra_body)
+    body.update(scenario.target.extra_body)
     return body
 
 
@@ -224,18 +237,18 @@ class TokenizeEndpointCounter:
     async def count(self, system: str | None, user: str) -> int:
         text = f"{system}\n{user}" if system else user
         if self.dialect == "llamacpp":
-            if self.api == "chat":
+            if self.api in CHAT_LIKE:
                 text = (await self.post("/apply-template", {"messages": _messages(system, user)}))["prompt"]
             answer = await self.post("/tokenize", {"content": text, "add_special": True, "parse_special": True})
             return len(answer["tokens"])
         if self.dialect == "tgi":
-            if self.api == "chat":
+            if self.api in CHAT_LIKE:
                 answer = await self.post("/chat_tokenize", {"model": self.model, "messages": _messages(system, user)})
                 return len(answer["tokenize_response"])
             return len(await self.post("/tokenize", {"inputs": text}))
         path = "/v1/tokenize" if self.dialect == "vllm_v1" else "/tokenize"
         body: dict[str, Any] = {"model": self.model, "prompt": text}
-        if self.api == "chat":
+        if self.api in CHAT_LIKE:
             body = {"model": self.model, "messages": _messages(system, user), "add_generation_prompt": True}
         return int((await self.post(path, body))["count"])
 

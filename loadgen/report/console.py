@@ -41,8 +41,10 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
         console.print(slo)
     print_conversations(console, result)
     req, tput = result.requests, result.throughput
+    tokens = (f"{tput['output_tokens_per_s']:.0f} tok/s" if tput["output_tokens_per_s"] or
+              not tput.get("prompt_tokens_per_s") else f"{tput['prompt_tokens_per_s']:.0f} prompt tok/s")
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
-                  f"{tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} tok/s, "
+                  f"{tput['requests_per_s']:.2f} req/s, {tokens}, "
                   f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
     if result.stall_headline:
         console.print(result.stall_headline, highlight=False, markup=False)

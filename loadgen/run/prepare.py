@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 
-from loadgen.drivers.asyncio_engine import EngineConfig
+from loadgen.core.apis import PATHS
+from loadgen.drivers.engine_config import EngineConfig
 from loadgen.drivers.lean_transport import LeanTransport
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
@@ -51,8 +52,8 @@ def open_client(scenario: Scenario, base_url: str) -> httpx.AsyncClient:
 
 def engine_config(scenario: Scenario, target: ResolvedTarget) -> EngineConfig:
     s, load = scenario, scenario.load
-    path = "/chat/completions" if s.target.api == "chat" else "/completions"
-    return EngineConfig(url=target.base_url + path, headers={**target.headers, "content-type": "application/json"},
+    return EngineConfig(url=target.base_url + PATHS[s.target.api], api=s.target.api,
+                        headers={**target.headers, "content-type": "application/json"},
                         ttft_timeout_s=s.target.ttft_timeout_s, idle_timeout_s=s.target.idle_timeout_s,
                         request_timeout_s=s.target.request_timeout_s, drain_timeout_s=load.drain_timeout_s,
                         max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from loadgen.core import engines
+from loadgen.core import apis, engines
 from loadgen.plan.scenario import Scenario
 from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
 from loadgen.plan.workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
@@ -58,11 +58,14 @@ def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
     headers = {"accept-encoding": "identity", **scenario.target.headers}
     REDACTOR.register(*scenario_secrets(scenario))
     env = scenario.target.api_key_env
+    anthropic = scenario.target.api == "messages"
+    if anthropic:
+        headers.setdefault("anthropic-version", apis.ANTHROPIC_VERSION)
     if env:
         key = os.environ.get(env)
         if not key:
             raise TargetError(f"target.api_key_env: environment variable {env} is not set")
-        headers["authorization"] = f"Bearer {key}"
+        headers["x-api-key" if anthropic else "authorization"] = key if anthropic else f"Bearer {key}"
     return headers, REDACTOR
 
 
@@ -124,12 +127,13 @@ async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str]
 
 
 async def _probe_generation(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> None:
-    """One tiny streamed request: the model answers, and the server takes continuous_usage_stats."""
-    path = "/chat/completions" if scenario.target.api == "chat" else "/completions"
-    body: dict[str, Any] = {"model": target.model, "max_tokens": 1, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    body.update({"messages": [{"role": "user", "content": "hi"}]} if scenario.target.api == "chat"
-                else {"prompt": "hi"})
+    """One tiny streamed request (embeddings: one embedding): the model answers, and the server takes
+    continuous_usage_stats (chat and completions)."""
+    api = scenario.target.api
+    path = apis.PATHS[api]
+    body = apis.probe_body(api, target.model, "hi", stream=api != "embeddings")
+    if api not in ("chat", "completions"):
+        target.continuous_usage = False
     if target.continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
     resp = await _post(client, target.base_url + path, body, target)
@@ -227,13 +231,14 @@ class _UsageProbeCounter:
 
 async def _usage_prompt_tokens(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget,
                                text: str) -> int:
-    path = "/chat/completions" if scenario.target.api == "chat" else "/completions"
-    body: dict[str, Any] = {"model": target.model, "max_tokens": 1}
-    body.update({"messages": [{"role": "user", "content": text}]} if scenario.target.api == "chat"
-                else {"prompt": text})
-    resp = await _post(client, target.base_url + path, body, target)
+    api = scenario.target.api
+    path = apis.PATHS[api]
+    resp = await _post(client, target.base_url + path, apis.probe_body(api, target.model, text, stream=False), target)
     try:
-        return int(resp.json()["usage"]["prompt_tokens"])
-    except (ValueError, KeyError, TypeError):
-        raise TargetError(f"{target.base_url}{path}: no usage.prompt_tokens in the answer; "
-                          "give target.tokenizer for prompt lengths") from None
+        count = apis.usage_prompt_tokens(api, resp.json())
+    except ValueError:
+        count = None
+    if count is None:
+        raise TargetError(f"{target.base_url}{path}: no prompt length in the answer's usage; "
+                          "give target.tokenizer for prompt lengths")
+    return count

@@ -65,7 +65,7 @@ class CompletionRequest(_Common):
 
 @dataclass
 class Prepared:
-    kind: Literal["chat", "completions"]
+    kind: Literal["chat", "completions", "responses", "messages", "embeddings"]
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -163,6 +163,10 @@ class ChunkFormatter:
         if self.prep.continuous_usage:
             tail = ',"usage":' + json.dumps(usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens))
         return f"{self._head}{choice}]{tail}}}\n\n".encode()
+
+    def start(self) -> bytes:
+        """What goes out with the first token: chat's role-only chunk."""
+        return self.role() if self.prep.kind == "chat" else b""
 
     def role(self) -> bytes:
         return self._event('{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'

@@ -13,6 +13,7 @@ from typing import Callable
 import h11
 
 from . import dialects
+from . import more_apis
 from . import openai_api as api
 from .config import EngineConfig
 from .engine import SimRequest
@@ -35,7 +36,8 @@ class StreamSink:
     def __init__(self, conn: Connection, app: "SimApp", prep: api.Prepared, request_id: str,
                  faults: StreamFaults) -> None:
         self.conn, self.app, self.prep, self.faults = conn, app, prep, faults
-        self.fmt = api.ChunkFormatter(prep, request_id, int(time.time()))
+        formatter = more_apis.FORMATTERS.get(prep.kind, api.ChunkFormatter)
+        self.fmt = formatter(prep, request_id, int(time.time()))
         self.max_chunk = app.cfg.max_chunk_tokens
         self.pending = 0
 
@@ -43,7 +45,7 @@ class StreamSink:
         """Format token ``index``'s bytes now; return the action that writes them at the step's end."""
         if index == 0 and self.app.cfg.prefix_caching:
             self.fmt.cached_tokens = req.cached_tokens
-        out = self.fmt.role() if index == 0 and self.prep.kind == "chat" else b""
+        out = self.fmt.start() if index == 0 else b""
         if self.faults.malformed_at == index:
             out += b'data: {"id": "broken", "choices": [{"delta":\n\n'
         self.pending += 1
@@ -89,6 +91,9 @@ class SimApp:
             ("GET", "/metrics"): self._metrics,
             ("POST", "/v1/chat/completions"): lambda c, r, b: self._generate("chat", c, r, b),
             ("POST", "/v1/completions"): lambda c, r, b: self._generate("completions", c, r, b),
+            ("POST", "/v1/responses"): lambda c, r, b: self._generate("responses", c, r, b),
+            ("POST", "/v1/messages"): lambda c, r, b: self._generate("messages", c, r, b),
+            ("POST", "/v1/embeddings"): lambda c, r, b: self._generate("embeddings", c, r, b),
         }
         for path, handler in dialects.ROUTES[self.cfg.engine].items():
             self.routes[("POST", path)] = self._tokenizer(handler)
@@ -120,17 +125,22 @@ class SimApp:
         return lambda conn, request, body: conn.send_json(200, handler(api.parse_body(body), self.cfg))
 
     def _generate(self, kind: str, conn: Connection, request: h11.Request, body: bytes) -> None:
-        prep = api.prepare(kind, api.parse_body(body), self.cfg)  # type: ignore[arg-type]
+        parsed = api.parse_body(body)
+        prep = (more_apis.PREPARE[kind](parsed, self.cfg) if kind in more_apis.PREPARE
+                else api.prepare(kind, parsed, self.cfg))  # type: ignore[arg-type]
         self._inject_refusals()
         request_id = self._request_id(kind, request)
         req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep),
                          tokens=prep.tokens if self.cfg.prefix_caching else None)
-        if prep.stream:
+        if kind == "embeddings":
+            req.on_finish = lambda r, reason: conn.send_json(200, more_apis.embedding_response(prep, self.cfg.model))
+        elif prep.stream:
             sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after))
             req.on_token = sink.on_token
             conn.start_stream()
         else:
-            req.on_finish = lambda r, reason: conn.send_json(200, api.full_response(
+            full = more_apis.full_response if kind in more_apis.FORMATTERS else api.full_response
+            req.on_finish = lambda r, reason: conn.send_json(200, full(
                 prep, request_id, self.created, "".join(output_token(i) for i in range(r.generated)),
                 reason, r.generated, r.cached_tokens if self.cfg.prefix_caching else None))
         conn.active = req
@@ -139,7 +149,7 @@ class SimApp:
     def _request_id(self, kind: str, request: h11.Request) -> str:
         given = dict(request.headers).get(b"x-request-id")
         suffix = given.decode(errors="replace") if given else f"{next(self._ids):08d}"
-        return ("chatcmpl-" if kind == "chat" else "cmpl-") + suffix
+        return {"chat": "chatcmpl-", "completions": "cmpl-"}.get(kind, f"{kind}-") + suffix
 
     def _stop_after(self, prep: api.Prepared) -> int:
         if prep.ignore_eos:

@@ -1,0 +1,160 @@
+"""The generation APIs loadgen speaks, and the parsing of the ones that are not OpenAI's chat/completions
+(those are ``openai_stream.py``). Pure functions over decoded SSE events or a response body.
+
+| ``target.api`` | path | streamed events | usage |
+| --- | --- | --- | --- |
+| chat | /chat/completions | ``choices[0].delta.content`` | ``usage.prompt_tokens``/``completion_tokens`` |
+| completions | /completions | ``choices[0].text`` | same |
+| responses | /responses | ``response.output_text.delta`` ``{delta}`` … ``response.completed`` (the end) | ``response.usage.input_tokens``/``output_tokens``, ``input_tokens_details.cached_tokens`` |
+| messages | /messages (Anthropic) | ``content_block_delta`` ``{delta: {text}}`` … ``message_stop`` (the end) | ``message_start.message.usage.input_tokens`` (+ cache reads and writes), ``message_delta.usage.output_tokens`` |
+| embeddings | /embeddings | not streamed: one JSON body | ``usage.prompt_tokens`` |
+
+Anthropic's ``input_tokens`` leaves out the prompt tokens read from (or written to) its cache; loadgen's
+``prompt_tokens`` is the whole prompt (their sum) and ``cached_tokens`` the cache reads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from loadgen.core.openai_stream import Parsed, _error, _int, parse_event
+
+APIS = ("chat", "completions", "responses", "messages", "embeddings")
+PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses",
+         "messages": "/messages", "embeddings": "/embeddings"}
+CHAT_LIKE = {"chat", "responses", "messages"}  # the prompt is a list of messages (a chat template applies)
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def _load(data: str) -> dict[str, Any] | Parsed:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return Parsed(error=f"malformed event: {data[:80]!r}")
+    return obj if isinstance(obj, dict) else Parsed(error=f"event is not an object: {data[:80]!r}")
+
+
+def parse_responses_event(data: str) -> Parsed:
+    """One event of the OpenAI Responses API's stream."""
+    obj = _load(data)
+    if isinstance(obj, Parsed):
+        return obj
+    kind = obj.get("type")
+    if kind == "response.output_text.delta":
+        delta = obj.get("delta")
+        return Parsed(text=delta if isinstance(delta, str) else "")
+    if kind == "response.reasoning_text.delta" or kind == "response.reasoning_summary_text.delta":
+        delta = obj.get("delta")
+        return Parsed(text=delta if isinstance(delta, str) else "", reasoning=True)
+    if kind in ("error", "response.failed"):
+        err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
+        return _error(err)
+    response = obj.get("response")
+    if not isinstance(response, dict):
+        return Parsed()
+    out = Parsed(request_id=response.get("id") if isinstance(response.get("id"), str) else None)
+    usage = response.get("usage")
+    if isinstance(usage, dict):
+        out.prompt_tokens, out.completion_tokens = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
+        details = usage.get("input_tokens_details")
+        out.cached_tokens = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if kind == "response.completed":
+        out.done, out.finish_reason = True, "stop"
+    elif kind == "response.incomplete":
+        out.done, out.finish_reason = True, "length"
+    return out
+
+
+ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+
+
+def parse_anthropic_event(data: str) -> Parsed:
+    """One event of Anthropic's Messages API stream."""
+    obj = _load(data)
+    if isinstance(obj, Parsed):
+        return obj
+    kind = obj.get("type")
+    if kind == "content_block_delta":
+        delta = obj.get("delta") or {}
+        if delta.get("type") == "thinking_delta":
+            return Parsed(text=delta.get("thinking") or "", reasoning=True)
+        text = delta.get("text")
+        return Parsed(text=text if isinstance(text, str) else "")
+    if kind == "message_start":
+        message = obj.get("message") or {}
+        out = Parsed(request_id=message.get("id") if isinstance(message.get("id"), str) else None)
+        usage = message.get("usage")
+        if isinstance(usage, dict):
+            fresh, read = _int(usage.get("input_tokens")), _int(usage.get("cache_read_input_tokens")) or 0
+            written = _int(usage.get("cache_creation_input_tokens")) or 0
+            out.prompt_tokens = None if fresh is None else fresh + read + written
+            out.cached_tokens = read if "cache_read_input_tokens" in usage else None
+        return out
+    if kind == "message_delta":
+        reason = (obj.get("delta") or {}).get("stop_reason")
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        return Parsed(finish_reason=ANTHROPIC_STOP.get(reason, reason) if isinstance(reason, str) else None,
+                      completion_tokens=_int(usage.get("output_tokens")))
+    if kind == "message_stop":
+        return Parsed(done=True)
+    if kind == "error":
+        return _error(obj.get("error") or obj)
+    return Parsed()
+
+
+def parse_embeddings_body(body: bytes) -> Parsed:
+    """A whole /embeddings answer: done when it holds at least one embedding."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return Parsed(error=f"the answer is not JSON: {body[:80]!r}")
+    if not isinstance(obj, dict):
+        return Parsed(error="the answer is not a JSON object")
+    if "error" in obj:
+        return _error(obj["error"])
+    data = obj.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "embedding" not in data[0]:
+        return Parsed(error="the answer has no data[].embedding")
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+    return Parsed(prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=0, done=True,
+                  finish_reason="stop")
+
+
+EVENT_PARSERS: dict[str, Callable[[str], Parsed]] = {
+    "chat": parse_event, "completions": parse_event, "responses": parse_responses_event,
+    "messages": parse_anthropic_event}
+
+
+def probe_body(api: str, model: str, text: str, stream: bool) -> dict[str, Any]:
+    """A one-token request of ``api`` (embeddings: the text embedded), for the checks before a run."""
+    if api == "embeddings":
+        return {"model": model, "input": text}
+    body: dict[str, Any] = {"model": model, "stream": stream}
+    messages = [{"role": "user", "content": text}]
+    if api == "chat":
+        body.update(messages=messages, max_tokens=1)
+    elif api == "completions":
+        body.update(prompt=text, max_tokens=1)
+    elif api == "responses":
+        body.update(input=messages, max_output_tokens=1)
+    else:
+        body.update(messages=messages, max_tokens=1)
+    if stream and api in ("chat", "completions"):
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def usage_prompt_tokens(api: str, answer: Any) -> int | None:
+    """The prompt's length in a non-streamed answer's usage (None: not there)."""
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    if api == "responses":
+        return _int(usage.get("input_tokens"))
+    if api == "messages":
+        fresh = _int(usage.get("input_tokens"))
+        cached = (_int(usage.get("cache_read_input_tokens")) or 0) + (_int(usage.get("cache_creation_input_tokens"))
+                                                                       or 0)
+        return None if fresh is None else fresh + cached
+    return _int(usage.get("prompt_tokens"))
