@@ -118,7 +118,7 @@ def parse_embeddings_body(body: bytes) -> Parsed:
         return Parsed(error="the answer has no data[].embedding")
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
     return Parsed(prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=0, done=True,
-                  finish_reason="stop")
+                  finish_reason="stop", request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
 
 
 EVENT_PARSERS: dict[str, Callable[[str], Parsed]] = {

@@ -97,9 +97,8 @@ class StreamTracker:
     def _event(self, t_ns: int, data: str) -> None:
         assert self._parse is not None
         p, summary = self._parse(data), self._summary
-        if p.done:
+        if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)
             summary.done = True
-            return
         summary.request_id = summary.request_id or p.request_id
         summary.finish_reason = p.finish_reason or summary.finish_reason
         if p.prompt_tokens is not None:

@@ -93,10 +93,10 @@ def _as(prep: Prepared, kind: str) -> Prepared:
     return prep
 
 
-def embedding_response(prep: Prepared, model: str) -> dict[str, Any]:
+def embedding_response(prep: Prepared, model: str, request_id: str) -> dict[str, Any]:
     seed = zlib.crc32(" ".join(prep.tokens).encode())
     vector = [((seed >> (4 * i)) % 2001 - 1000) / 1000 for i in range(EMBEDDING_DIM)]
-    return {"object": "list", "model": model, "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+    return {"id": request_id, "object": "list", "model": model, "data": [{"object": "embedding", "index": 0, "embedding": vector}],
             "usage": {"prompt_tokens": prep.prompt_tokens, "total_tokens": prep.prompt_tokens}}
 
 

@@ -133,7 +133,8 @@ class SimApp:
         req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep),
                          tokens=prep.tokens if self.cfg.prefix_caching else None)
         if kind == "embeddings":
-            req.on_finish = lambda r, reason: conn.send_json(200, more_apis.embedding_response(prep, self.cfg.model))
+            answer = more_apis.embedding_response(prep, self.cfg.model, request_id)
+            req.on_finish = lambda r, reason: conn.send_json(200, answer)
         elif prep.stream:
             sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after))
             req.on_token = sink.on_token
