@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from loadgen.cli.main import _fail, console
 from loadgen.core.secrets import write_text
 from loadgen.plan.datasets import format_of, rows_for
-from loadgen.plan.sample_dataset import sample_json
+from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
 from loadgen.plan.scenario import DatasetSpec, ScenarioError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prompt datasets: the sample, and a check.")
@@ -26,6 +26,15 @@ def sample(out: Path = typer.Option(Path("scenarios/data/sharegpt_sample.json"),
     """Write the sample ShareGPT-format dataset (generated from the seed; nothing is downloaded)."""
     write_text(out, sample_json(conversations, seed))
     console.print(f"{conversations} conversations → {out}", highlight=False)
+
+
+@app.command("sample-trace")
+def sample_trace(out: Path = typer.Option(Path("scenarios/data/mooncake_sample.jsonl"), "--out"),
+                 requests: int = typer.Option(120, "--requests", min=1, max=1_000_000),
+                 seed: int = typer.Option(0, "--seed")) -> None:
+    """Write the sample Mooncake-format trace (shared system prompts, growing sessions; generated)."""
+    write_text(out, mooncake_jsonl(requests, seed))
+    console.print(f"{requests} requests → {out}", highlight=False)
 
 
 @app.command()

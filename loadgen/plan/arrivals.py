@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal,
-                                   Mixture, Normal, Ramp, Scenario, ScenarioError, Uniform)
+                                   Mixture, Normal, Ramp, Scenario, ScenarioError, TraceFile,
+                                   Uniform)
 
 
 # ---- distributions -------------------------------------------------------------------------------------
@@ -162,6 +163,7 @@ class TraceRow:
     offset_s: float
     prompt_tokens: int
     output_tokens: int
+    blocks: tuple[int, ...] | None = None  # mooncake: the hash ids of its prompt's blocks
 
 
 def read_trace_file(s: Scenario) -> list[TraceRow]:
@@ -169,21 +171,36 @@ def read_trace_file(s: Scenario) -> list[TraceRow]:
     assert spec is not None
     try:
         text = spec.path.read_text()
+        jsonl = spec.path.suffix == ".jsonl" or spec.format == "mooncake"
+        rows = ([json.loads(line) for line in text.splitlines() if line.strip()] if jsonl
+                else list(csv.DictReader(text.splitlines())))
     except OSError as exc:
         raise ScenarioError(f"load.trace.path: cannot read {spec.path}: {exc.strerror}") from None
-    rows = ([json.loads(line) for line in text.splitlines() if line.strip()] if spec.path.suffix == ".jsonl"
-            else list(csv.DictReader(text.splitlines())))
-    out = []
-    for n, row in enumerate(rows, start=1):
-        try:
-            out.append(TraceRow(float(row[spec.time_column]) / spec.speedup, int(row[spec.prompt_column]),
-                                int(row[spec.output_column])))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ScenarioError(f"{spec.path}: row {n}: needs numeric {spec.time_column}, {spec.prompt_column}, "
-                                f"{spec.output_column} ({exc!r})") from None
+    except ValueError as exc:
+        raise ScenarioError(f"{spec.path}: not valid JSONL: {exc}") from None
+    out = [_trace_row(spec, row, n) for n, row in enumerate(rows, start=1)]
     if not out:
         raise ScenarioError(f"{spec.path}: the trace has no rows")
     _check_plan_size(len(out))
     first = min(r.offset_s for r in out)
-    return sorted((TraceRow(r.offset_s - first, r.prompt_tokens, r.output_tokens) for r in out),
+    return sorted((TraceRow(r.offset_s - first, r.prompt_tokens, r.output_tokens, r.blocks) for r in out),
                   key=lambda r: r.offset_s)
+
+
+def _trace_row(spec: TraceFile, row: object, n: int) -> TraceRow:
+    mooncake = spec.format == "mooncake"
+    time_col, prompt_col, output_col = (("timestamp", "input_length", "output_length") if mooncake else
+                                        (spec.time_column, spec.prompt_column, spec.output_column))
+    try:
+        assert isinstance(row, dict)
+        blocks = tuple(int(h) for h in row["hash_ids"]) if mooncake else None
+        prompt = int(row[prompt_col])
+        if blocks is not None and not (len(blocks) - 1) * spec.block_tokens < prompt <= len(blocks) * \
+                spec.block_tokens:
+            raise ValueError(f"{prompt} tokens do not fill {len(blocks)} blocks of {spec.block_tokens}")
+        return TraceRow(float(row[time_col]) / (1000 if mooncake else 1) / spec.speedup, prompt,
+                        int(row[output_col]), blocks)
+    except (AssertionError, KeyError, ValueError, TypeError) as exc:
+        extra = ", hash_ids (a list)" if mooncake else ""
+        raise ScenarioError(f"{spec.path}: row {n}: needs numeric {time_col}, {prompt_col}, {output_col}{extra} "
+                            f"({exc!r})") from None

@@ -60,3 +60,28 @@ def sample_dataset(conversations: int = 100, seed: int = 0) -> list[dict[str, An
 
 def sample_json(conversations: int = 100, seed: int = 0) -> str:
     return json.dumps(sample_dataset(conversations, seed), indent=1, ensure_ascii=False) + "\n"
+
+
+def mooncake_sample(requests: int = 120, seed: int = 0, rate_per_s: float = 4.0) -> list[dict[str, Any]]:
+    """A Mooncake-format trace (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of 512-token
+    blocks) with the sharing real traces show: five system prompts of 2-4 blocks that every session starts
+    with, and sessions whose later requests extend their earlier ones' blocks (a conversation's history)."""
+    rng = random.Random(f"mooncake-sample:{seed}")
+    roots = [list(range(100 * r, 100 * r + rng.randint(2, 4))) for r in range(5)]
+    sessions: list[list[int]] = []
+    next_block, t_ms, out = 1000, 0.0, []
+    for _ in range(requests):
+        t_ms += rng.expovariate(rate_per_s) * 1000
+        if not sessions or rng.random() < 0.4:
+            sessions.append(list(rng.choice(roots)))
+        blocks = sessions[rng.randrange(len(sessions))]
+        blocks += list(range(next_block, next_block + rng.randint(1, 2)))
+        next_block += 2
+        length = len(blocks) * 512 - rng.randint(0, 511)
+        out.append({"timestamp": round(t_ms), "input_length": length,
+                    "output_length": _words(rng, 150, 0.5, 600), "hash_ids": list(blocks)})
+    return out
+
+
+def mooncake_jsonl(requests: int = 120, seed: int = 0) -> str:
+    return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in mooncake_sample(requests, seed))

@@ -166,10 +166,17 @@ class Stage(_Strict):
 
 
 class TraceFile(_Strict):
+    """A trace to replay: send times and lengths per row (JSONL or CSV). ``format: mooncake`` reads Mooncake's
+    traces (``timestamp`` in ms, ``input_length``, ``output_length``, ``hash_ids``): each hash id names a block of
+    ``block_tokens`` prompt tokens, and requests that share leading hash ids get the same leading text, so the
+    trace's prefix sharing reaches the server."""
+
     path: Path
-    time_column: str = "timestamp_s"
+    format: Literal["columns", "mooncake"] = "columns"
+    time_column: str = Field("timestamp_s", description="columns: send time in seconds from any origin")
     prompt_column: str = "prompt_tokens"
     output_column: str = "output_tokens"
+    block_tokens: int = Field(512, ge=1, le=65536, description="mooncake: prompt tokens per hash id")
     speedup: float = Field(1.0, gt=0)
 
 

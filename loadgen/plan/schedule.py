@@ -35,6 +35,7 @@ class PlannedRequest:
     think_ns: int = 0  # a later turn: sent this long after the previous turn's answer ended
     row: int | None = None  # a dataset class: the row of ``datasets.rows_for`` its prompt comes from
     group: int = 0  # its class's prefix group (arrival index mod prefix_groups)
+    blocks: tuple[int, ...] | None = None  # a Mooncake trace's hash ids: its prompt is those blocks' text
 
 
 # ---- the plan ------------------------------------------------------------------------------------------
@@ -135,11 +136,13 @@ class Plan:
         row = self._row_of(cls, seq, rng)
         prompt, output = self._lengths(cls, rng, row, 0)
         offset_s = self.offsets_s[seq] if self.offsets_s is not None else 0.0
+        blocks = None
         if self._trace is not None:
-            prompt, output = self._trace[seq].prompt_tokens, self._trace[seq].output_tokens
+            prompt, output, blocks = self._trace[seq].prompt_tokens, self._trace[seq].output_tokens, \
+                self._trace[seq].blocks
         warmup = offset_s < self.scenario.load.warmup_s if not self.closed_loop else False
         return PlannedRequest(seq, int(offset_s * 1e9), cls.name, prompt, output, warmup, row=row,
-                              group=seq % cls.prefix_groups)
+                              group=seq % cls.prefix_groups, blocks=blocks)
 
     def hard_end_s(self, drain_timeout_s: float) -> float | None:
         """Seconds after the first planned send at which the run ends, whatever is still in flight: the last

@@ -86,6 +86,7 @@ class PromptFactory:
         self._fits: dict[str, LinearFit] = {}
         self._systems: dict[tuple[str, int], str | None] = {}
         self._per_word: float | None = None
+        self._template_tokens: int | None = None  # what the chat template adds to a message (Mooncake blocks)
 
     async def prepare_classes(self) -> None:
         """Build each class's (first) shared system prompt and fit words→tokens on the target."""
@@ -115,12 +116,26 @@ class PromptFactory:
         cls = self._classes[req.class_name]
         if cls.dataset is not None:
             return await self._from_row(cls, req)
+        if req.blocks is not None:
+            return await self._from_blocks(req)
         system = await self._system(cls, req.group)
         if cls.cache_bust:
             system = _busted(system, request_tag(self.scenario.seed, req.seq))
         prompt = await self._build(req, system if req.turn == 0 else None,
                                    self._fits[req.class_name if req.turn == 0 else ""])
         return Prompt(system, prompt.user, prompt.tokens)
+
+    async def _from_blocks(self, req: PlannedRequest) -> Prompt:
+        """A Mooncake trace's request: block ``h``'s text is the same wherever hash id ``h`` appears (seeded by
+        ``h``), so prompts that share leading hash ids share their leading text; the last block is cut so the
+        prompt (the template's tokens included) has ``req.prompt_tokens`` tokens as the target counts them."""
+        assert req.blocks is not None and self.scenario.load.trace is not None
+        size = self.scenario.load.trace.block_tokens
+        if self._template_tokens is None:
+            self._template_tokens = await self.counter.count(None, PAD_WORD) - 1
+        words = [w for h in req.blocks for w in _block_words(self.scenario.seed, h, size)]
+        user = " ".join(words[:max(1, req.prompt_tokens - self._template_tokens)])
+        return Prompt(None, user, await self.counter.count(None, user))
 
     async def _from_row(self, cls: RequestClass, req: PlannedRequest) -> Prompt:
         assert cls.dataset is not None and req.row is not None
@@ -152,6 +167,11 @@ class PromptFactory:
             else:
                 n += max(1, round(missing / per_word))
         raise AssertionError("unreachable")
+
+
+def _block_words(seed: int, block: int, size: int) -> list[str]:
+    """Hash id ``block``'s text: ``size`` common words (one token each in most tokenizers)."""
+    return random.Random(f"block:{seed}:{block}").choices(WORDS, k=size)
 
 
 def _busted(system: str | None, tag: str) -> str:
