@@ -77,14 +77,15 @@ def current_settings(data: RunData, engine: str, given: dict[str, Any]) -> tuple
 
 def replay_requests(requests: pl.DataFrame) -> tuple[list[ReplayRequest], int]:
     """The run's requests as the replay takes them (achieved lengths; a failed request's asked output) and
-    the run's start."""
+    the run's start. The replay has no prefix cache: a prompt the server found partly cached replays as the
+    tokens it prefilled (``cached_tokens`` off), sent when it was sent (a conversation's turns included)."""
     t0 = int(requests["t_intended_ns"].min())  # type: ignore[arg-type]
     out = []
     for r in requests.iter_rows(named=True):
         ok = r["error_kind"] is None
+        prompt = (r["prompt_tokens"] or r["prompt_tokens_asked"]) - (r.get("cached_tokens") or 0)
         out.append(ReplayRequest(r["seq"], r["worker"], r["class_name"], r["warmup"], r["t_intended_ns"] - t0,
-                                 max(1, r["prompt_tokens"] or r["prompt_tokens_asked"]),
-                                 max(1, r["output_tokens"] if ok else r["output_tokens_asked"])))
+                                 max(1, prompt), max(1, r["output_tokens"] if ok else r["output_tokens_asked"])))
     return out, t0
 
 
@@ -176,4 +177,7 @@ def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list
     if data.scenario.load.arrival == "concurrency" and data.scenario.load.max_rate_per_s:
         out.append("the replay's closed-loop users are not held to load.max_rate_per_s")
     out.append("errors, timeouts and the network are not modelled: the replays complete every request")
+    if data.requests["cached_tokens"].fill_null(0).sum() > 0:
+        out.append("the server's prefix cache held part of some prompts: the replay prefills only the rest "
+                   "(the tokens it computed), and its cache is not modelled for the candidates either")
     return out
