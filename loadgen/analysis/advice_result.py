@@ -16,7 +16,7 @@ from loadgen.analysis.result import RunResult
 SCHEMA_VERSION = 1
 # (label, metric, statistic) of the figures compared between the measured run and its replay
 FIGURES = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"), ("ITL p50", "itl_ms", "p50"),
-           ("ITL p99", "itl_ms", "p99"), ("worst gap", "chunk_gap_ms", "max"))
+           ("ITL p99", "itl_ms", "p99"), ("ITL p99.9", "itl_ms", "p999"), ("worst gap", "chunk_gap_ms", "max"))
 STALL_FIGURE = "prefill-induced stalls per 1k tokens"
 
 

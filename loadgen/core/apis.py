@@ -27,20 +27,23 @@ CHAT_LIKE = {"chat", "responses", "messages"}  # the prompt is a list of message
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-def _load(data: str) -> dict[str, Any] | Parsed:
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return Parsed(error=f"malformed event: {data[:80]!r}")
-    return obj if isinstance(obj, dict) else Parsed(error=f"event is not an object: {data[:80]!r}")
+def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[str], Parsed]:
+    """A parser of events that are JSON objects with a ``type``: ``parse(type, event)`` sees valid ones only."""
+    def parse_event_data(data: str) -> Parsed:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return Parsed(error=f"malformed event: {data[:80]!r}")
+        if not isinstance(obj, dict):
+            return Parsed(error=f"event is not an object: {data[:80]!r}")
+        return parse(obj.get("type"), obj)
+    parse_event_data.__doc__ = parse.__doc__
+    return parse_event_data
 
 
-def parse_responses_event(data: str) -> Parsed:
+@_typed_events
+def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of the OpenAI Responses API's stream."""
-    obj = _load(data)
-    if isinstance(obj, Parsed):
-        return obj
-    kind = obj.get("type")
     if kind == "response.output_text.delta":
         delta = obj.get("delta")
         return Parsed(text=delta if isinstance(delta, str) else "")
@@ -69,12 +72,9 @@ def parse_responses_event(data: str) -> Parsed:
 ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
-def parse_anthropic_event(data: str) -> Parsed:
+@_typed_events
+def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of Anthropic's Messages API stream."""
-    obj = _load(data)
-    if isinstance(obj, Parsed):
-        return obj
-    kind = obj.get("type")
     if kind == "content_block_delta":
         delta = obj.get("delta") or {}
         if delta.get("type") == "thinking_delta":
