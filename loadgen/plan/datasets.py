@@ -69,6 +69,7 @@ def class_rows(cls: RequestClass, api: str) -> tuple[Row, ...]:
     return rows_for(cls.dataset, need_answers=cls.output_tokens is None and api != "embeddings")
 
 
+@functools.lru_cache(maxsize=32)  # the plan and the prompt factory ask once per request
 def rows_for(spec: DatasetSpec, need_answers: bool) -> tuple[Row, ...]:
     """The rows a class draws from: those that pass the length filter, in file order, and (when the output
     lengths come from the file) have a recorded answer to their first turn. ScenarioError names what is wrong."""
