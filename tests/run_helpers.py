@@ -41,6 +41,9 @@ def summary(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+SIM_TRACE = ("--set", "target.simulator.trace=true")  # the embedded simulator's ground truth, sim_trace.jsonl
+
+
 def trace_per_request(run_dir: Path) -> dict[str, dict[str, Any]]:
     """From the simulator's trace: per request id, arrival and each token's modelled emission time."""
     out: dict[str, dict[str, Any]] = {}

@@ -22,7 +22,7 @@ from tests.run_helpers import records, trace_per_request
 def _scenario(tmp_path: Path, target_api: str, **cls) -> Path:
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({
-        "name": target_api, "seed": 4, "target": {"api": target_api, "simulator": {"prefix_caching": True}},
+        "name": target_api, "seed": 4, "target": {"api": target_api, "simulator": {"prefix_caching": True, "trace": True}},
         "load": {"arrival": "poisson", "rate_per_s": 8, "requests": 24},
         "workload": {"classes": [{"name": "a", "prompt_tokens": {"dist": "uniform", "min": 200, "max": 400},
                                   "output_tokens": {"dist": "fixed", "value": 12}, "shared_prefix_tokens": 96,

@@ -16,7 +16,7 @@ from loadgen.core import RequestMeta, StreamTracker
 from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
 from loadgen.plan.schedule import build_plan
 from loadgen.plan.workload import Prompt, request_body
-from tests.run_helpers import ROOT, records, run_cli, summary, trace_per_request
+from tests.run_helpers import ROOT, SIM_TRACE, records, run_cli, summary, trace_per_request
 
 MULTI_TURN = ROOT / "scenarios" / "multi_turn.yaml"
 
@@ -178,7 +178,7 @@ def _ttft_by_turn(run_dir) -> pl.DataFrame:
 def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_path, caching):
     out = tmp_path / "run"
     proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--set", "load.duration_s=14",
-                   "--set", "load.rate_per_s=0.5", "--set", f"target.simulator.prefix_caching={str(caching).lower()}")
+                   "--set", "load.rate_per_s=0.5", "--set", f"target.simulator.prefix_caching={str(caching).lower()}", *SIM_TRACE)
     assert proc.returncode in (0, 1, 3), proc.stderr
     by_turn = _ttft_by_turn(out)
     assert by_turn["turn"].to_list() == [0, 1, 2, 3, 4] and min(by_turn["n"]) >= 4

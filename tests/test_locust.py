@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.run_helpers import ROOT, read_until, records, run_cli, summary, trace_per_request
+from tests.run_helpers import ROOT, SIM_TRACE, read_until, records, run_cli, summary, trace_per_request
 
 SHORT = ["--no-progress", "--no-png", "--set", "load.arrival=constant", "--set", "load.rate_per_s=6",
          "--set", "load.warmup_s=0"]
@@ -53,7 +53,8 @@ def test_locust_with_two_workers_matches_asyncio_and_the_trace(tmp_path):
     alone = ["--set", "workload.classes.0.output_tokens={dist: fixed, value: 16}"]
     for engine, extra in (("asyncio", []), ("locust", ["--engine", "locust", "--workers", "2"])):
         out = tmp_path / engine
-        res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *SHORT, *alone, *extra)
+        res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *SHORT, *alone, *extra,
+                      *SIM_TRACE)
         assert res.returncode == 0, res.stdout + res.stderr
         runs[engine] = out
     (a_req, _), (l_req, _) = records(runs["asyncio"]), records(runs["locust"])

@@ -11,7 +11,7 @@ import time
 import polars as pl
 import pytest
 
-from tests.run_helpers import ROOT, records, run_cli, summary, trace_per_request
+from tests.run_helpers import ROOT, SIM_TRACE, records, run_cli, summary, trace_per_request
 
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--set", "load.warmup_s=0",
@@ -20,7 +20,7 @@ LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--s
 
 def test_low_load_timings_match_the_simulator_trace(tmp_path):
     out = tmp_path / "run"
-    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *LOW_LOAD)
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *LOW_LOAD, *SIM_TRACE)
     assert res.returncode == 0, res.stderr
     requests, chunks = records(out)
     trace = trace_per_request(out)
@@ -49,6 +49,7 @@ def test_coalesced_chunks_split_chunk_gap_from_itl(tmp_path):
     s = summary(out)["metrics"]
     _, chunks = records(out)
     assert chunks["tokens"].max() == 4 and chunks["tokens"].min() >= 1
+    assert not (out / "sim_trace.jsonl").exists()  # the simulator's trace is written only when asked for
     assert s["chunk_gap_ms"]["p50"] == pytest.approx(4 * s["itl_ms"]["p50"], rel=0.05)
     assert s["itl_ms"]["p50"] == pytest.approx(7.6, abs=0.5)  # the preset's decode step, not 4x it
 

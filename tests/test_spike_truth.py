@@ -9,7 +9,7 @@ import pytest
 
 from local_target.sim import read_trace
 from tests.ground_truth import score
-from tests.run_helpers import run_cli, summary
+from tests.run_helpers import SIM_TRACE, run_cli, summary
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def unchunked(tmp_path_factory) -> Path:
     """aggressor_victim.yaml as shipped: chunked prefill off, 60 s measured after a 5 s warm-up."""
     out = tmp_path_factory.mktemp("av") / "off"
-    res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--no-progress")
+    res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--no-progress", *SIM_TRACE)
     assert res.returncode in (0, 1), res.stderr
     return out
 
@@ -53,7 +53,7 @@ CASES = [(engine, run) for engine in ENGINES for run in RUNS if (engine, run) !=
 def test_attribution_holds_on_every_engine(engine, run, tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", RUNS[run], "--out", str(out), "--no-progress", "--no-png", "--duration", "30",
-                  *ENGINES[engine])
+                  *ENGINES[engine], *SIM_TRACE)
     assert res.returncode in (0, 1), res.stderr
     st = summary(out)["stalls"]
     sc = score(out, st["long_prompt_tokens"], st["min_gap_ms"])
@@ -91,7 +91,7 @@ def test_chunked_prefill_cuts_prefill_induced_stalls_at_least_fivefold(unchunked
 def test_preemption_stalls_are_not_blamed_on_prefill(tmp_path):
     out = tmp_path / "kv"
     res = run_cli("run", "scenarios/chat.yaml", "--out", str(out), "--no-progress", "--duration", "20",
-                  "--set", "target.simulator.kv_cache_tokens=9000", "--set", "load.rate_per_s=8")
+                  "--set", "target.simulator.kv_cache_tokens=9000", "--set", "load.rate_per_s=8", *SIM_TRACE)
     assert res.returncode in (0, 1, 3), res.stderr
     requests = pl.read_parquet(out / "requests.parquet")
     seq_of = dict(zip(requests["request_id"].to_list(), requests["seq"].to_list()))

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 PRESET_NAMES = ("t4-phi3-mini", "a100-llama-7b", "h100-llama-8b")
 DEFAULT_PRESET = "a100-llama-7b"
+LOADGEN_ONLY = ("preset", "trace")  # fields loadgen acts on, not engine settings
 
 
 class _Sparse(BaseModel):
@@ -35,6 +36,8 @@ class SimulatorSpec(_Sparse):
     """A preset (default a100-llama-7b) and the engine fields that override it."""
 
     preset: Literal["t4-phi3-mini", "a100-llama-7b", "h100-llama-8b"] | None = None
+    trace: bool | None = Field(None, description="write the ground truth, sim_trace.jsonl, into the run "
+                                                 "directory (off by default: ~25 bytes per token)")
     model: str | None = None
     max_model_len: int | None = Field(None, gt=0)
     engine: Literal["vllm", "sglang", "llamacpp", "tgi"] | None = Field(None, description="whose scheduler")
@@ -63,7 +66,7 @@ class SimulatorSpec(_Sparse):
 
     def overrides(self) -> dict[str, Any]:
         """The engine fields given (the preset's values stand for the rest), as the simulator takes them."""
-        return {k: v for k, v in self.model_dump().items() if k != "preset"}
+        return {k: v for k, v in self.model_dump().items() if k not in LOADGEN_ONLY}
 
     @property
     def preset_name(self) -> str:

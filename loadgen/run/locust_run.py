@@ -98,7 +98,7 @@ class LocustRun:
     def execute(self) -> RunResult:
         auth_headers(self.scenario)  # may raise TargetError before anything starts
         run_dir = make_run_dir(self.scenario, self.opts)
-        sim = start_embedded(self.scenario, run_dir / "sim_trace.jsonl") if self.scenario.target.embedded else None
+        sim = start_embedded(self.scenario, run_dir) if self.scenario.target.embedded else None
         self.sim = sim
         self.base_url = sim.base_url if sim else self.scenario.target.base_url
         self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts, engine_name="locust")

@@ -90,7 +90,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     sim = None
     run = Run(scenario, plan, run_dir, console, opts)
     try:
-        sim = start_embedded(scenario, run_dir / "sim_trace.jsonl") if scenario.target.embedded else None
+        sim = start_embedded(scenario, run_dir) if scenario.target.embedded else None
         target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, sim))
     except (TargetError, exits.Interrupted, KeyboardInterrupt):  # KeyboardInterrupt: before the loop's handlers
         discard_if_empty(run_dir, created)

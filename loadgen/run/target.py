@@ -69,10 +69,18 @@ def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
     return headers, REDACTOR
 
 
-def start_embedded(scenario: Scenario, trace_path: Path | None) -> Any:
+def sim_trace_path(scenario: Scenario, run_dir: Path) -> Path | None:
+    """Where the embedded simulator writes its ground truth: only when ``target.simulator.trace`` asks (a trace
+    holds every token, ~25 bytes each: 450 MB for an hour at 5,000 tokens/s)."""
+    return run_dir / "sim_trace.jsonl" if scenario.target.simulator.trace else None
+
+
+def start_embedded(scenario: Scenario, run_dir: Path | None) -> Any:
+    """Start the bundled simulator for this scenario; its trace goes into ``run_dir`` when asked for."""
     from local_target.sim import SimulatorStartError, build_config, start_simulator
 
     spec = scenario.target.simulator
+    trace_path = sim_trace_path(scenario, run_dir) if run_dir is not None else None
     try:
         return start_simulator(build_config(spec.preset_name, overrides=spec.overrides()), trace_path=trace_path)
     except (SimulatorStartError, ValueError) as exc:
