@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.run import parts as pt
 from loadgen.run.sinks import RecordSink, load_records
 
 
@@ -52,3 +53,60 @@ def test_a_damaged_part_is_skipped_and_named(tmp_path):
     assert requests["seq"].to_list() == [1] and chunks.height == 2
     assert len(broken) == 1 and broken[0].startswith("requests.part-00007.parquet + chunks.part-00007.parquet: "
                                                      "unreadable (") and broken[0].endswith("), skipped")
+
+
+def _parts(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.glob("requests.part-*.parquet"))
+
+
+def test_parts_are_merged_in_tiers_while_the_run_goes(tmp_path, monkeypatch):
+    """An hour flushed every second must not leave 3,600 parts: every FANOUT parts of one size become one."""
+    monkeypatch.setattr(pt, "MERGE_FANOUT", 4)
+    sink = RecordSink(tmp_path)
+    for seq in range(22):
+        sink.add(*_record(seq))
+        sink.flush()
+    assert _parts(tmp_path) == ["requests.part-00001-00016.parquet", "requests.part-00017-00020.parquet",
+                                "requests.part-00021.parquet", "requests.part-00022.parquet"]
+    assert len(list(tmp_path.glob("chunks.part-*.parquet"))) == 4 and not list(tmp_path.glob(".*"))
+    requests, chunks = sink.frames()
+    assert requests["seq"].to_list() == list(range(22)) and chunks.height == 44
+    sink.close()
+    requests, chunks = load_records(tmp_path)
+    assert requests["seq"].to_list() == list(range(22)) and chunks["seq"].to_list() == sorted(list(range(22)) * 2)
+    assert not _parts(tmp_path)
+
+
+def test_a_merge_cut_short_by_a_crash_reads_each_record_once(tmp_path, monkeypatch):
+    """Killed between a merge's rename and the removal of its inputs: both are on disk; readers skip the inputs."""
+    monkeypatch.setattr(pt, "MERGE_FANOUT", 100)
+    sink = RecordSink(tmp_path)
+    for seq in range(5):
+        sink.add(*_record(seq))
+        sink.flush()
+    saved = {p: p.read_bytes() for p in tmp_path.glob("*.part-*.parquet")}
+    pt.merge(tmp_path, pt.list_parts(tmp_path)[:4])
+    for path, data in saved.items():
+        path.write_bytes(data)  # the inputs still there
+    assert [p.requests.name for p in pt.list_parts(tmp_path)] == ["requests.part-00001-00004.parquet",
+                                                                  "requests.part-00005.parquet"]
+    requests, chunks = load_records(tmp_path)
+    assert requests["seq"].to_list() == list(range(5)) and chunks.height == 10
+    assert not list(tmp_path.glob("*.part-*")), "the merge into requests.parquet removes every part"
+
+
+def test_a_merge_that_cannot_write_leaves_its_parts(tmp_path, monkeypatch):
+    monkeypatch.setattr(pt, "MERGE_FANOUT", 2)
+
+    def full(sources: list[Path], target: Path) -> None:
+        target.write_bytes(b"PAR1 half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(pt, "_concat_files", full)
+    sink = RecordSink(tmp_path)
+    for seq in range(3):
+        sink.add(*_record(seq))
+        sink.flush()
+    assert _parts(tmp_path) == [f"requests.part-0000{i}.parquet" for i in (1, 2, 3)]
+    assert not list(tmp_path.glob(".*"))
+    sink.close()
+    assert load_records(tmp_path)[0]["seq"].to_list() == [0, 1, 2]

@@ -1,6 +1,7 @@
 """Raw records to Parquet, incrementally: each flush writes a part file (``requests.part-00001.parquet``), so a
 crash or Ctrl-C loses at most the records since the last flush; ``close()`` merges the parts into
-``requests.parquet`` / ``chunks.parquet``. ``load_records`` reads either form, skipping (and naming) a damaged
+``requests.parquet`` / ``chunks.parquet``; while the run goes, parts are merged in tiers (``parts.py``), so an
+hour leaves tens of parts, not thousands. ``load_records`` reads either form, skipping (and naming) a damaged
 part. Parts are written aside and renamed, so a full disk leaves no half-written part, and a flush that fails
 keeps its records in memory (``frames()`` still returns them).
 
@@ -22,13 +23,15 @@ import polars as pl
 from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA
 from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
 from loadgen.core.secrets import redact
+from loadgen.run import parts as pt
 
 class RecordSink:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._requests = _empty(REQUEST_COLUMNS)
         self._chunks = _empty(CHUNK_COLUMNS)
-        self._parts = 0
+        self._parts = 0  # the last part's number
+        self._written: list[pt.Part] = []  # the parts on disk, merged as tiers fill
         self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
 
     def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
@@ -56,11 +59,10 @@ class RecordSink:
                 return
             self._requests, self._chunks = _empty(REQUEST_COLUMNS), _empty(CHUNK_COLUMNS)
             part = self._parts + 1
+        written = pt.Part(part, part, pt.part_path(self.run_dir, "requests", part, part))
         try:
-            _write_atomic({self.run_dir / f"requests.part-{part:05d}.parquet": pl.DataFrame(requests,
-                                                                                          schema=REQUEST_SCHEMA),
-                           self.run_dir / f"chunks.part-{part:05d}.parquet": pl.DataFrame(chunks,
-                                                                                        schema=CHUNK_SCHEMA)})
+            _write_atomic({written.requests: pl.DataFrame(requests, schema=REQUEST_SCHEMA),
+                           written.chunks: pl.DataFrame(chunks, schema=CHUNK_SCHEMA)})
         except OSError:
             with self._lock:  # put them back in front of what came meanwhile
                 for name in REQUEST_COLUMNS:
@@ -69,6 +71,15 @@ class RecordSink:
                     self._chunks[name][:0] = chunks[name]
             raise
         self._parts = part
+        self._merge(written)
+
+    def _merge(self, written: pt.Part) -> None:
+        """Merge the tiers the new part fills; a merge that fails (a full disk) leaves its parts as they were."""
+        self._written.append(written)
+        try:
+            self._written = pt.merge_due(self.run_dir, self._written, pt.MERGE_FANOUT)
+        except Exception:  # noqa: BLE001 - polars raises several kinds for a failed write; the parts stand
+            self._written = pt.list_parts(self.run_dir)
 
     def close(self) -> None:
         self.flush()
@@ -118,8 +129,7 @@ def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], l
     """The readable (requests, chunks) pairs: the merged files, then each part; a pair with an unreadable file
     (cut short by a full disk or a kill) is skipped and named in ``broken``. Returns the parts read too."""
     pairs = [(run_dir / "requests.parquet", run_dir / "chunks.parquet")]
-    pairs += [(p, run_dir / p.name.replace("requests.", "chunks.", 1))
-              for p in sorted(run_dir.glob("requests.part-*.parquet"))]
+    pairs += [(p.requests, p.chunks) for p in pt.list_parts(run_dir)]
     requests, chunks, parts = [], [], []
     for req_path, chunk_path in pairs:
         if req_path.name == "requests.parquet" and not req_path.exists():
@@ -154,8 +164,8 @@ def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFra
     chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
     if merge and (parts or not (run_dir / "requests.parquet").exists()):
         _write_atomic({run_dir / "requests.parquet": requests, run_dir / "chunks.parquet": chunks})
-        for p in parts:
-            p.unlink()
+        for p in parts + [q for c in pt.covered_parts(run_dir) for q in (c.requests, c.chunks)]:
+            p.unlink(missing_ok=True)
     return requests, chunks
 
 
