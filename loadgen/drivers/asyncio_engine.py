@@ -37,7 +37,7 @@ from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
-from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext
+from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext, drop_stream
 
 WATCHDOG_PERIOD_S = 0.1
 START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not already late
@@ -173,6 +173,7 @@ class AsyncioEngine:
                     status = resp.status_code
                     async for data in resp.aiter_raw():  # empty with the lean transport
                         tracker.feed(data, time.monotonic_ns())
+                drop_stream(resp)
         except asyncio.CancelledError:
             kind, message = self._timeouts.pop(req.seq, ("cancelled", "run stopped before the response ended"))
         except httpx.HTTPError as exc:

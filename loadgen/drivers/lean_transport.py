@@ -219,3 +219,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
             for conn in conns:
                 conn.close()
         self._idle.clear()
+
+
+_SPENT = httpx.ByteStream(b"")
+
+
+def drop_stream(resp: httpx.Response) -> None:
+    """Break httpx's response ↔ stream reference cycle once a response is read and closed, so that reference
+    counting frees it (and the tracker its request points to) at once: the run turns automatic GC off."""
+    resp.stream = _SPENT

@@ -21,6 +21,7 @@ import polars as pl
 
 from loadgen.core.prom_text import parse_or_none
 from loadgen.core.secrets import redact_url
+from loadgen.drivers.lean_transport import drop_stream
 
 SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
 
@@ -47,6 +48,7 @@ class Scraper:
                 self.warning = f"server metrics: {redact_url(self.url)} answered HTTP {resp.status_code}; not scraped"
                 return
             values = parse_or_none(resp.text)
+            drop_stream(resp)
             if values is None or (not values and not self.rows):
                 self.warning = f"server metrics: {redact_url(self.url)} has no series of a known engine (vLLM, SGLang, llama.cpp, TGI); not scraped"
                 return
