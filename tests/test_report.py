@@ -134,3 +134,25 @@ def test_itl_over_time_stays_drawable_on_a_log_axis_when_tokens_arrive_together(
                        RunResult.from_dict(summary(stall_run)))
     ms = itl_over_time(v, 0.1)["ms"].drop_nulls()
     assert ms.min() >= ITL_FLOOR_MS and (ms == ITL_FLOOR_MS).any()
+
+
+def test_an_hour_of_server_scrapes_is_binned_keeping_peaks_and_every_preemption():
+    """7,200 scrapes (an hour at 0.5 s) would be most of report.html: past 600 they are drawn per time bin,
+    the bin's highest gauge (a spike is not averaged away) and every preemption counted."""
+    from types import SimpleNamespace
+
+    from loadgen.report import views as vw
+
+    n = 7200
+    server = pl.DataFrame({"t_s": [i * 0.5 for i in range(n)], "running": [8.0] * n,
+                           "waiting": [90.0 if i == 4321 else 0.0 for i in range(n)],
+                           "kv_cache_usage": [0.99 if i == 777 else 0.5 for i in range(n)],
+                           "preemptions_total": [float(i // 1000) for i in range(n)]})
+    v = SimpleNamespace(server=server, span_s=3600.0)
+    queues, kv = vw.server_queues(v), vw.server_kv(v)
+    assert kv.height <= 2 * vw.MAX_SERVER_ROWS and queues.height <= 4 * vw.MAX_SERVER_ROWS
+    assert queues.filter(pl.col("series") == "requests waiting")["requests"].max() == 90.0
+    assert kv["kv_cache_pct"].max() == pytest.approx(99.0) and kv["preemptions"].sum() == 7.0
+    assert kv["t_s"].is_sorted() and kv["t_s"].max() < 3600.0
+    short = SimpleNamespace(server=server.head(100), span_s=50.0)
+    assert vw.server_kv(short).height == 100  # a short run's scrapes as they are

@@ -175,22 +175,39 @@ def throughput_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
                       in_flight="in_flight")
 
 
+MAX_SERVER_ROWS = 600  # scrapes drawn as they are; a longer run's are binned (an hour at 0.5 s: 7,200)
+
+
+def _per_bin(v: RunViews, frame: pl.DataFrame, aggs: list[pl.Expr]) -> pl.DataFrame:
+    """``frame`` (one row per scrape) as it is, or, past ``MAX_SERVER_ROWS`` rows, aggregated per time bin of
+    the run's other timelines and stamped at the bin's start."""
+    if frame.height <= MAX_SERVER_ROWS:
+        return frame
+    bw = bin_width_s(v.span_s)
+    return (frame.group_by(b=(pl.col("t_s") / bw).floor()).agg(aggs).sort("b")
+            .select((pl.col("b") * bw).alias("t_s"), *frame.columns[1:]))
+
+
 def server_queues(v: RunViews) -> pl.DataFrame:
-    """The server's requests running and waiting at each scrape (long format for one colour per series)."""
+    """The server's requests running and waiting at each scrape, or each bin's highest (long format for one
+    colour per series)."""
     cols = [c for c in ("running", "waiting") if v.server is not None and c in v.server.columns]
     if v.server is None or not cols:
         return pl.DataFrame(schema={"t_s": pl.Float64, "series": pl.String, "requests": pl.Float64})
-    return (v.server.select("t_s", *cols).unpivot(index="t_s", variable_name="series", value_name="requests")
+    return (_per_bin(v, v.server.select("t_s", *cols), [pl.col(c).max() for c in cols])
+            .unpivot(index="t_s", variable_name="series", value_name="requests")
             .with_columns(series="requests " + pl.col("series")).drop_nulls())
 
 
 def server_kv(v: RunViews) -> pl.DataFrame:
-    """KV-cache usage (%) at each scrape and the preemptions counted since the previous scrape."""
+    """KV-cache usage (%) at each scrape and the preemptions counted since the previous scrape (binned: each
+    bin's highest usage and every preemption in it)."""
     if v.server is None or "kv_cache_usage" not in v.server.columns:
         return pl.DataFrame(schema={"t_s": pl.Float64, "kv_cache_pct": pl.Float64, "preemptions": pl.Float64})
     pre = (pl.col("preemptions_total").diff().fill_null(0.0).clip(lower_bound=0.0)
            if "preemptions_total" in v.server.columns else pl.lit(0.0))
-    return v.server.select("t_s", kv_cache_pct=pl.col("kv_cache_usage") * 100.0, preemptions=pre)
+    per_scrape = v.server.select("t_s", kv_cache_pct=pl.col("kv_cache_usage") * 100.0, preemptions=pre)
+    return _per_bin(v, per_scrape, [pl.col("kv_cache_pct").max(), pl.col("preemptions").sum()])
 
 
 # ---- asked vs achieved lengths ------------------------------------------------------------------------
