@@ -160,3 +160,60 @@ def test_the_tracker_reports_an_overflow_as_a_protocol_error():
     assert tracker.broken == "a line over 1024 bytes (target.max_event_bytes)"
     record, chunks = tracker.finish(30)
     assert (record.error_kind, record.error_message, len(chunks)) == ("protocol", tracker.broken, 1)
+
+
+def _random_chunk(rng) -> str:
+    """A chunk with every member loadgen reads present or not, of the right type or another one."""
+    def value(*good):
+        if good and rng.random() < 0.8:
+            return rng.choice(good)
+        return rng.choice([None, 0, 7, -1, True, 2.5, "", "x y", [], [1], {}, {"a": 1}])
+
+    def maybe(obj: dict, key: str, *good) -> None:
+        if rng.random() < 0.7:
+            obj[key] = value(*good)
+    delta: dict = {}
+    for key in ("content", "reasoning_content", "reasoning"):
+        maybe(delta, key, " tok", "é\n")
+    choice: dict = {}
+    maybe(choice, "delta", delta, delta)
+    maybe(choice, "text", " word")
+    maybe(choice, "finish_reason", "stop", "length")
+    usage: dict = {}
+    maybe(usage, "prompt_tokens", 12, 0)
+    maybe(usage, "completion_tokens", 3, 40)
+    maybe(usage, "prompt_tokens_details", {"cached_tokens": rng.choice([8, None, "8", True])})
+    chunk: dict = {"object": "chat.completion.chunk", "model": "m"}
+    maybe(chunk, "id", "chatcmpl-1")
+    maybe(chunk, "choices", [choice], [choice, choice], [choice])
+    maybe(chunk, "usage", usage, usage)
+    if rng.random() < 0.1:
+        chunk["error"] = value({"message": "boom", "code": 500}, "bad")
+    text = json.dumps(chunk)
+    return text if rng.random() > 0.03 else text[:rng.randrange(len(text))]  # now and then cut short
+
+
+def test_the_fast_chunk_parser_agrees_with_the_core_on_any_chunk():
+    """The drivers parse chat chunks with msgspec (drivers/fast_parse.py); on any input, well-formed or not,
+    it must give what the core's parse_event gives."""
+    import random
+
+    from loadgen.core.openai_stream import parse_event
+    from loadgen.drivers.fast_parse import parse_chunk
+
+    rng = random.Random(5)
+    corpus = ["[DONE]", "", "null", "[1]", '{"choices": {"0": {}}}', '{"choices": [{"delta": "x"}]}']
+    corpus += [_random_chunk(rng) for _ in range(5000)]
+    for data in corpus:
+        assert parse_chunk(data) == parse_event(data), data
+    import msgspec
+
+    from loadgen.drivers import fast_parse
+
+    def decoded(data: str) -> bool:
+        try:
+            return fast_parse._decode(data).error is msgspec.UNSET
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return False
+    fast = [d for d in corpus if decoded(d)]
+    assert len(fast) > 1000 and sum(1 for d in fast if parse_event(d).text) > 500  # the fast path is exercised

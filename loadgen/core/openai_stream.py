@@ -38,8 +38,8 @@ def parse_event(data: str) -> Parsed:
     if "error" in obj:
         return _error(obj["error"])
     out = Parsed(request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
-    choices = obj.get("choices") or []
-    if choices and isinstance(choices[0], dict):
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         _choice(choices[0], out)
     usage = obj.get("usage")
     if isinstance(usage, dict):

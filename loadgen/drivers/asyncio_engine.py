@@ -37,6 +37,7 @@ from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
+from loadgen.drivers.fast_parse import FAST_PARSERS
 from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext, drop_stream
 
 WATCHDOG_PERIOD_S = 0.1
@@ -154,7 +155,8 @@ class AsyncioEngine:
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
-        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api)  # t_sent stamped when the request leaves
+        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api,
+                                FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         self.stats.in_flight[req.seq] = (task, tracker)
         return task
