@@ -38,7 +38,7 @@ from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runti
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.fast_parse import FAST_PARSERS
-from loadgen.drivers.lean_transport import CONTEXT_KEY, StreamContext, drop_stream
+from loadgen.drivers.lean_transport import StreamContext, direct_post, send_post
 
 WATCHDOG_PERIOD_S = 0.1
 START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not already late
@@ -59,6 +59,7 @@ class AsyncioEngine:
         self._stopping = False
         self._seqs = itertools.count()  # closed loop: the next plan index
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
+        self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
 
     def stop(self) -> None:
         """Stop sending and cancel what is in flight (each is recorded as cancelled)."""
@@ -163,25 +164,20 @@ class AsyncioEngine:
 
     async def _send(self, req: PlannedRequest, tracker: StreamTracker, body: bytes) -> None:
         status, kind, message = 0, None, None
+        # the lean transport holds the request until its intended time, stamps the send, feeds reads
+        ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns)
         try:
             async with self._sem:
-                # the lean transport holds the request until its intended time, stamps the send, feeds reads
-                ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns)
-                tracker.t_sent_ns = time.monotonic_ns()  # fallback for other transports (https)
+                tracker.t_sent_ns = time.monotonic_ns()  # until the transport's own stamp (other transports)
                 self.stats.sent += 1
-                async with self.client.stream("POST", self.cfg.url, content=body, headers=self.cfg.headers,
-                                              extensions={CONTEXT_KEY: ctx}) as resp:
-                    tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
-                    status = resp.status_code
-                    async for data in resp.aiter_raw():  # empty with the lean transport
-                        tracker.feed(data, time.monotonic_ns())
-                drop_stream(resp)
+                status = await send_post(self.client, self._direct, self.cfg.url, self.cfg.headers, body, ctx)
         except asyncio.CancelledError:
             kind, message = self._timeouts.pop(req.seq, ("cancelled", "run stopped before the response ended"))
         except httpx.HTTPError as exc:
             kind, message = error_kind(exc)
         finally:
             self.stats.in_flight.pop(req.seq, None)
+            tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
         self._record(tracker, status or 200, kind, message)
 
     def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> None:
