@@ -116,6 +116,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._release(conn)
         return status
 
+    async def post_bytes(self, prepared: PreparedPost, body: bytes) -> tuple[int, bytes]:
+        """A plain (not streamed) POST: the status and the whole answer."""
+        answer = bytearray()
+        status = await self.post(prepared, body, StreamContext(feed=lambda data, _t_ns: answer.extend(data)))
+        return status, bytes(answer)
+
     async def _acquire(self, origin: tuple[str, str, int]) -> Connection:
         idle = self._idle.get(origin)
         while idle:

@@ -5,6 +5,7 @@ headers, check the endpoint answers, resolve ``model: auto``, find a token count
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 from loadgen.core import apis, engines
 from loadgen.plan.scenario import Scenario
 from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
+from loadgen.drivers.lean_transport import direct_post
 from loadgen.plan.workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
@@ -85,6 +87,22 @@ def start_embedded(scenario: Scenario, run_dir: Path | None) -> Any:
         return start_simulator(build_config(spec.preset_name, overrides=spec.overrides()), trace_path=trace_path)
     except (SimulatorStartError, ValueError) as exc:
         raise TargetError(f"embedded simulator: {exc}") from None
+
+
+JSON_TYPE = {"content-type": "application/json"}
+
+
+async def call_direct(direct: Any, body: bytes, target: ResolvedTarget, path: str) -> tuple[int, bytes]:
+    """``call``'s deadline and errors, on the lean transport's direct path (no httpx objects)."""
+    lean, prepared = direct
+    try:
+        return await asyncio.wait_for(lean.post_bytes(prepared, body), target.timeout_s)
+    except asyncio.TimeoutError:
+        raise TargetError(f"{target.root}{path}: no answer within {target.timeout_s:g} s "
+                          "(target.preflight_timeout_s)") from None
+    except httpx.HTTPError as exc:
+        raise TargetError(f"cannot reach {target.root}{path}: {target.redact(str(exc)) or type(exc).__name__}") \
+            from None
 
 
 async def call(client: httpx.AsyncClient, method: str, url: str, timeout_s: float, redact: Redactor,
@@ -197,15 +215,24 @@ async def _recognise_engine(client: httpx.AsyncClient, target: ResolvedTarget) -
 
 async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: ResolvedTarget) -> TokenCounter:
     """Exact where possible: the server's /tokenize, else a local tokenizer file; else calibrated on usage."""
+    direct: dict[str, Any] = {}  # path → the lean transport's prepared POST (a closed loop counts every prompt)
+
     async def post(path: str, body: dict[str, Any]) -> Any:
-        resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, json=body,
-                          headers=target.headers)
+        if path not in direct:
+            direct[path] = direct_post(client, target.root + path, {**target.headers, **JSON_TYPE})
+        if direct[path] is not None:
+            status, text = await call_direct(direct[path], json.dumps(body).encode(), target, path)
+        else:
+            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, json=body,
+                              headers=target.headers)
+            status, text = resp.status_code, resp.content
         try:
-            resp.raise_for_status()
-            answer = resp.json()
-        except (httpx.HTTPError, ValueError):
-            raise TargetError(f"{target.root}{path}: HTTP {resp.status_code}: {target.redact(resp.text[:200])}") \
-                from None
+            answer = json.loads(text) if status == 200 else None
+        except ValueError:
+            answer = None
+        if status != 200:
+            raise TargetError(f"{target.root}{path}: HTTP {status}: "
+                              f"{target.redact(text[:200].decode('utf-8', 'replace'))}")
         if not isinstance(answer, (dict, list)):
             raise TargetError(f"{target.root}{path}: the answer is not JSON")
         return answer
