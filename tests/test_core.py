@@ -217,3 +217,39 @@ def test_the_fast_chunk_parser_agrees_with_the_core_on_any_chunk():
             return False
     fast = [d for d in corpus if decoded(d)]
     assert len(fast) > 1000 and sum(1 for d in fast if parse_event(d).text) > 500  # the fast path is exercised
+
+
+def test_whole_events_take_the_shortcut_and_decode_as_line_by_line(monkeypatch):
+    """Feeds of whole one-line events are split on blank lines without the line loop; on any stream, cut
+    anywhere or at event boundaries, the events are the ones the line-by-line decoder gives."""
+    import random
+
+    rng = random.Random(9)
+    pieces = [b"data: {\"a\": 1}\n\n", b"data: x\n\n", b"data: [DONE]\n\n", b": comment\n\n", b"data:tight\n\n",
+              b"data: one\ndata: two\n\n", b"event: e\ndata: y\n\n", b"data: crlf\r\n\r\n", b"\n", b"data: \xc3\xa9\n\n",
+              b"data: \xff\xfe bad\n\n", b"data: \xc3\n\ndata: \xa9\n\n"]
+
+    def decode(stream: bytes, cuts: list[int]) -> list[tuple[int, str]]:
+        dec, out, start = SseDecoder(), [], 0
+        for i, end in enumerate([*cuts, len(stream)]):
+            out += dec.feed(stream[start:end], i)
+            start = end
+        return out
+    shortcut = 0
+    real = SseDecoder._whole_events
+
+    def counted(self, chunk, now_ns):
+        nonlocal shortcut
+        events = real(self, chunk, now_ns)
+        shortcut += events is not None
+        return events
+    for _ in range(400):
+        stream = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 12)))
+        bounds = [i + 2 for i in range(len(stream) - 1) if stream[i:i + 2] == b"\n\n"]
+        cuts = sorted(set(rng.sample(bounds, min(len(bounds), 3)) if rng.random() < 0.5
+                          else [rng.randrange(len(stream)) for _ in range(3)]))
+        monkeypatch.setattr(SseDecoder, "_whole_events", counted)
+        fast = decode(stream, cuts)
+        monkeypatch.setattr(SseDecoder, "_whole_events", lambda self, chunk, now_ns: None)
+        assert fast == decode(stream, cuts), (stream, cuts)
+    assert shortcut > 100

@@ -68,12 +68,13 @@ class SseDecoder:
         (what servers write). None: anything else, for the line-by-line decoder."""
         if len(chunk) > self.max_event_bytes or b"\r" in chunk:
             return None
-        events = []
-        for block in chunk[:-2].split(b"\n\n"):
-            if not block.startswith(b"data: ") or b"\n" in block:
+        if chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2:  # one event of one line
+            return [(now_ns, chunk[6:-2].decode("utf-8", errors="replace"))]
+        blocks = chunk[:-2].decode("utf-8", errors="replace").split("\n\n")  # blank lines are ASCII: the
+        for block in blocks:                                                   # same text as event by event
+            if not block.startswith("data: ") or "\n" in block:
                 return None
-            events.append((now_ns, block[6:].decode("utf-8", errors="replace")))
-        return events
+        return [(now_ns, block[6:]) for block in blocks]
 
     def _overflow(self, what: str) -> list[tuple[int, str]]:
         self.overflow = f"{what} over {self.max_event_bytes} bytes (target.max_event_bytes)"

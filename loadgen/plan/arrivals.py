@@ -24,8 +24,9 @@ from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exp
 # ---- distributions -------------------------------------------------------------------------------------
 def sample_length(dist: object, rng: random.Random) -> int:
     value = _draw(dist, rng)
-    lo = getattr(dist, "min", 1)
-    hi = getattr(dist, "max", None) or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
+    fields = vars(dist)  # a model's values (getattr of an absent field goes through pydantic's slow __getattr__)
+    lo = fields.get("min", 1)
+    hi = fields.get("max") or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
     return min(max(lo, round(value)), hi)
 
 
