@@ -98,8 +98,7 @@ class StreamTracker:
             self._body += data
 
     def _event(self, t_ns: int, data: str) -> None:
-        assert self._parse is not None
-        p, summary = self._parse(data), self._summary
+        p, summary = self._parse(data), self._summary  # type: ignore[misc] - set whenever events are decoded
         if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)
             summary.done = True
         summary.request_id = summary.request_id or p.request_id
@@ -109,7 +108,12 @@ class StreamTracker:
         if p.cached_tokens is not None:
             summary.cached_tokens = p.cached_tokens
         if p.text:
-            self._chunks.append(ChunkRecord(self.meta.seq, t_ns, self._tokens_of(p), p.reasoning, self.meta.worker))
+            count = p.completion_tokens
+            if count is not None:  # exact: the running count (vLLM's continuous usage stats)
+                tokens = max(1, count - self._last_count)
+            else:
+                self._exact, tokens = False, local_token_weight(p.text)
+            self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, p.reasoning, self.meta.worker))
             if self._text is not None and not p.reasoning:
                 self._text.append(p.text)
         if p.completion_tokens is not None:
@@ -123,12 +127,6 @@ class StreamTracker:
         self._summary = p
         if p.error:
             self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
-
-    def _tokens_of(self, p: Parsed) -> int:
-        if p.completion_tokens is not None:
-            return max(1, p.completion_tokens - self._last_count)
-        self._exact = False
-        return local_token_weight(p.text)
 
     def has_content(self) -> bool:
         """Has any generated text arrived yet?"""
