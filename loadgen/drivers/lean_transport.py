@@ -94,7 +94,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         u = httpx.URL(url)
         if u.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {u.scheme}://")
-        fields = [("host", u.netloc.decode("ascii")), ("user-agent", USER_AGENT), ("accept", "*/*"),
+        given = {k.lower() for k in headers}
+        defaults = [(k, v) for k, v in (("user-agent", USER_AGENT), ("accept", "*/*")) if k not in given]
+        fields = [("host", u.netloc.decode("ascii")), *defaults,
                   *((k, v) for k, v in headers.items() if k.lower() not in ("host", "content-length"))]
         h11.Connection(h11.CLIENT).send(h11.Request(method="POST", target=u.raw_path,
                                                     headers=[*fields, ("content-length", "0")]))
