@@ -82,10 +82,14 @@ class Emitter:
             self.write_due()
 
     def write_due(self) -> None:
-        heap = self.heap
+        heap = self.heap  # one entry per stream (its next token), so the heap stays as small as the streams
         while heap and heap[0][0] <= time.monotonic_ns():
-            due, _, conn, rid, k, n, prompt = heapq.heappop(heap)
+            due, tie, conn, rid, k, n, prompt = heap[0]
             self.write_token(conn, due, rid, k, n, prompt)
+            if k + 1 < n:
+                heapq.heapreplace(heap, (due + self.itl_ns, tie, conn, rid, k + 1, n, prompt))
+            else:
+                heapq.heappop(heap)
 
     def on_event(self, fd: int, mask: int) -> None:
         if fd == self.listener.fileno():
@@ -155,8 +159,7 @@ class Emitter:
         self.send(conn, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         conn.busy = True
         first = t_received + self.ttft_ns + (self.rng.randrange(self.spread_ns) if self.spread_ns else 0)
-        for k in range(n):
-            heapq.heappush(self.heap, (first + k * self.itl_ns, next(self.tie), conn, rid.encode(), k, n, prompt))
+        heapq.heappush(self.heap, (first, next(self.tie), conn, rid.encode(), 0, n, prompt))
 
     def write_token(self, conn: Conn, due: int, rid: bytes, k: int, n: int, prompt: int) -> None:
         if conn.sock.fileno() < 0:
