@@ -167,7 +167,8 @@ class LocustRun:
                 raise TargetError(f"only {runner.worker_count} of {self.workers} workers connected")
             lu.sleep(0.05)
         clients = send_slices(runner)
-        n = users_for(self.scenario) * len(clients)
+        # closed loop: the scenario's concurrency in all, shared out by Locust; open loop: each worker's users
+        n = users_for(self.scenario) * (1 if self.scenario.load.concurrency else len(clients))
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
         self._wait(lambda: self._all_workers_done(runner, clients), runner)
         runner.quit()
