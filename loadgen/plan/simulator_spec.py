@@ -37,7 +37,7 @@ class SimulatorSpec(_Sparse):
 
     preset: Literal["t4-phi3-mini", "a100-llama-7b", "h100-llama-8b"] | None = None
     trace: bool | None = Field(None, description="write the ground truth, sim_trace.jsonl, into the run "
-                                                 "directory (off by default: ~25 bytes per token)")
+                                                 "directory (off by default: ~80 bytes per token)")
     model: str | None = None
     max_model_len: int | None = Field(None, gt=0)
     engine: Literal["vllm", "sglang", "llamacpp", "tgi"] | None = Field(None, description="whose scheduler")
