@@ -3,10 +3,10 @@
 
 | ``target.api`` | path | streamed events | usage |
 | --- | --- | --- | --- |
-| chat | /chat/completions | ``choices[0].delta.content`` | ``usage.prompt_tokens``/``completion_tokens`` |
+| chat | /chat/completions | ``choices[0].delta.content`` (and ``tool_calls``, see ``openai_stream.py``) | ``usage.prompt_tokens``/``completion_tokens`` |
 | completions | /completions | ``choices[0].text`` | same |
-| responses | /responses | ``response.output_text.delta`` ``{delta}`` … ``response.completed`` (the end) | ``response.usage.input_tokens``/``output_tokens``, ``input_tokens_details.cached_tokens`` |
-| messages | /messages (Anthropic) | ``content_block_delta`` ``{delta: {text}}`` … ``message_stop`` (the end) | ``message_start.message.usage.input_tokens`` (+ cache reads and writes), ``message_delta.usage.output_tokens`` |
+| responses | /responses | ``response.output_text.delta`` ``{delta}`` (and ``refusal``, ``function_call_arguments``) … ``response.completed`` (the end) | ``response.usage.input_tokens``/``output_tokens``, ``input_tokens_details.cached_tokens`` |
+| messages | /messages (Anthropic) | ``content_block_delta`` ``{delta: {text}}`` (``thinking``, a tool's ``partial_json``) … ``message_stop`` (the end) | ``message_start.message.usage.input_tokens`` (+ cache reads and writes), ``message_delta.usage.output_tokens`` |
 | embeddings | /embeddings | not streamed: one JSON body | ``usage.prompt_tokens`` |
 
 Anthropic's ``input_tokens`` leaves out the prompt tokens read from (or written to) its cache; loadgen's
@@ -19,6 +19,7 @@ import json
 from typing import Any, Callable
 
 from loadgen.core.openai_stream import Parsed, _error, _int, parse_event
+from loadgen.core.secrets import clip
 
 APIS = ("chat", "completions", "responses", "messages", "embeddings")
 PATHS = {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses",
@@ -33,9 +34,9 @@ def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[s
         try:
             obj = json.loads(data)
         except ValueError:
-            return Parsed(error=f"malformed event: {data[:80]!r}")
+            return Parsed(error=f"malformed event: {clip(data, 80)!r}")
         if not isinstance(obj, dict):
-            return Parsed(error=f"event is not an object: {data[:80]!r}")
+            return Parsed(error=f"event is not an object: {clip(data, 80)!r}")
         return parse(obj.get("type"), obj)
     parse_event_data.__doc__ = parse.__doc__
     return parse_event_data
@@ -44,9 +45,12 @@ def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[s
 @_typed_events
 def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of the OpenAI Responses API's stream."""
-    if kind == "response.output_text.delta":
+    if kind in ("response.output_text.delta", "response.refusal.delta"):
         delta = obj.get("delta")
         return Parsed(text=delta if isinstance(delta, str) else "")
+    if kind == "response.function_call_arguments.delta":  # a tool call's arguments: generated tokens
+        delta = obj.get("delta")
+        return Parsed(text=delta if isinstance(delta, str) else "", tool=True)
     if kind == "response.reasoning_text.delta" or kind == "response.reasoning_summary_text.delta":
         delta = obj.get("delta")
         return Parsed(text=delta if isinstance(delta, str) else "", reasoning=True)
@@ -69,6 +73,10 @@ def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     return out
 
 
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
@@ -76,11 +84,12 @@ ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "le
 def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of Anthropic's Messages API stream."""
     if kind == "content_block_delta":
-        delta = obj.get("delta") or {}
+        delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
         if delta.get("type") == "thinking_delta":
-            return Parsed(text=delta.get("thinking") or "", reasoning=True)
-        text = delta.get("text")
-        return Parsed(text=text if isinstance(text, str) else "")
+            return Parsed(text=_text(delta.get("thinking")), reasoning=True)
+        if delta.get("type") == "input_json_delta":  # a tool_use block's input: generated tokens
+            return Parsed(text=_text(delta.get("partial_json")), tool=True)
+        return Parsed(text=_text(delta.get("text")))
     if kind == "message_start":
         message = obj.get("message") or {}
         out = Parsed(request_id=message.get("id") if isinstance(message.get("id"), str) else None)
@@ -108,10 +117,10 @@ def parse_embeddings_body(body: bytes) -> Parsed:
     try:
         obj = json.loads(body)
     except ValueError:
-        return Parsed(error=f"the answer is not JSON: {body[:80]!r}")
+        return Parsed(error=f"the answer is not JSON: {clip(body.decode('utf-8', 'replace'), 80)!r}")
     if not isinstance(obj, dict):
         return Parsed(error="the answer is not a JSON object")
-    if "error" in obj:
+    if obj.get("error"):  # null or empty: no error
         return _error(obj["error"])
     data = obj.get("data")
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "embedding" not in data[0]:

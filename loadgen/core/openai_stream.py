@@ -1,7 +1,15 @@
 """OpenAI streaming chunk parsing (chat and completions, vLLM extensions). Pure functions.
 
-A chunk carries generated text when ``delta.content`` (chat), ``text`` (completions), or a reasoning delta
-(``delta.reasoning_content`` / ``delta.reasoning``) is a non-empty string. Role-only and empty deltas do not.
+A chunk carries generated tokens when any of these is non-empty (``Parsed.text`` holds them, for counting):
+
+- ``delta.content`` (chat) as a string, or as a list of content parts (``[{"type": "text", "text": ...}]``,
+  which some gateways send); ``delta.refusal``; ``text`` (completions);
+- a reasoning delta (``delta.reasoning_content`` / ``delta.reasoning``): ``Parsed.reasoning``;
+- tool calls (``delta.tool_calls[].function.name`` / ``.arguments``, the older ``delta.function_call``): the
+  arguments are output tokens the model generates, timed like text (``Parsed.tool``).
+
+Role-only and empty deltas carry none: TTFT is the first chunk that does. An ``error`` member that is null (or
+empty) is no error: some gateways send ``"error": null`` in every chunk.
 """
 
 from __future__ import annotations
@@ -10,6 +18,10 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from loadgen.core.secrets import clip
+
+ERROR_TEXT_CHARS = 2000  # a server's error message, kept whole up to this (the sink clips it after redaction)
 
 
 @dataclass(slots=True)
@@ -21,6 +33,7 @@ class Parsed:
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (prefix-cache hits)
     request_id: str | None = None
+    tool: bool = False  # the text is a tool call's name and arguments (output tokens, not the answer's text)
     error: str | None = None  # the server reported an error in the stream, or the chunk is not valid
     error_status: int | None = None
     done: bool = False
@@ -32,10 +45,10 @@ def parse_event(data: str) -> Parsed:
     try:
         obj = json.loads(data)
     except ValueError:
-        return Parsed(error=f"malformed chunk: {data[:80]!r}")
+        return Parsed(error=f"malformed chunk: {clip(data, 80)!r}")
     if not isinstance(obj, dict):
-        return Parsed(error=f"chunk is not an object: {data[:80]!r}")
-    if "error" in obj:
+        return Parsed(error=f"chunk is not an object: {clip(data, 80)!r}")
+    if obj.get("error"):  # "error": null (or empty) in every chunk is no error
         return _error(obj["error"])
     out = Parsed(request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
     choices = obj.get("choices")
@@ -54,10 +67,11 @@ def parse_event(data: str) -> Parsed:
 def _choice(choice: dict[str, Any], out: Parsed) -> None:
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        content = delta.get("content")
+        content = content_text(delta.get("content")) + _str(delta.get("refusal"))
+        tool = tool_text(delta.get("tool_calls")) + function_text(delta.get("function_call"))
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(content, str) and content:
-            out.text = content
+        if content or tool:
+            out.text, out.tool = content + tool, not content
         elif isinstance(reasoning, str) and reasoning:
             out.text, out.reasoning = reasoning, True
     elif isinstance(choice.get("text"), str):
@@ -66,12 +80,40 @@ def _choice(choice: dict[str, Any], out: Parsed) -> None:
     out.finish_reason = reason if isinstance(reason, str) else None
 
 
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def content_text(content: Any) -> str:
+    """A delta's ``content``: a string, or a list of parts (strings or ``{"text": ...}`` objects)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "".join(part if isinstance(part, str) else _str(part.get("text")) if isinstance(part, dict) else ""
+                   for part in content)
+
+
+def function_text(function: Any) -> str:
+    """A function call's generated tokens: its name (when given) and its arguments' text."""
+    if not isinstance(function, dict):
+        return ""
+    return _str(function.get("name")) + _str(function.get("arguments"))
+
+
+def tool_text(tool_calls: Any) -> str:
+    """The generated tokens of a delta's ``tool_calls`` (each call's function name and argument text)."""
+    if not isinstance(tool_calls, list):
+        return ""
+    return "".join(function_text(call.get("function")) for call in tool_calls if isinstance(call, dict))
+
+
 def _error(err: Any) -> Parsed:
     if isinstance(err, dict):
         code = err.get("code")
         status = code if isinstance(code, int) else None
-        return Parsed(error=str(err.get("message") or err)[:200], error_status=status)
-    return Parsed(error=str(err)[:200])
+        return Parsed(error=clip(str(err.get("message") or err), ERROR_TEXT_CHARS), error_status=status)
+    return Parsed(error=clip(str(err), ERROR_TEXT_CHARS))
 
 
 def _int(value: Any) -> int | None:

@@ -9,7 +9,13 @@ values, ``Bearer …`` tokens). Everything leaving the process passes through it
   at start-up (rich, print, logging and the crash handler all write through them);
 - files: every text file loadgen writes goes through ``write_text`` (run.json, summary.json/md, junit.xml,
   report.html, compare, history, crash reports);
-- records: ``RecordSink.add`` redacts each request's ``error_message`` before it is buffered.
+- records: ``RecordSink.add`` redacts each request's ``error_message`` before it is buffered (and clips it
+  after: redaction always sees the whole message).
+
+Text that is cut short anywhere in loadgen is cut with ``clip``, which marks the cut with ``CUT`` (…): a secret
+cut in two leaves its head before the mark, and the redactor masks any head of a known secret found there, so
+not even a piece of a key survives a cut (a message that echoes the key is clipped in the core, before the
+redactor sees it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
 MASK = "***"
+CUT = "\u2026"  # …: where ``clip`` cut a text
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")  # patterns are masked inside URLs only
 _URL_PASSWORD = re.compile(r"^([^:/]+://[^/@:]*:)[^@/]+@")
 _QUERY_SECRET = re.compile(r"([?&](?:[^=&#]*[-_])?(?:api[-_]?key|key|token|secret|password|passwd|sig|signature|"
@@ -52,7 +59,23 @@ class Redactor:
             text = _URL.sub(_mask_url, text)
         if "Bearer" in text:
             text = _BEARER.sub(rf"\1{MASK}", text)
+        if CUT in text and self.secrets:
+            text = CUT.join([*(self._mask_head(piece) for piece in text.split(CUT)[:-1]), text.split(CUT)[-1]])
         return text
+
+    def _mask_head(self, piece: str) -> str:
+        """``piece`` (a text that was cut right after it) with a known secret's head at its end masked."""
+        for secret in self.secrets:
+            for k in range(min(len(secret) - 1, len(piece)), 0, -1):
+                if piece.endswith(secret[:k]):
+                    return piece[:-k] + MASK
+        return piece
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the cut marked with ``CUT`` (the redactor then masks the head of
+    a secret left before it)."""
+    return text if len(text) <= limit else text[:limit] + CUT
 
 
 def _mask_url(found: re.Match[str]) -> str:

@@ -7,6 +7,10 @@ with the ``now_ns`` of the feed that completed it. Splitting uses ``bytes.split`
 the Python loop. A feed of whole events of one ``data: `` line each (what servers write, and with nothing
 buffered) takes a shortcut: split on blank lines, no line loop.
 
+A UTF-8 byte order mark at the very start of the stream is dropped, as WHATWG's "UTF-8 decode" does (HTML
+§9.2.6: "The stream must then be decoded using the UTF-8 decode algorithm", which strips one leading BOM);
+three bytes of it may come in separate feeds.
+
 Memory is bounded: a line, or an event's data, longer than ``max_event_bytes`` is not buffered; the decoder sets
 ``overflow`` (a message) and ignores the rest of the stream (a server that never ends a line would otherwise
 grow the buffer without limit).
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 
 MAX_EVENT_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"
 
 
 class SseDecoder:
@@ -26,11 +31,16 @@ class SseDecoder:
         self._has_data = False
         self.max_event_bytes = max_event_bytes
         self.overflow: str | None = None  # set once a line or event went over max_event_bytes
+        self._lead: bytes | None = b""  # the stream's first bytes while they may still be a BOM; None after
 
     def feed(self, chunk: bytes, now_ns: int) -> list[tuple[int, str]]:
         """Decode ``chunk``; return ``(now_ns, data)`` for every event it completed."""
         if self.overflow is not None:
             return []
+        if self._lead is not None:
+            chunk = self._past_bom(chunk)
+            if not chunk:
+                return []
         if not self._buf and not self._has_data and chunk.endswith(b"\n\n"):
             events = self._whole_events(chunk, now_ns)
             if events is not None:
@@ -63,6 +73,15 @@ class SseDecoder:
                 self._has_data = True
         return events
 
+    def _past_bom(self, chunk: bytes) -> bytes:
+        """``chunk`` without the stream's leading BOM; b"" while the first bytes could still be one."""
+        lead = self._lead + chunk  # type: ignore[operator]
+        if len(lead) < len(BOM) and BOM.startswith(lead):
+            self._lead = lead
+            return b""
+        self._lead = None
+        return lead[len(BOM):] if lead.startswith(BOM) else lead
+
     def _whole_events(self, chunk: bytes, now_ns: int) -> list[tuple[int, str]] | None:
         """The common case, fast: nothing buffered, and ``chunk`` is whole events of one ``data: `` line each
         (what servers write). None: anything else, for the line-by-line decoder."""
@@ -83,4 +102,4 @@ class SseDecoder:
 
     def pending(self) -> bool:
         """Bytes or data lines not yet dispatched (a stream that ends here was cut mid-event)."""
-        return bool(self._buf.strip() or self._has_data)
+        return bool(self._buf.strip() or self._has_data or self._lead)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
-from loadgen.core.openai_stream import Parsed, local_token_weight
+from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, _error, local_token_weight
+from loadgen.core.secrets import CUT, clip
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 
@@ -54,7 +55,7 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
-                 "_summary", "_error", "_text", "record", "_parse", "_body")
+                 "_summary", "_error", "_text", "record", "_parse", "_body", "_events")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
                  api: str = "chat", parse: Callable[[str], Parsed] | None = None) -> None:
@@ -73,6 +74,7 @@ class StreamTracker:
         self._summary = Parsed()
         self._error: tuple[str, str] | None = None
         self._text: list[str] | None = [] if meta.keep_text else None
+        self._events = False  # any SSE event decoded (none, with a 200: the answer was not an event stream)
         self.record: RequestRecord | None = None  # set by finish
 
     @property
@@ -99,6 +101,7 @@ class StreamTracker:
 
     def _event(self, t_ns: int, data: str) -> None:
         p, summary = self._parse(data), self._summary  # type: ignore[misc] - set whenever events are decoded
+        self._events = True
         if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)
             summary.done = True
         summary.request_id = summary.request_id or p.request_id
@@ -114,7 +117,7 @@ class StreamTracker:
             else:
                 self._exact, tokens = False, local_token_weight(p.text)
             self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, p.reasoning, self.meta.worker))
-            if self._text is not None and not p.reasoning:
+            if self._text is not None and not p.reasoning and not p.tool:
                 self._text.append(p.text)
         if p.completion_tokens is not None:
             summary.completion_tokens = self._last_count = p.completion_tokens
@@ -127,6 +130,11 @@ class StreamTracker:
         self._summary = p
         if p.error:
             self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
+
+    def _head_text(self) -> str:
+        """The body's first bytes as text; cut short (``CUT``) when the body went on past them."""
+        text = self._head.decode("utf-8", errors="replace")
+        return text + CUT if len(self._head) >= ERROR_BODY_BYTES else text
 
     def has_content(self) -> bool:
         """Has any generated text arrived yet?"""
@@ -141,17 +149,18 @@ class StreamTracker:
                error_message: str | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
         """The records of this request; ``error_kind`` is the driver's (connect, timeouts, cancelled)."""
         if status != 200:
-            body = self._head.decode("utf-8", errors="replace")
             self.record = self._record(now_ns, [], Parsed(), status, error_kind or error_kind_for_status(status),
-                                       error_message or _error_text(body))
+                                       error_message or _error_text(self._head_text()))
             return self.record, []
         kind, message = error_kind, error_message
         if self._body is not None and kind is None and not self._decoder.overflow:
             self._whole_body()
+        if self._body is None and not self._events and self._error is None and self._head.lstrip()[:1] == b"{":
+            self._error = _json_answer(self._head_text())  # a JSON body where events were asked for
         if kind is None and self._decoder.overflow:
             kind, message = "protocol", self._decoder.overflow
-        if kind is None:
-            kind, message = self._error or (None, None)
+        if self._error is not None:  # the server said why: its message, whatever the driver saw after it
+            kind, message = self._error[0], self._error[1] + (f" (then: {message})" if message else "")
         if kind is None and not self._summary.done:
             cut = " mid-event" if self._decoder.pending() else ""
             kind, message = "protocol", f"stream ended{cut} without [DONE]"
@@ -180,6 +189,17 @@ class StreamTracker:
             conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens)
 
 
+def bare_record(m: RequestMeta, t_sent_ns: int, now_ns: int, status: int, kind: str,
+                message: str) -> RequestRecord:
+    """A failed request's record from what the driver knows alone (its tracker could not finish: a bug)."""
+    return RequestRecord(seq=m.seq, class_name=m.class_name, warmup=m.warmup, t_intended_ns=m.t_intended_ns,
+                         t_sent_ns=t_sent_ns, t_first_token_ns=None, t_last_token_ns=None, t_done_ns=now_ns,
+                         prompt_tokens_asked=m.prompt_tokens_asked, prompt_tokens=m.prompt_tokens_asked,
+                         prompt_tokens_source="asked", output_tokens_asked=m.output_tokens_asked, output_tokens=0,
+                         output_tokens_source="local", chunks=0, http_status=status, error_kind=kind,
+                         error_message=message, worker=m.worker, conversation=m.conversation, turn=m.turn)
+
+
 def _rescale(chunks: list[ChunkRecord], total: int | None) -> None:
     """Local estimates scaled to the server's total, when it reported one that can be shared out."""
     weights = [c.tokens for c in chunks]
@@ -201,10 +221,27 @@ def _scale(weights: list[int], total: int) -> list[int]:
 
 
 def _error_text(body: str) -> str:
+    """An error answer's message: a JSON body's ``error.message`` (or ``error``, or ``message``), else the
+    text itself (clipped; the record sink clips again after redaction)."""
     try:
         obj = json.loads(body)
-        err = obj.get("error", obj) if isinstance(obj, dict) else obj
-        message = err.get("message") if isinstance(err, dict) else None
-        return str(message or err)[:300]
     except ValueError:
-        return body.strip()[:300] or "(empty body)"
+        return clip(body.strip(), ERROR_TEXT_CHARS) or "(empty body)"
+    err = (obj.get("error") or obj) if isinstance(obj, dict) else obj
+    message = err.get("message") if isinstance(err, dict) else None
+    return clip(str(message or err), ERROR_TEXT_CHARS)
+
+
+def _json_answer(body: str) -> tuple[str, str]:
+    """(error kind, message) of a 200 answer that is one JSON body, not the event stream asked for: the
+    server's error if it holds one (some gateways send errors with status 200), else what it is."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if err:
+        p = _error(err)
+        return error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error or ""
+    return "protocol", ("the server answered one JSON body, not an event stream (does it stream? is "
+                        f"\"stream\": true ignored?): {clip(body.strip(), 120)}")

@@ -8,17 +8,33 @@ a value of another type, a malformed body) goes to ``parse_event`` itself, so th
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import msgspec
 
 from loadgen.core.openai_stream import Parsed, parse_event
 
 
+class _Function(msgspec.Struct):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class _ToolCall(msgspec.Struct):
+    function: Optional[_Function] = None
+
+
+class _Part(msgspec.Struct):
+    text: Optional[str] = None
+
+
 class _Delta(msgspec.Struct):
-    content: Optional[str] = None
+    content: Union[str, list[Union[str, _Part]], None] = None
     reasoning_content: Optional[str] = None
     reasoning: Optional[str] = None
+    refusal: Optional[str] = None
+    tool_calls: Optional[list[_ToolCall]] = None
+    function_call: Optional[_Function] = None
 
 
 class _Choice(msgspec.Struct):
@@ -55,15 +71,19 @@ def parse_chunk(data: str) -> Parsed:
         chunk = _decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return parse_event(data)  # malformed, not an object, or a member of another type: the core says what
-    if chunk.error is not msgspec.UNSET:
+    if chunk.error is not msgspec.UNSET and chunk.error:  # "error": null is no error
         return parse_event(data)
     out = Parsed(request_id=chunk.id)
     if chunk.choices:
         choice = chunk.choices[0]
         delta = choice.delta
         if delta is not None:
-            if delta.content:
-                out.text = delta.content
+            if delta.content.__class__ is str and not (delta.refusal or delta.tool_calls or delta.function_call):
+                content, tool = delta.content, ""  # the common chunk: plain text
+            else:
+                content, tool = _content(delta), _tool(delta)
+            if content or tool:
+                out.text, out.tool = content + tool, not content
             elif delta.reasoning_content or delta.reasoning:
                 out.text, out.reasoning = delta.reasoning_content or delta.reasoning, True
         elif isinstance(choice.text, str):
@@ -75,6 +95,21 @@ def parse_chunk(data: str) -> Parsed:
         if usage.prompt_tokens_details is not None:
             out.cached_tokens = usage.prompt_tokens_details.cached_tokens
     return out
+
+
+def _content(delta: _Delta) -> str:
+    content = delta.content
+    if isinstance(content, list):
+        content = "".join(part if isinstance(part, str) else part.text or "" for part in content)
+    return (content or "") + (delta.refusal or "")
+
+
+def _function(function: _Function | None) -> str:
+    return (function.name or "") + (function.arguments or "") if function is not None else ""
+
+
+def _tool(delta: _Delta) -> str:
+    return "".join(_function(call.function) for call in delta.tool_calls or ()) + _function(delta.function_call)
 
 
 FAST_PARSERS: dict[str, Callable[[str], Parsed]] = {"chat": parse_chunk, "completions": parse_chunk}
