@@ -1,6 +1,20 @@
 """One HTTP/1.1 connection of the lean transport (``lean_transport.py`` has the theory of operation): an
 ``asyncio.Protocol`` that writes a request in one call and parses the response with httptools, stamping each
-read on arrival and handing body bytes to the request's ``StreamContext.feed``, one feed per read."""
+read on arrival and handing body bytes to the request's ``StreamContext.feed``, one feed per read.
+
+What servers and proxies send, and what this does with it:
+
+- interim responses (``100 Continue``, ``103 Early Hints``): skipped, their headers dropped; the next response
+  is the final one (RFC 9110 §15.2: "A client MUST be able to parse one or more 1xx responses received prior to
+  a final response"). ``101`` is an upgrade: an error.
+- a body with neither Content-Length nor chunked coding ends when the server closes the connection (RFC 9112
+  §6.3, rule 8): a clean close ends it whole; a reset before that is an error. The connection is not reused.
+- a Content-Encoding (gzip, deflate, br): decoded before the body is fed (``content_coding.py``; RFC 9110 §8.4);
+  the headers handed on no longer list it.
+- a redirect (301, 302, 303, 307, 308) on a request with a ``StreamContext``: its body is not fed (it is not the
+  answer); ``location`` is kept for the caller, which follows it or reports it (``lean_transport.py``).
+- a response reader that raises (loadgen's parser: a bug) fails the request with ``FeedError``, a counted error.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +25,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-import h11
 import httptools
 import httpx
 
+from loadgen.drivers.content_coding import BodyDecoder, UnsupportedCoding, decoder_for
+from loadgen.drivers.errors import FeedError
 from loadgen.drivers.timing import sleep_until
 
 CONTEXT_KEY = "loadgen.stream"
+REDIRECTS = (301, 302, 303, 307, 308)
+CAPTURE_BYTES = 64 * 1024  # of a response's raw bytes, at most, when the context asks for them
 
 
 @dataclass
@@ -27,6 +44,9 @@ class StreamContext:
     feed: Callable[[bytes, int], None] | None = None
     t_sent_ns: int = 0
     not_before_ns: int = 0  # hold the prepared request until this instant (the plan's send time)
+    raw: bytearray | None = None  # when given: the response's first CAPTURE_BYTES as they came off the wire
+    location: str | None = None  # a redirect's Location header, as sent
+    http_version: str = ""  # of the final response ("1.1", "1.0")
 
 
 class Connection(asyncio.Protocol):
@@ -47,6 +67,10 @@ class Connection(asyncio.Protocol):
         self._feed: Callable[[bytes, int], None] | None = None
         self._pending: list[bytes] = []  # body bytes of the read being parsed (one feed per read, not per chunk)
         self._t_ns = 0
+        self._interim = False  # the response being parsed is a 1xx (skipped)
+        self._until_close = False  # its body ends when the connection closes (RFC 9112 §6.3 rule 8)
+        self._discard = False  # its body is not the answer (a redirect's)
+        self._decode: BodyDecoder | None = None
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -57,21 +81,42 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._t_ns = time.monotonic_ns()  # the read's arrival, before any parsing
+        raw = self.ctx.raw if self.ctx is not None else None
+        if raw is not None and len(raw) < CAPTURE_BYTES:
+            raw += data[:CAPTURE_BYTES - len(raw)]
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(httpx.RemoteProtocolError("unexpected protocol upgrade"))
+        except httptools.HttpParserCallbackError as exc:  # one of the callbacks below raised: a bug
+            cause = exc.__context__
+            self._fail(FeedError(f"{type(cause).__name__}: {cause}"))
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"bad HTTP from server: {exc}"))
         finally:
             pending = self._pending
             if pending and self._feed is not None:  # every HTTP chunk of this read, fed as one
                 self._pending = []
-                self._feed(pending[0] if len(pending) == 1 else b"".join(pending), self._t_ns)
+                self._feed_read(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def _feed_read(self, data: bytes) -> None:
+        try:
+            self._feed(data, self._t_ns)  # type: ignore[misc] - checked by the caller
+        except Exception as exc:  # noqa: BLE001 - the reader's bug fails this request, not the run
+            self.error = FeedError(f"{type(exc).__name__}: {exc}")
+            self.done, self._feed = True, None
+            self.wakeup.set()
+            if self.head is not None and not self.head.done():
+                self.head.set_exception(self.error)
+            if self.transport is not None:
+                self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if not self.done:
+        if not self.done and exc is None and self._until_close:  # RFC 9112 §6.3 rule 8: the close ends it
+            self.keep_alive = False
+            self.on_message_complete()
+        elif not self.done:
             self._fail(httpx.ReadError(f"connection lost mid-response: {exc or 'closed by peer'}"))
 
     # ---- httptools callbacks --------------------------------------------------------------------------
@@ -79,11 +124,42 @@ class Connection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        self._interim = 100 <= status < 200  # RFC 9110 §15.2: skip it, the final response follows
+        if self._interim:
+            self.headers = []
+            return
         self.keep_alive = self.parser.should_keep_alive()
+        names = {k.lower() for k, _ in self.headers}
+        self._until_close = (b"content-length" not in names and b"transfer-encoding" not in names
+                             and status not in (204, 304))
+        if self.ctx is not None:
+            self.ctx.http_version = self.parser.get_http_version()
+            self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
+            self._discard = status in REDIRECTS
+        codings = [v for k, v in self.headers if k.lower() == b"content-encoding"]
+        if codings:
+            try:
+                self._decode = decoder_for(codings)
+            except UnsupportedCoding as exc:
+                self._fail(httpx.DecodingError(f"Content-Encoding {exc} is not supported (loadgen asks for "
+                                               "identity)"))
+                return
+            self.headers = [(k, v) for k, v in self.headers if k.lower() not in (b"content-encoding",
+                                                                                 b"content-length")]
         if self.head is not None and not self.head.done():
-            self.head.set_result((self.parser.get_status_code(), self.headers))
+            self.head.set_result((status, self.headers))
 
     def on_body(self, body: bytes) -> None:
+        if self._discard:
+            return
+        if self._decode is not None:
+            try:
+                body = self._decode(body)
+            except Exception as exc:  # noqa: BLE001 - zlib.error, brotli.error: the server's bytes are bad
+                self._discard = True
+                self._fail(httpx.DecodingError(f"cannot decode the body: {type(exc).__name__}: {exc}"))
+                return
         if self._feed is not None:
             self._pending.append(body)
         else:
@@ -91,6 +167,9 @@ class Connection(asyncio.Protocol):
             self.wakeup.set()
 
     def on_message_complete(self) -> None:
+        if self._interim:  # the 1xx ended; the final response's head is next
+            self._interim = False
+            return
         self.done = True
         self.wakeup.set()
 
@@ -105,17 +184,6 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     # ---- request/response ------------------------------------------------------------------------------
-    async def send(self, request: httpx.Request) -> tuple[int, list[tuple[bytes, bytes]]]:
-        """An httpx request, serialized by h11; returns (status, headers) when the head has arrived."""
-        body = await request.aread()
-        writer = h11.Connection(h11.CLIENT)
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() != b"transfer-encoding"]
-        if body and not any(k.lower() == b"content-length" for k, _ in headers):
-            headers.append((b"content-length", str(len(body)).encode()))
-        data = writer.send(h11.Request(method=request.method, target=request.url.raw_path, headers=headers))
-        data += (writer.send(h11.Data(data=body)) if body else b"") + writer.send(h11.EndOfMessage())
-        return await self.send_bytes(data, request.extensions.get(CONTEXT_KEY))
-
     async def send_bytes(self, data: bytes, ctx: StreamContext | None) -> tuple[int, list[tuple[bytes, bytes]]]:
         """A serialized request: held until ``ctx.not_before_ns``, stamped, written in one call; returns
         (status, headers) when the response's head has arrived."""
@@ -123,6 +191,8 @@ class Connection(asyncio.Protocol):
         self._feed = ctx.feed if ctx is not None else None
         self.head = asyncio.get_running_loop().create_future()
         self.headers, self.done, self.error = [], False, None
+        self._interim = self._until_close = self._discard = False
+        self._decode = None
         self.body.clear()
         if ctx is not None:
             await sleep_until(ctx.not_before_ns)  # other streams keep being read while this one waits
@@ -157,3 +227,8 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    found = [v for k, v in headers if k.lower() == name]
+    return found[0].decode("latin-1") if found else None

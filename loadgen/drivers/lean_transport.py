@@ -17,6 +17,10 @@ Without a context it behaves as an ordinary transport (body bytes are yielded), 
 ``/models`` and ``/tokenize``. ``https://`` runs over asyncio's TLS transport with the same protocol object
 (``ssl_context``): the send stamp is taken just before the plaintext goes to the TLS layer's ``write`` (which
 encrypts and writes at once), reads are stamped when the TLS layer hands over decrypted bytes.
+
+Proxies named by the environment are used as curl and httpx use them (``proxy.py``: absolute-form requests for
+http, a CONNECT tunnel for https); ``use_proxy_env=False`` (the embedded simulator) goes direct. Redirects of
+the streamed POSTs are reported or followed by ``send_post`` (``redirects.py``).
 """
 
 from __future__ import annotations
@@ -24,27 +28,18 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import h11
 import httpx
 
-from loadgen.drivers.http_conn import CONTEXT_KEY, Connection, StreamContext
+from loadgen.drivers.http_conn import CONTEXT_KEY, REDIRECTS, Connection, StreamContext
+from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
+from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for
+from loadgen.drivers.redirects import MAX_REDIRECTS, next_hop, too_many
 
 __all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext", "drop_stream"]
-USER_AGENT = "loadgen"
-
-
-@dataclass(frozen=True)
-class PreparedPost:
-    """A POST's origin and request head up to its content-length, built (and checked by h11) once a run."""
-
-    origin: tuple[str, str, int]
-    head: bytes  # ends in b"content-length: "
-
-    def request(self, body: bytes) -> bytes:
-        return b"%s%d\r\n\r\n%s" % (self.head, len(body), body)
+Origin = tuple[str, str, int]
 
 
 class _Body(httpx.AsyncByteStream):
@@ -62,10 +57,22 @@ class _Body(httpx.AsyncByteStream):
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
-    def __init__(self, connect_timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, connect_timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None,
+                 use_proxy_env: bool = True) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.ssl_context = ssl_context
-        self._idle: dict[tuple[str, str, int], list[Connection]] = {}
+        self.use_proxy_env = use_proxy_env
+        self._idle: dict[Origin, list[Connection]] = {}
+        self._proxies: dict[Origin, Proxy | None] = {}
+
+    def proxy(self, origin: Origin) -> Proxy | None:
+        """The environment's proxy for ``origin`` (None: direct); ProxyError for one that cannot be used."""
+        if not self.use_proxy_env:
+            return None
+        if origin not in self._proxies:
+            scheme, host, port = origin
+            self._proxies[origin] = proxy_for(f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}")
+        return self._proxies[origin]
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         scheme = request.url.scheme
@@ -74,12 +81,17 @@ class LeanTransport(httpx.AsyncBaseTransport):
         origin = (scheme, request.url.host, request.url.port or (443 if scheme == "https" else 80))
         conn = await self._acquire(origin)
         try:
-            status, headers = await conn.send(request)
+            data = serialize(request, await request.aread(), self._forward_proxy(origin))
+            status, headers = await conn.send_bytes(data, request.extensions.get(CONTEXT_KEY))
         except BaseException:
             conn.close()
             raise
         return httpx.Response(status, headers=headers, stream=_Body(conn, self._release),
                               extensions={"http_version": b"HTTP/1.1"})
+
+    def _forward_proxy(self, origin: Origin) -> Proxy | None:
+        """The proxy an http:// request goes to in absolute form (https ones go through a tunnel)."""
+        return self.proxy(origin) if origin[0] == "http" else None
 
     # ---- the hot path: no httpx Request or Response per request ---------------------------------------
     @staticmethod
@@ -94,16 +106,20 @@ class LeanTransport(httpx.AsyncBaseTransport):
         u = httpx.URL(url)
         if u.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {u.scheme}://")
+        origin = (u.scheme, u.host, u.port or (443 if u.scheme == "https" else 80))
+        proxy = self._forward_proxy(origin)
         given = {k.lower() for k in headers}
         defaults = [(k, v) for k, v in (("user-agent", USER_AGENT), ("accept", "*/*")) if k not in given]
-        fields = [("host", u.netloc.decode("ascii")), *defaults,
+        fields = [("host", host_header(u)), *defaults,
                   *((k, v) for k, v in headers.items() if k.lower() not in ("host", "content-length"))]
-        h11.Connection(h11.CLIENT).send(h11.Request(method="POST", target=u.raw_path,
+        if proxy is not None and proxy.authorization:
+            fields.append(("proxy-authorization", proxy.authorization))
+        target = request_target(u, proxy)
+        h11.Connection(h11.CLIENT).send(h11.Request(method="POST", target=target,
                                                     headers=[*fields, ("content-length", "0")]))
-        head = b"POST %s HTTP/1.1\r\n" % u.raw_path + b"".join(
+        head = b"POST %s HTTP/1.1\r\n" % target + b"".join(
             b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in fields)
-        return PreparedPost((u.scheme, u.host, u.port or (443 if u.scheme == "https" else 80)),
-                            head + b"content-length: ")
+        return PreparedPost(origin, head + b"content-length: ")
 
     async def post(self, prepared: PreparedPost, body: bytes, ctx: StreamContext) -> int:
         """Send the POST and read its response to the end (the body goes to ``ctx.feed``); the status. Faults
@@ -130,19 +146,30 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():
                 return conn
+        scheme, host, port = origin
+        try:
+            return await asyncio.wait_for(self._connect(origin), self.connect_timeout_s)
+        except ssl.SSLError as exc:
+            raise httpx.ConnectError(f"{host}:{port}: TLS: {exc.reason or exc}") from None
+        except (OSError, asyncio.TimeoutError, ProxyError) as exc:
+            reason = exc or f"no connection within {self.connect_timeout_s:g} s"
+            raise httpx.ConnectError(f"{host}:{port}: {reason}") from None
+
+    async def _connect(self, origin: Origin) -> Connection:
+        """A new connection to ``origin``: direct, to the proxy (http), or through its tunnel (https)."""
         loop = asyncio.get_running_loop()
         scheme, host, port = origin
+        proxy = self.proxy(origin)
         tls: dict[str, object] = {}
         if scheme == "https":
             tls = {"ssl": self.ssl_context or ssl.create_default_context(), "server_hostname": host}
-        try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: Connection(origin), host, port, **tls),
-                                             self.connect_timeout_s)
-        except ssl.SSLError as exc:
-            raise httpx.ConnectError(f"{host}:{port}: TLS: {exc.reason or exc}") from None
-        except (OSError, asyncio.TimeoutError) as exc:
-            reason = exc or f"no connection within {self.connect_timeout_s:g} s"
-            raise httpx.ConnectError(f"{host}:{port}: {reason}") from None
+        if proxy is None:
+            _, conn = await loop.create_connection(lambda: Connection(origin), host, port, **tls)
+        elif scheme == "https":
+            sock = await open_tunnel(proxy, host, port, self.connect_timeout_s)
+            _, conn = await loop.create_connection(lambda: Connection(origin), sock=sock, **tls)
+        else:
+            _, conn = await loop.create_connection(lambda: Connection(origin), proxy.host, proxy.port)
         return conn
 
     def _release(self, conn: Connection) -> None:
@@ -168,17 +195,36 @@ def drop_stream(resp: httpx.Response) -> None:
 
 
 async def send_post(client: httpx.AsyncClient, direct: tuple[LeanTransport, PreparedPost] | None, url: str,
-                    headers: dict[str, str], body: bytes, ctx: StreamContext) -> int:
+                    headers: dict[str, str], body: bytes, ctx: StreamContext, follow: bool = False) -> int:
     """One streaming POST to its end, its body fed to ``ctx.feed``; the status. ``direct``: the lean
     transport's own path (a prepared head, no httpx objects: ~17 % of the loop's time at 128 streams went to
-    httpx's request and response); None: through the client (any other transport)."""
+    httpx's request and response); None: through the client (any other transport). A redirect is followed
+    (``follow``: 307/308) or raised as ``RedirectError`` (redirects.py); the send time stays the first send's."""
+    status = await _post_once(client, direct, url, headers, body, ctx)
+    first_sent_ns = ctx.t_sent_ns
+    for _ in range(MAX_REDIRECTS):
+        if status not in REDIRECTS:
+            break
+        url, headers = next_hop(url, status, ctx.location, follow, headers)
+        ctx.not_before_ns = 0
+        status = await _post_once(client, direct_post(client, url, headers), url, headers, body, ctx)
+    else:
+        if status in REDIRECTS:
+            raise too_many(status, ctx.location)
+    ctx.t_sent_ns = first_sent_ns or ctx.t_sent_ns
+    return status
+
+
+async def _post_once(client: httpx.AsyncClient, direct: tuple[LeanTransport, PreparedPost] | None, url: str,
+                     headers: dict[str, str], body: bytes, ctx: StreamContext) -> int:
     if direct is not None:
         return await direct[0].post(direct[1], body, ctx)
     feed = ctx.feed
     async with client.stream("POST", url, content=body, headers=headers, extensions={CONTEXT_KEY: ctx}) as resp:
         status = resp.status_code
+        ctx.location = resp.headers.get("location") if status in REDIRECTS else None
         async for data in resp.aiter_raw():  # empty with the lean transport
-            if feed is not None:
+            if feed is not None and status not in REDIRECTS:
                 feed(data, time.monotonic_ns())
     drop_stream(resp)
     return status
@@ -192,5 +238,5 @@ def direct_post(client: httpx.AsyncClient, url: str, headers: dict[str, str]) ->
         return None
     try:
         return lean, lean.prepare_post(url, headers)
-    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError):
+    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError, ProxyError):
         return None

@@ -34,6 +34,7 @@ class Scraper:
     rows: list[tuple[int, str, float]] = field(default_factory=list)
     warning: str | None = None
     verify: Any = True  # https: the run's ssl.SSLContext (target.tls)
+    proxy: Any = None  # the streams' proxy (drivers/proxy.Proxy), so that scrapes take the same route
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
@@ -59,8 +60,13 @@ class Scraper:
                 pass
 
     async def run_own_client(self, stop: asyncio.Event) -> None:
-        """``run`` on a client of its own: a scrape never takes, or waits for, one of the streams' connections."""
-        async with httpx.AsyncClient(timeout=5.0, verify=self.verify) as client:
+        """``run`` on a client of its own: a scrape never takes, or waits for, one of the streams' connections.
+        It goes through the streams' proxy or none, never the environment's own choice (``trust_env`` off)."""
+        proxy = None
+        if self.proxy is not None:
+            auth = {"proxy-authorization": self.proxy.authorization} if self.proxy.authorization else None
+            proxy = httpx.Proxy(self.proxy.url, headers=auth)
+        async with httpx.AsyncClient(timeout=5.0, verify=self.verify, proxy=proxy, trust_env=False) as client:
             await self.run(client, stop)
 
     def frame(self) -> pl.DataFrame:

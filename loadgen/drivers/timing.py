@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from loadgen.drivers.errors import FeedError, RedirectError
+
 SPIN_MS = 1.0  # sleep until this long before a deadline, then yield to the loop until it passes
 
 
@@ -29,8 +31,15 @@ async def sleep_until(deadline_ns: int, stopping: Callable[[], bool] = _never) -
         await asyncio.sleep(0)
 
 
-def error_kind(exc: httpx.HTTPError) -> tuple[str, str]:
-    """(error_kind, message) of a request that failed in the transport."""
+def error_kind(exc: Exception) -> tuple[str, str]:
+    """(error_kind, message) of a request that failed in the transport (anything but an httpx error there is
+    loadgen's own fault: ``internal``, counted, the run goes on)."""
+    if isinstance(exc, RedirectError):
+        return "http_3xx", str(exc)
+    if isinstance(exc, FeedError) or not isinstance(exc, httpx.HTTPError):
+        return "internal", f"loadgen failed on this response (a bug; please report it): {type(exc).__name__}: {exc}"
+    if isinstance(exc, httpx.DecodingError):
+        return "protocol", str(exc)
     if isinstance(exc, httpx.ConnectError):
         return "connect", f"cannot connect: {exc}"
     if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)):
@@ -40,13 +49,16 @@ def error_kind(exc: httpx.HTTPError) -> tuple[str, str]:
 
 def overdue(tracker: Any, cfg: Any, now: int) -> tuple[str, str] | None:
     """Why a request in flight (its ``StreamTracker``) must be cut now under ``cfg``'s timeouts (the engine's
-    ``EngineConfig``), if it must: (error kind, message)."""
+    ``EngineConfig``), if it must: (error kind, message). Until the first token the TTFT deadline rules (a long
+    prompt's prefill may take longer than the idle timeout, and a role-only chunk or a keep-alive comment is no
+    token); from then on, the idle deadline applies between reads."""
     age_ns = now - tracker.t_sent_ns
     if tracker.broken:
         return "protocol", tracker.broken
-    if age_ns > cfg.ttft_timeout_s * 1e9 and not tracker.has_content():
-        return "timeout_ttft", f"no token within {cfg.ttft_timeout_s:g} s"
-    if now - (tracker.last_read_ns or tracker.t_sent_ns) > cfg.idle_timeout_s * 1e9:
+    if not tracker.has_content():
+        if age_ns > cfg.ttft_timeout_s * 1e9:
+            return "timeout_ttft", f"no token within {cfg.ttft_timeout_s:g} s"
+    elif now - tracker.last_read_ns > cfg.idle_timeout_s * 1e9:
         return "timeout_idle", f"no bytes for {cfg.idle_timeout_s:g} s"
     if age_ns > cfg.request_timeout_s * 1e9:
         return "timeout_request", f"not finished within {cfg.request_timeout_s:g} s (target.request_timeout_s)"

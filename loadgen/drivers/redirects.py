@@ -1,0 +1,70 @@
+"""Redirects of the requests a run sends (RFC 9110 §15.4).
+
+A redirect is never the answer. By default it is a counted error (``http_3xx``) whose message names the status
+and the URL to use instead (the preflight finds one before any load and stops with exit 2). With
+``target.follow_redirects: true``, 307 and 308 are followed with the method and the body kept (§15.4.8, §15.4.9:
+"the user agent MUST NOT change the request method"); 301, 302 and 303 are not, since a user agent may turn a
+POST into a GET there (§15.4.2-4), which would not be the request that was planned. Following one:
+
+- the Location is resolved against the request's URL (RFC 3986 §5);
+- to another origin (scheme, host, port), no Authorization, x-api-key, cookie or other sensitive header of the
+  scenario is sent (§15.4: "Consider removing header fields ... where there are security implications; this
+  includes but is not limited to Authorization and Cookie"): loadgen removes every one, always, except on the
+  upgrade of the same host from http to https on the default ports (as httpx and browsers keep them);
+- from https to http it is refused (the prompts would travel in clear);
+- at most ``MAX_REDIRECTS`` hops.
+
+The request's send time stays the first send's: its TTFT includes the extra round trips, as a user's would.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urljoin, urlsplit
+
+from loadgen.core.secrets import SENSITIVE_HEADER
+from loadgen.drivers.errors import RedirectError
+
+MAX_REDIRECTS = 5
+FOLLOWED = (307, 308)
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def describe(status: int, url: str, location: str | None, follow: bool) -> str:
+    """The message of a redirect of ``url`` that is not followed, naming the base URL to use instead where
+    the Location keeps the request's path after ``/v1``."""
+    if location is None:
+        return f"HTTP {status} redirect without a Location header"
+    tail = url[url.rfind("/v1") + 3:] if "/v1" in url else ""
+    base = location[:-len(tail)] if tail and location.endswith(tail) else location
+    use = f"use --base-url {base} instead" if base != location else "point the target there"
+    if status in FOLLOWED and not follow:
+        return f"HTTP {status} redirect to {location}: {use}, or set target.follow_redirects: true to follow it"
+    return (f"HTTP {status} redirect to {location}: {use} (a POST is not re-sent after a {status}, RFC 9110 "
+            "§15.4; only 307 and 308 are followed)")
+
+
+def next_hop(url: str, status: int, location: str | None, follow: bool,
+             headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """Where a followed redirect goes and the headers sent there; RedirectError when it is not followed."""
+    target = urljoin(url, location) if location else None
+    if target is None or not follow or status not in FOLLOWED:
+        raise RedirectError(status, target, describe(status, url, target, follow))
+    if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https":
+        raise RedirectError(status, target, f"HTTP {status} redirect from https to {target} refused: the "
+                            "request would travel unencrypted")
+    if not _keeps_credentials(origin(url), origin(target)):
+        headers = {k: v for k, v in headers.items() if not SENSITIVE_HEADER.search(k)}
+    return target, headers
+
+
+def _keeps_credentials(old: tuple[str, str, int], new: tuple[str, str, int]) -> bool:
+    """The same origin, or the same host upgraded from http on port 80 to https on 443."""
+    return old == new or (old[1] == new[1] and (old[0], old[2], new[0], new[2]) == ("http", 80, "https", 443))
+
+
+def too_many(status: int, location: str | None) -> RedirectError:
+    return RedirectError(status, location, f"more than {MAX_REDIRECTS} redirects (the last to {location})")
