@@ -67,11 +67,19 @@ def load_lengths_file(path: Path) -> list[int]:
             lines = path.read_text().splitlines()
         except OSError as exc:
             raise ScenarioError(f"{path}: cannot read lengths file: {exc.strerror}") from None
-        values = [int(float(f)) for line in lines if (f := line.split(",")[0].strip()) and _number(f)]
+        values = [_length(f, path, n) for n, line in enumerate(lines, 1)
+                  if (f := line.split(",")[0].strip()) and _number(f)]
         if not values:
             raise ScenarioError(f"{path}: no lengths found (one number per line)")
         _FILE_CACHE[path] = values
     return _FILE_CACHE[path]
+
+
+def _length(text: str, path: Path, line: int) -> int:
+    value = float(text)
+    if not math.isfinite(value) or not 0 <= value <= MAX_TOKENS:
+        raise ScenarioError(f"{path}:{line}: {text!r} is not a length (0..{MAX_TOKENS:,} tokens)")
+    return int(value)
 
 
 def _number(text: str) -> bool:
@@ -177,8 +185,8 @@ def read_trace_file(s: Scenario) -> list[TraceRow]:
                 else list(csv.DictReader(text.splitlines())))
     except OSError as exc:
         raise ScenarioError(f"load.trace.path: cannot read {spec.path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ScenarioError(f"{spec.path}: not valid JSONL: {exc}") from None
+    except (ValueError, csv.Error) as exc:
+        raise ScenarioError(f"{spec.path}: not valid {'JSONL' if jsonl else 'CSV'}: {exc}") from None
     out = [_trace_row(spec, row, n) for n, row in enumerate(rows, start=1)]
     if not out:
         raise ScenarioError(f"{spec.path}: the trace has no rows")
@@ -199,9 +207,11 @@ def _trace_row(spec: TraceFile, row: object, n: int) -> TraceRow:
         if blocks is not None and not (len(blocks) - 1) * spec.block_tokens < prompt <= len(blocks) * \
                 spec.block_tokens:
             raise ValueError(f"{prompt} tokens do not fill {len(blocks)} blocks of {spec.block_tokens}")
-        return TraceRow(float(row[time_col]) / (1000 if mooncake else 1) / spec.speedup, prompt,
-                        int(row[output_col]), blocks)
-    except (AssertionError, KeyError, ValueError, TypeError) as exc:
+        output, t_s = int(row[output_col]), float(row[time_col]) / (1000 if mooncake else 1) / spec.speedup
+        if not (0 < prompt <= MAX_TOKENS and 0 < output <= MAX_TOKENS and math.isfinite(t_s)):
+            raise ValueError(f"lengths must be 1..{MAX_TOKENS:,} and the time finite")
+        return TraceRow(t_s, prompt, output, blocks)
+    except (AssertionError, KeyError, ValueError, TypeError, OverflowError) as exc:
         extra = ", hash_ids (a list)" if mooncake else ""
         raise ScenarioError(f"{spec.path}: row {n}: needs numeric {time_col}, {prompt_col}, {output_col}{extra} "
                             f"({exc!r})") from None

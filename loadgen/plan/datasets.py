@@ -21,11 +21,15 @@ import csv
 import functools
 import io
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from loadgen.core.openai_stream import local_token_weight
-from loadgen.plan.scenario import DatasetSpec, RequestClass, ScenarioError
+from loadgen.core.secrets import clip
+from loadgen.plan.scenario import MAX_TOKENS, DatasetSpec, RequestClass, ScenarioError
+
+CSV_FIELD_BYTES = 64 << 20  # one CSV field, at most (the csv module's default, 128 KiB, is a long prompt)
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,8 @@ def _load_rows(spec: DatasetSpec) -> tuple[Row, ...]:
         records = _read(spec, fmt)
     except OSError as exc:
         raise ScenarioError(f"dataset {spec.path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"dataset {spec.path}: not valid {fmt}: {str(exc).splitlines()[0][:200]}") from None
+    except (ValueError, UnicodeDecodeError, csv.Error) as exc:
+        raise ScenarioError(f"dataset {spec.path}: not valid {fmt}: {clip(str(exc).splitlines()[0], 200)}") from None
     rows = [row for n, rec in enumerate(records, 1) if (row := _row(spec, fmt, rec, n)) is not None]
     kept = tuple(r for r in rows if spec.min_prompt_tokens <= r.prompt_estimate() <= spec.max_prompt_tokens)
     if not kept:
@@ -106,15 +110,26 @@ def _read(spec: DatasetSpec, fmt: str) -> list[Any]:
             raise ValueError("a ShareGPT file is a JSON list of {conversations: [...]}")
         return data
     if fmt == "jsonl":
-        lines = spec.path.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        return [_json_line(line, n) for n, line in enumerate(spec.path.read_text(encoding="utf-8").splitlines(), 1)
+                if line.strip()]
     if fmt == "csv":
-        return list(csv.DictReader(io.StringIO(spec.path.read_text(encoding="utf-8"))))
+        limit = csv.field_size_limit(CSV_FIELD_BYTES)
+        try:
+            return list(csv.DictReader(io.StringIO(spec.path.read_text(encoding="utf-8"))))
+        finally:
+            csv.field_size_limit(limit)
     if fmt == "parquet":
         import polars as pl
 
         return pl.read_parquet(spec.path).to_dicts()
     return _read_hf(spec)
+
+
+def _json_line(line: str, n: int) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"line {n}: {exc}") from None
 
 
 def _read_hf(spec: DatasetSpec) -> list[Any]:
@@ -138,9 +153,13 @@ def _row(spec: DatasetSpec, fmt: str, rec: Any, n: int) -> Row | None:
     if spec.messages_column:
         messages = rec.get(spec.messages_column)
         if isinstance(messages, str):
-            messages = json.loads(messages)
+            try:
+                messages = json.loads(messages)
+            except ValueError as exc:
+                raise ScenarioError(f"dataset {spec.path}: record {n}: {spec.messages_column} is not JSON "
+                                    f"({exc})") from None
         row = _messages_row(messages, spec, n)
-        answer = _answer(rec.get(spec.output_column)) if spec.output_column else None
+        answer = _answer(rec.get(spec.output_column), spec, n) if spec.output_column else None
         if row is None or answer is None or row.answers[-1] is not None:
             return row
         return Row(row.system, row.turns, row.answers[:-1] + (answer,))  # the answer to its last user turn
@@ -150,16 +169,24 @@ def _row(spec: DatasetSpec, fmt: str, rec: Any, n: int) -> Row | None:
                             "(set dataset.prompt_column or dataset.messages_column)")
     if not str(prompt).strip():
         return None
-    return Row(None, (str(prompt),), (_answer(rec.get(spec.output_column)) if spec.output_column else None,))
+    answer = _answer(rec.get(spec.output_column), spec, n) if spec.output_column else None
+    return Row(None, (str(prompt),), (answer,))
 
 
-def _answer(value: Any) -> str | int | None:
+def _answer(value: Any, spec: DatasetSpec, n: int) -> str | int | None:
+    """A recorded answer: its text, or its length (a number of tokens, 1..MAX_TOKENS; NaN, infinities and
+    lengths past any context window are ScenarioError naming the record)."""
     if value is None or value == "":
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return max(1, int(value))
-    text = str(value)
-    return int(text) if text.strip().isdigit() else text
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        text = str(value)
+        if not text.strip().isdigit():
+            return text
+        value = int(text)
+    if not math.isfinite(value) or value > MAX_TOKENS:
+        raise ScenarioError(f"dataset {spec.path}: record {n}: {spec.output_column} = {value!r} is not an answer "
+                            f"length (a number of tokens up to {MAX_TOKENS:,})")
+    return max(1, int(value))
 
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",

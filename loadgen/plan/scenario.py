@@ -140,6 +140,9 @@ class Target(_Strict):
     connect_timeout_s: float = Field(10.0, gt=0, description="a TCP (and TLS) connection, at most")
     preflight_timeout_s: float = Field(30.0, gt=0, description="each check before the run (/models, probes)")
     max_event_bytes: int = Field(1 << 20, ge=1024, description="one SSE line or event, at most: protocol error")
+    follow_redirects: bool = Field(False, description="follow 307/308 redirects with the method and body kept "
+                                   "(never sending credentials to another origin); off: a redirect is an error "
+                                   "naming the URL to use")
     tls: Tls = Field(default_factory=Tls)
     simulator: SimulatorSpec = Field(default_factory=SimulatorSpec, description="preset + engine fields, when embedded")
 
@@ -211,6 +214,8 @@ class Load(_Strict):
                                          "more than this many requests per second")
     drain_timeout_s: float = Field(30.0, ge=0, le=MAX_DURATION_S, description="after the last send, in-flight "
                                    "requests get this long to end; then they are cancelled and the run ends")
+    fail_fast_requests: int = Field(10, ge=0, le=MAX_PLAN_REQUESTS, description="stop the run when the first N "
+                                    "requests to end all failed, with the first error's message (0: never)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Load":

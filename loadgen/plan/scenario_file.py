@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import ValidationError
 
-from loadgen.plan.scenario import Empirical, Scenario, ScenarioError
+from loadgen.plan.scenario import Empirical, Mixture, Scenario, ScenarioError
 
 MAX_YAML_VALUES = 100_000  # values a scenario may expand to, aliases counted at each use (an alias bomb: billions)
 
@@ -198,9 +198,11 @@ def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
     if scenario.load.trace:
         scenario.load.trace.path = resolve(scenario.load.trace.path)  # type: ignore[assignment]
     for cls in scenario.workload.classes:
-        for dist in (cls.prompt_tokens, cls.output_tokens):
-            if isinstance(dist, Empirical) and dist.file:
-                dist.file = resolve(dist.file)
+        dists = [cls.prompt_tokens, cls.output_tokens]
+        if cls.conversation is not None:
+            dists += [cls.conversation.turns, cls.conversation.first_prompt_tokens]
+        for dist in dists:
+            _resolve_dist_files(dist, resolve)
         if cls.dataset is not None:
             cls.dataset = cls.dataset.model_copy(update={"path": resolve(cls.dataset.path)})
     t = scenario.target
@@ -209,6 +211,15 @@ def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
                                                             resolve(t.tls.client_key))
     _check_files(scenario)
     return scenario
+
+
+def _resolve_dist_files(dist: object, resolve: Callable[[Path | None], Path | None]) -> None:
+    """Every ``file`` of an empirical distribution, at any depth of mixtures, made relative to the scenario."""
+    if isinstance(dist, Empirical) and dist.file:
+        dist.file = resolve(dist.file)
+    elif isinstance(dist, Mixture):
+        for component in dist.components:
+            _resolve_dist_files(component.dist, resolve)
 
 
 def _check_files(scenario: Scenario) -> None:
