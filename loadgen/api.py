@@ -53,9 +53,10 @@ def load_scenario(path: str | Path, overrides: Overrides = (), flags: Mapping[st
 def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: str | Path | None = None,
         engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0, progress: bool = False,
         png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
-        server_metrics_period_s: float = 0.5, console: Console | None = None) -> RunResult:
+        server_metrics_period_s: float = 0.5, capture: int = 0, console: Console | None = None) -> RunResult:
     """Run a scenario (a ``Scenario`` or a file's path) and write its run directory (``out``, default
     ``reports_dir/<time>-<name>/``); returns the result (``run_dir`` set). ``base_url`` overrides the target's.
+    ``capture``: keep the raw bytes of the first N failed responses (``captures/``, redacted).
     ``console``: where the progress, warnings and summary go (default: nowhere)."""
     from loadgen.run.runner import RunOptions, run_scenario
 
@@ -70,7 +71,8 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
                             "worker process loads it again")
     sc = _with_base_url(sc, base_url)
     opts = RunOptions(out=Path(out) if out is not None else None, reports_dir=Path(reports_dir), progress=progress,
-                      png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s)
+                      png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
+                      capture=capture)
     console = console or Console(quiet=True)
     if engine == "locust":
         return _run_locust(sc, opts, console, workers, source, base_url)

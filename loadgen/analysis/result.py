@@ -11,6 +11,8 @@ from typing import Any, Literal, Optional, TypedDict
 
 from loadgen.analysis.slo import EXIT_CODES
 
+INTERNAL_EXIT = 4  # loadgen failed on a request: a bug (run/exits.py: INTERNAL)
+
 SCHEMA_VERSION = 1
 Verdict = Literal["pass", "fail", "inconclusive"]
 
@@ -125,7 +127,10 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """loadgen's exit code for this verdict: 0 pass, 1 fail, 3 inconclusive."""
+        """loadgen's exit code for this verdict: 0 pass, 1 fail, 3 inconclusive; 4 when loadgen itself failed
+        on a request (``error_kind`` internal: a bug, whatever the verdict)."""
+        if (self.requests.get("errors_by_kind") or {}).get("internal"):
+            return INTERNAL_EXIT
         return EXIT_CODES[self.verdict]
 
     @property

@@ -8,8 +8,9 @@ with fewer the objective is inconclusive, never passed. Verdict: ``inconclusive`
 No PASS without evidence: a scenario without ``slo.error_rate`` is judged by a default one, ``max: 0`` (as in
 Locust, any failed request fails the run); and ``evidence`` (below) turns a would-be pass into ``inconclusive``
 when the records cannot support it: no measured request completed, measured requests were cancelled (Ctrl-C,
-the run's hard end), the run was interrupted — and any verdict into ``inconclusive`` when the records are
-known to be incomplete (the run did not finish: killed or crashed; the disk filled up).
+the run's hard end), the run was interrupted or stopped early — and any verdict into ``inconclusive`` when the
+records are known to be incomplete (the run did not finish: killed or crashed; the disk filled up) or loadgen
+itself failed on some requests (``internal``: exit 4).
 """
 
 from __future__ import annotations
@@ -105,9 +106,15 @@ def evidence(result: str, reasons: list[str], counts: dict[str, Any],
                           "these are the records up to its last flush")
     if run.get("disk_error"):
         incomplete.append(f"records could not be written: {run['disk_error']}")
+    internal = (counts.get("errors_by_kind") or {}).get("internal", 0)
+    if internal:
+        incomplete.append(f"{internal} measured request(s) failed on a bug in loadgen (error_kind internal; exit "
+                          "4): please report it with their error_message")
     if incomplete:
         return "inconclusive", incomplete + reasons
     weak = []
+    if run.get("stopped_early"):
+        weak.append(str(run["stopped_early"]))
     if run.get("interrupted"):
         weak.append("the run was interrupted before its plan ended")
     if counts["cancelled"]:

@@ -101,12 +101,18 @@ def run(
                                "of the same streaming engine; with --workers, Locust's master/worker mode)"),
     workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
                                 "process)"),
+    capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the raw bytes (headers and body, "
+                                "redacted) of the first N failed responses in the run directory's captures/"),
+    no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
+                                      "requests all fail (default: stop after load.fail_fast_requests, 10)"),
 ) -> None:
     """Run a scenario, write the run directory and print the verdict."""
     if engine not in ("asyncio", "locust"):
         raise _fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
         raise _fail("--workers N needs --engine locust and N >= 0")
+    if capture and workers:
+        raise _fail("--capture keeps what this process received: it works without --workers")
     if out is not None:
         _check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
@@ -115,11 +121,11 @@ def run(
     try:
         overrides = _overrides(set_, base_url, model, api_key_env, seconds={
             "load.duration_s": duration, "target.request_timeout_s": request_timeout,
-            "load.drain_timeout_s": drain_timeout})
+            "load.drain_timeout_s": drain_timeout}) + (["load.fail_fast_requests=0"] if no_fail_fast else [])
         sc = _load(scenario, overrides)
         result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
                          png=not no_png, server_metrics=not no_server_metrics,
-                         server_metrics_period_s=server_metrics_period_s, console=console)
+                         server_metrics_period_s=server_metrics_period_s, capture=capture, console=console)
     except (ScenarioError, api.TargetError) as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(result.exit_code)

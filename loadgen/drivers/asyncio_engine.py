@@ -4,10 +4,9 @@ Open loop: every planned request is sent at ``t0 + offset`` (absolute deadlines 
 response never delays a later send). The scheduler sleeps until ``SPIN_MS`` before a deadline and then yields
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
 streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
-one ends (its body is built first: the intended time is when it is ready to go). ``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop
-request's body is serialized before its deadline and its send path (httpx, connection) starts
-``send_ahead_ms`` early; the lean transport holds the bytes until the deadline, so no send leaves early and
-httpx's own overhead does not make it late.
+one ends (its body is built first: the intended time is when it is ready to go). ``max_in_flight`` caps
+concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body is serialized before
+its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until the deadline.
 
 Each response's bytes go to a ``StreamTracker`` with a timestamp; nothing is parsed here. A watchdog task
 checks every request in flight every 100 ms and cancels, with its reason, one that passed ``ttft_timeout_s``
@@ -17,7 +16,9 @@ planned send (closed loop: the end of warm-up + duration) plus ``drain_timeout_s
 then is cancelled with that reason, so a server that trickles tokens forever cannot hold the run open. Stopping
 (end of plan, Ctrl-C, SIGTERM) cancels what is in flight; each cancelled request is still recorded, as
 ``cancelled``. A request whose body cannot be prepared (the server's /tokenize failed mid-run) is recorded as a
-``protocol`` error, never raised.
+``protocol`` error, never raised; any other exception while a request is sent or read (loadgen's own bug) is
+recorded as ``internal``: every request sent has its record. With ``capture``, the raw bytes of a failed
+response (status line, headers, body, up to 64 KiB) are handed to it with the record.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from loadgen.core import RequestMeta, StreamTracker
+from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
@@ -45,12 +46,14 @@ START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not
 
 BodyFor = Callable[[PlannedRequest], Awaitable[dict[str, Any]]]
 OnRecord = Callable[[RequestRecord, list[ChunkRecord]], None]
+OnCapture = Callable[[RequestRecord, bytes], None]
 
 
 class AsyncioEngine:
     def __init__(self, cfg: EngineConfig, plan: Plan, body_for: BodyFor, on_record: OnRecord,
-                 client: httpx.AsyncClient, turn_for: TurnFor | None = None) -> None:
+                 client: httpx.AsyncClient, turn_for: TurnFor | None = None, capture: OnCapture | None = None) -> None:
         self.cfg, self.plan, self.body_for, self.on_record, self.client = cfg, plan, body_for, on_record, client
+        self.capture = capture
         self.conversations = Conversations(self, turn_for) if turn_for and plan.conversational else None
         self.answers: dict[int, str] = {}  # a conversation turn's answer, kept until its conversation takes it
         self.stats = EngineStats()
@@ -61,10 +64,12 @@ class AsyncioEngine:
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
         self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
 
-    def stop(self) -> None:
-        """Stop sending and cancel what is in flight (each is recorded as cancelled)."""
+    def stop(self, reason: str | None = None) -> None:
+        """Stop sending and cancel what is in flight (each is recorded as cancelled, with ``reason``)."""
         self._stopping = True
-        for task, _ in list(self.stats.in_flight.values()):
+        for seq, (task, _) in list(self.stats.in_flight.items()):
+            if reason is not None:
+                self._timeouts.setdefault(seq, ("cancelled", reason))
             task.cancel()
 
     async def run(self) -> EngineStats:
@@ -121,16 +126,16 @@ class AsyncioEngine:
                 self._spawn(req, deadline, body)
 
     async def _body(self, req: PlannedRequest, t_intended_ns: int) -> bytes | None:
-        """The request's JSON body; if it cannot be built (a server call failed), the request is recorded as
-        failed and None returned."""
+        """The request's JSON body; None (the request recorded as failed) when it cannot be built."""
         try:
             return json.dumps(await self.body_for(req)).encode()
         except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
-            self._failed_body(req, t_intended_ns, exc)
+            self.record_failure(req, t_intended_ns, exc)
             return None
 
-    def _failed_body(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
-        tracker = StreamTracker(_meta(req, t_intended_ns), t_sent_ns=0)
+    def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
+        """Record ``req`` as failed, never sent (its body could not be prepared): no queue delay, no lag."""
+        tracker = StreamTracker(_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
         self._record(tracker, 0, "protocol", f"the request could not be prepared: {type(exc).__name__}: {exc}")
 
     async def _worker(self) -> None:
@@ -165,27 +170,37 @@ class AsyncioEngine:
     async def _send(self, req: PlannedRequest, tracker: StreamTracker, body: bytes) -> None:
         status, kind, message = 0, None, None
         # the lean transport holds the request until its intended time, stamps the send, feeds reads
-        ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns)
+        ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns,
+                            raw=bytearray() if self.capture is not None else None)
         try:
             async with self._sem:
                 tracker.t_sent_ns = time.monotonic_ns()  # until the transport's own stamp (other transports)
                 self.stats.sent += 1
-                status = await send_post(self.client, self._direct, self.cfg.url, self.cfg.headers, body, ctx)
+                status = await send_post(self.client, self._direct, self.cfg.url, self.cfg.headers, body, ctx,
+                                         self.cfg.follow_redirects)
         except asyncio.CancelledError:
             kind, message = self._timeouts.pop(req.seq, ("cancelled", "run stopped before the response ended"))
-        except httpx.HTTPError as exc:
+        except Exception as exc:  # noqa: BLE001 - httpx's faults, and any bug of ours: a record, never a crash
             kind, message = error_kind(exc)
+            status = getattr(exc, "status", 0)  # a redirect's
         finally:
             self.stats.in_flight.pop(req.seq, None)
             tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
-        self._record(tracker, status or 200, kind, message)
+        record = self._record(tracker, status or 200, kind, message)
+        if ctx.raw is not None and record.error_kind is not None and self.capture is not None:
+            self.capture(record, bytes(ctx.raw))
 
-    def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> None:
+    def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> RequestRecord:
         """Finish the tracker's records and hand them on (``status`` 0: nothing came back)."""
         now = time.monotonic_ns()
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
-        record, chunks = tracker.finish(now, status, kind, message)
+        try:
+            record, chunks = tracker.finish(now, status, kind, message)
+        except Exception as exc:  # noqa: BLE001 - a bug in the core: the request still has its record
+            record, chunks = bare_record(tracker.meta, tracker.t_sent_ns, now, status, "internal",
+                                         f"loadgen failed on this response (a bug; please report it): "
+                                         f"{type(exc).__name__}: {exc}"), []
         if tracker.meta.keep_text:
             self.answers[record.seq] = tracker.answer
         if record.error_kind == "cancelled":
@@ -196,6 +211,7 @@ class AsyncioEngine:
             self.stats.completed += 1
         self.stats.output_tokens += record.output_tokens
         self.on_record(record, chunks)
+        return record
 
     # ---- timeouts -------------------------------------------------------------------------------------
     hard_end_ns: int | None = None  # the run's hard end (monotonic ns): what is in flight then is cut

@@ -98,7 +98,7 @@ class Conversations:
         try:
             body, sent = await self.turn_for(req, history)
         except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
-            self.engine._failed_body(req, t_due_ns or time.monotonic_ns(), exc)
+            self.engine.record_failure(req, t_due_ns or time.monotonic_ns(), exc)
             return None, ""
         return json.dumps(body).encode(), sent
 

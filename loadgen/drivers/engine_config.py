@@ -38,3 +38,4 @@ class EngineConfig:
     max_event_bytes: int = 1 << 20
     max_rate_per_s: float | None = None  # closed loop: this process's users together, at most (RateCeiling)
     api: str = "chat"  # target.api: how the answers are parsed (core/apis.py)
+    follow_redirects: bool = False  # target.follow_redirects: follow 307/308 (drivers/redirects.py)

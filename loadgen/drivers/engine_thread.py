@@ -44,6 +44,7 @@ class Preparation(Protocol):
     """How to get there (run/prepare.py's ``Preparation``)."""
 
     plan: Plan
+    capture: Any  # None, or where the raw bytes of failed responses go (the engine's ``capture``)
 
     def open_client(self) -> httpx.AsyncClient: ...
 
@@ -202,10 +203,15 @@ class EngineThread:
             if done is not None:
                 done(record, chunks)
 
-        return AsyncioEngine(self.prepared.engine_config(), self.plan, no_body, on_record, client)
+        return AsyncioEngine(self.prepared.engine_config(), self.plan, no_body, on_record, client,
+                             capture=self.preparation.capture)
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int, history: list[tuple[str, str]] | None) -> None:
-        body, self._sent[req.seq] = await self.prepared.turn(req, history or [])
+        try:
+            body, self._sent[req.seq] = await self.prepared.turn(req, history or [])
+        except Exception as exc:  # noqa: BLE001 - e.g. /tokenize failed mid-run: a record, and on_done runs
+            self.engine.record_failure(req, t_intended_ns if t_intended_ns > 0 else time.monotonic_ns(), exc)
+            return
         if t_intended_ns <= 0:  # closed loop: intended = when the body is ready and the ceiling lets it go
             await self.engine.ceiling.wait()
             t_intended_ns = time.monotonic_ns()

@@ -10,22 +10,18 @@ from typing import Callable
 from loadgen.advise.whatif import AdviceError, AdviseOptions, RunData, advise
 from loadgen.analysis.advice_result import Advice
 from loadgen.core.secrets import write_text
-from loadgen.plan.scenario import Scenario
 from loadgen.report.advice_report import markdown
-from loadgen.run.runner import rebuild_reports
-from loadgen.run.sinks import load_records, load_server_metrics
+from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records, rebuild_reports
+from loadgen.run.sinks import load_server_metrics
 
 
 def read_run(run_dir: Path) -> RunData:
     """run.json, the records and the scraped server metrics; AdviceError for what is not a run directory."""
-    if not (run_dir / "run.json").exists():
-        raise AdviceError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
     try:
-        info = json.loads((run_dir / "run.json").read_text())
-        scenario = Scenario.model_validate(info["scenario"])
-        requests, chunks = load_records(run_dir)
-    except (OSError, ValueError, KeyError) as exc:
-        raise AdviceError(f"{run_dir}: {exc}") from None
+        info, scenario = read_run_info(run_dir)
+        requests, chunks = read_whole_records(run_dir)
+    except RunDirError as exc:
+        raise AdviceError(str(exc)) from None
     return RunData(info, scenario, requests, chunks, load_server_metrics(run_dir), str(run_dir))
 
 

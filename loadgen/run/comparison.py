@@ -3,7 +3,6 @@ write compare.md / compare.json."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,7 @@ import polars as pl
 from loadgen.analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, run_samples
 from loadgen.analysis.summary import summarize
 from loadgen.report.compare_report import comparison_dict
-from loadgen.plan.scenario import Scenario
-from loadgen.run.sinks import load_records
+from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records
 
 MIN_REQUESTS = 20
 
@@ -53,14 +51,11 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], RunSamples]:
 
 def load_run_frames(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame, RunSamples]:
     """run.json, the request records and the bootstrap's samples of one run directory (records read once)."""
-    if not (run_dir / "run.json").exists():
-        raise CompareError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
-    info = json.loads((run_dir / "run.json").read_text())
-    scenario = Scenario.model_validate(info["scenario"])
     try:
-        requests, chunks = load_records(run_dir)
-    except FileNotFoundError as exc:
-        raise CompareError(f"{run_dir}: {exc}") from None
+        info, scenario = read_run_info(run_dir)
+        requests, chunks = read_whole_records(run_dir)
+    except RunDirError as exc:
+        raise CompareError(str(exc)) from None
     _, tables = summarize(scenario, requests, chunks, info.get("planned"))
     return info, requests, run_samples(requests, chunks, tables["stalls"])
 

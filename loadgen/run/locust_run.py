@@ -61,7 +61,7 @@ def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scra
     if not opts.server_metrics:
         return None
     scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s,
-                      verify=ssl_context(state.scenario) or True)
+                      verify=ssl_context(state.scenario) or True, proxy=target.proxy)
     state.engine.start_scraper(scraper)
     return scraper
 
@@ -94,6 +94,7 @@ class LocustRun:
         self.left_workers: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.recorded = 0
+        self.stopped = False  # the fail-fast guard stopped the run
 
     def execute(self) -> RunResult:
         auth_headers(self.scenario)  # may raise TargetError before anything starts
@@ -119,7 +120,9 @@ class LocustRun:
         return result
 
     def _drive(self) -> RunResult:
-        state = lu.ProcessState(self.scenario, Preparation(self.scenario, self.plan, self.base_url), on_record=self._record)
+        prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures)
+        state = lu.ProcessState(self.scenario, prep, on_record=self._record)
+        self.run.stopper = lambda reason: self._stop_early(state)
         try:
             target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early
             target.sim = self.sim
@@ -144,6 +147,7 @@ class LocustRun:
         if self.left_workers:
             target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended: "
                                 "their records up to then are kept")
+        self.run.note_stopped_early(target)
         return self.run.finish(target, generator)
 
     def _local(self, env: Any, state: lu.ProcessState) -> None:
@@ -152,7 +156,7 @@ class LocustRun:
         state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
         n = users_for(self.scenario)
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
-        self._wait(lambda: state.finished, runner)
+        self._wait(lambda: state.finished or self.stopped, runner)
         runner.quit()
 
     def _distributed(self, env: Any) -> None:
@@ -170,7 +174,7 @@ class LocustRun:
         # closed loop: the scenario's concurrency in all, shared out by Locust; open loop: each worker's users
         n = users_for(self.scenario) * (1 if self.scenario.load.concurrency else len(clients))
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
-        self._wait(lambda: self._all_workers_done(runner, clients), runner)
+        self._wait(lambda: self._all_workers_done(runner, clients) or self.stopped, runner)
         runner.quit()
 
     def _all_workers_done(self, runner: Any, clients: list[str]) -> bool:
@@ -200,13 +204,21 @@ class LocustRun:
                 lu.sleep(0.25)
                 progress.update(task, completed=self.recorded, description=(
                     f"running (locust)  users {runner.user_count:>4}  workers {len(self.done_workers)} done"))
-                if time.monotonic() - last_flush >= 1.0 and self.run.sink.pending():
-                    self.run.sink.flush()
+                if time.monotonic() - last_flush >= 1.0 and self.run.sink.pending() and not self.run.disk_error:
                     last_flush = time.monotonic()
+                    try:
+                        self.run.sink.flush()
+                    except Exception as exc:  # noqa: BLE001 - the records stay in memory either way
+                        self.stopped = self.run.flush_failed(exc) or self.stopped
 
     def _record(self, record: Any, chunks: Any) -> None:
         self.recorded += 1
-        self.run.sink.add(record, chunks)
+        self.run.on_record(record, chunks)  # into the sink, past the fail-fast guard
+
+    def _stop_early(self, state: lu.ProcessState) -> None:
+        """Fail fast: stop waiting for the plan; what this process has in flight is cancelled."""
+        self.stopped = True
+        state.engine.cancel_in_flight()
 
 
 def run_worker(scenario: Scenario, master_host: str, master_port: int) -> int:

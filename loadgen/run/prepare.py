@@ -14,6 +14,7 @@ import httpx
 from loadgen.core.apis import PATHS
 from loadgen.drivers.engine_config import EngineConfig
 from loadgen.drivers.lean_transport import LeanTransport
+from loadgen.drivers.proxy import Proxy, ProxyError, proxy_for
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.plan.workload import History, Prompt, PromptFactory, request_body
@@ -39,11 +40,25 @@ def ssl_context(scenario: Scenario) -> ssl.SSLContext | None:
     return ctx
 
 
+def target_proxy(scenario: Scenario, base_url: str) -> Proxy | None:
+    """The environment's proxy for the target (drivers/proxy.py; never for the embedded simulator); a proxy
+    setting loadgen cannot use is a TargetError naming the variable (exit 2, before anything is sent)."""
+    if scenario.target.embedded or base_url != scenario.target.base_url:  # the simulator's own URL
+        return None
+    try:
+        return proxy_for(base_url)
+    except ProxyError as exc:
+        raise TargetError(str(exc)) from None
+
+
 def open_client(scenario: Scenario, base_url: str) -> httpx.AsyncClient:
-    """A client on the lean transport, for http:// and https:// alike (TLS by ``target.tls``)."""
+    """A client on the lean transport, for http:// and https:// alike (TLS by ``target.tls``), through the
+    environment's proxy where it names one for the target."""
     room = scenario.load.max_in_flight + 8
     t = scenario.target
-    transport = LeanTransport(connect_timeout_s=t.connect_timeout_s, ssl_context=ssl_context(scenario))
+    target_proxy(scenario, base_url)  # a proxy setting that cannot be used: TargetError before anything is sent
+    transport = LeanTransport(connect_timeout_s=t.connect_timeout_s, ssl_context=ssl_context(scenario),
+                              use_proxy_env=not t.embedded)
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=room, max_keepalive_connections=room),
                                timeout=httpx.Timeout(connect=t.connect_timeout_s, read=None, write=30.0, pool=None),
                                transport=transport)
@@ -58,7 +73,8 @@ def engine_config(scenario: Scenario, target: ResolvedTarget) -> EngineConfig:
                         request_timeout_s=s.target.request_timeout_s, drain_timeout_s=load.drain_timeout_s,
                         max_in_flight=load.max_in_flight, duration_s=load.duration_s, warmup_s=load.warmup_s,
                         concurrency=load.concurrency, send_ahead_ms=SEND_AHEAD_MS,
-                        max_event_bytes=s.target.max_event_bytes, max_rate_per_s=load.max_rate_per_s)
+                        max_event_bytes=s.target.max_event_bytes, max_rate_per_s=load.max_rate_per_s,
+                        follow_redirects=s.target.follow_redirects)
 
 
 @dataclass
@@ -93,6 +109,7 @@ class Preparation:
     scenario: Scenario
     plan: Plan
     base_url: str
+    capture: Any = None  # run/guards.Captures: the raw bytes of failed responses (--capture), for the engine
 
     def open_client(self) -> httpx.AsyncClient:
         return open_client(self.scenario, self.base_url)
@@ -100,7 +117,12 @@ class Preparation:
     async def prepare(self, client: httpx.AsyncClient) -> Prepared:
         """Resolve the target (TargetError names what is wrong) and ready the prompt factory."""
         headers, redact = auth_headers(self.scenario)  # TargetError: an API key's variable is not set
+        proxy = target_proxy(self.scenario, self.base_url)
         target = await resolve(self.scenario, client, self.base_url, headers, redact)
+        if proxy is not None:
+            target.notes.append(f"requests went through the proxy {proxy.url} ({proxy.variable}); the figures "
+                                "include it")
+        target.proxy = proxy
         factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
         await factory.prepare_classes()
         return Prepared(self.scenario, self.plan, target, factory)

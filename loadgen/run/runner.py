@@ -15,28 +15,27 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import httpx
-import polars as pl
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen import __version__
 from loadgen.run import exits
-from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
-from loadgen.analysis.summary import summarize
+from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
-from loadgen.report.build import write_reports
 from loadgen.report.console import print_summary
-from loadgen.report.wording import with_headline
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.scrape import Scraper
-from loadgen.run.sinks import RecordSink, as_os_error, load_records, load_server_metrics
+from loadgen.run.guards import Captures, FailFast
+from loadgen.run.reporting import rebuild_reports, report_records
+from loadgen.run.sinks import RecordSink
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
 
@@ -51,6 +50,7 @@ class RunOptions:
     png: bool = True  # charts/*.png beside report.html
     server_metrics: bool = True  # scrape the target's /metrics into server_metrics.parquet
     server_metrics_period_s: float = 0.5
+    capture: int = 0  # keep the raw bytes of the first N failed responses (run/guards.py)
 
 
 def slug(name: str) -> str:
@@ -149,6 +149,9 @@ class Run:
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
         self.engine_name = engine_name
+        self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
+        self.stopper: Callable[[str], None] | None = None  # how the driver stops early (set when sending starts)
+        self.captures = Captures(run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
@@ -183,15 +186,34 @@ class Run:
             prompts = await self._prepare_prompts(prepared.factory)
             self.write_run_json(target, finished=False)
             self._engine = engine = self._engine_for(prepared, client, prompts)
+            self.stopper = engine.stop
             exits.current.update(phase="running")
             async with self._server_metrics(target):
                 await self._drive(engine)
         self.close_sink()
+        self.note_stopped_early(target)
         st = engine.stats
         self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
                           "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
         self.note_cut_at_end(target, st.cut_at_end)
         return target
+
+    def on_record(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+        """Every record of the run: into the sink, then past the fail-fast guard."""
+        self.sink.add(record, chunks)
+        self.fail_fast.observe(record)
+
+    def _stop_early(self, reason: str) -> None:
+        self.console.print(f"[red]error:[/] {escape(reason)}; stopping the run", highlight=False)
+        if self.stopper is not None:
+            self.stopper(f"run {reason}")
+
+    def note_stopped_early(self, target: ResolvedTarget) -> None:
+        if self.fail_fast.reason:
+            target.notes.append(self.fail_fast.reason)
+        if self.captures is not None and self.captures.written:
+            target.notes.append(f"raw bytes of {len(self.captures.written)} failed response(s) kept in "
+                                f"{self.captures.dir.name}/ (--capture)")
 
     def note_cut_at_end(self, target: ResolvedTarget, cut: int) -> None:
         if cut:
@@ -205,11 +227,14 @@ class Run:
                                "anyone on the path can read the prompts and the API key", highlight=False)
 
     def close_sink(self) -> None:
-        """Flush and merge the records; a full disk is recorded (the run becomes inconclusive), never raised."""
+        """Flush and merge the records; a full disk (or any failure to write them) is recorded, and the run
+        becomes inconclusive: never raised. The records left in memory still make the summary."""
         try:
             self.sink.close()
         except OSError as exc:
             self.disk_error = self.disk_error or f"{exc.strerror or exc} ({self.run_dir})"
+        except Exception as exc:  # noqa: BLE001 - a bug writing them: said, and the summary still made
+            self.disk_error = self.disk_error or f"{type(exc).__name__}: {exc} ({self.run_dir})"
 
     @contextlib.asynccontextmanager
     async def _server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
@@ -218,7 +243,7 @@ class Run:
             yield
             return
         scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s,
-                          verify=ssl_context(self.scenario) or True)
+                          verify=ssl_context(self.scenario) or True, proxy=target.proxy)
         stop = asyncio.Event()
         task = asyncio.create_task(scraper.run_own_client(stop))
         try:
@@ -249,7 +274,8 @@ class Run:
         async def turn_for(req: PlannedRequest, history: list[tuple[str, str]]) -> tuple[dict[str, Any], str]:
             return await prepared.turn(req, history, prompts.get(req.seq) if not self.plan.closed_loop else None)
 
-        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.sink.add, client, turn_for)
+        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
+                             capture=self.captures)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:
@@ -274,11 +300,21 @@ class Run:
                 last_flush = time.monotonic()
                 try:
                     await asyncio.to_thread(self.sink.flush)
-                except OSError as exc:  # the disk is full: stop sending, keep what is in memory
-                    self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
-                    self.console.print(f"[red]error:[/] cannot write records: {self.disk_error}; stopping the "
-                                       "run", highlight=False)
-                    engine.stop()
+                except Exception as exc:  # noqa: BLE001 - the records stay in memory either way
+                    if self.flush_failed(exc):
+                        engine.stop()
+
+    def flush_failed(self, exc: Exception) -> bool:
+        """A periodic flush raised; True when the run must stop sending (the disk is full). Anything else is a
+        bug: a warning, and the records stay buffered for the next flush."""
+        if isinstance(exc, OSError):
+            self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
+            self.console.print(f"[red]error:[/] cannot write records: {escape(self.disk_error)}; stopping the run",
+                               highlight=False)
+            return True
+        self.console.print(f"[yellow]warning:[/] a flush of the records failed ({type(exc).__name__}: "
+                           f"{escape(str(exc))}); they are kept and written later", highlight=False)
+        return False
 
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -338,52 +374,9 @@ class Run:
                 "target": self._target_info(target),
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
+                "stopped_early": self.fail_fast.reason,
                 "generator": self.generator, "scenario": scenario}
         return info
-
-
-def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
-                    png: bool = True) -> RunResult:
-    """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
-    ``loadgen report DIR`` at any time after). Damaged record parts are skipped, named, and make it inconclusive."""
-    info = json.loads((run_dir / "run.json").read_text())
-    scenario = scenario or Scenario.model_validate(info["scenario"])
-    broken: list[str] = []
-    requests, chunks = load_records(run_dir, broken)
-    if broken:
-        info["disk_error"] = "damaged record files skipped: " + "; ".join(broken)
-    return report_records(run_dir, info, scenario, requests, chunks, window, png)
-
-
-def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requests: pl.DataFrame,
-                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> RunResult:
-    """The summary of these records and run.json's ``info``; the report files written as far as the disk
-    allows (a full disk is a note, the summary is still returned)."""
-    extra = {"interrupted": info.get("interrupted", False), "notes": list(info.get("notes", [])),
-             "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
-             "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
-             "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
-             "disk_error": info.get("disk_error")}
-    server = load_server_metrics(run_dir)
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
-    result = RunResult.from_dict(with_headline(summary), run_dir)
-    try:
-        write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
-                      load_advice(run_dir))
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
-    return result
-
-
-def load_advice(run_dir: Path) -> Advice | None:
-    """advice.json (``loadgen advise`` wrote it), for report.html's advice section; unreadable: none."""
-    path = run_dir / "advice.json"
-    if not path.exists():
-        return None
-    try:
-        return Advice.from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 __all__ = ["Run", "RunOptions", "run_scenario", "rebuild_reports", "TargetError"]

@@ -2,8 +2,10 @@
 crash or Ctrl-C loses at most the records since the last flush; ``close()`` merges the parts into
 ``requests.parquet`` / ``chunks.parquet``; while the run goes, parts are merged in tiers (``parts.py``), so an
 hour leaves tens of parts, not thousands. ``load_records`` reads either form, skipping (and naming) a damaged
-part. Parts are written aside and renamed, so a full disk leaves no half-written part, and a flush that fails
-keeps its records in memory (``frames()`` still returns them).
+part. Parts are written aside and renamed, so a full disk leaves no half-written part, and a flush that fails,
+for any reason, keeps its records in memory (``frames()`` still returns them; the next flush writes them). A
+value that does not fit its column (a length past Int64 from a bad dataset) becomes null in that row rather
+than failing the flush: every request sent keeps its row.
 
 Records are appended to per-column lists as they come (cheap, spread over the run); a flush hands those lists
 to polars. Converting record objects column by column at flush time held the GIL ~16 ms per 32k chunks, a
@@ -22,8 +24,11 @@ import polars as pl
 
 from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA
 from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
-from loadgen.core.secrets import redact
+from loadgen.core.secrets import clip, redact
 from loadgen.run import parts as pt
+
+MESSAGE_CHARS = 500  # an error message in the records, at most (clipped after redaction)
+
 
 class RecordSink:
     def __init__(self, run_dir: Path) -> None:
@@ -35,7 +40,8 @@ class RecordSink:
         self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
 
     def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
-        record.error_message = redact(record.error_message)  # the records' one way out: the redaction choke point
+        if record.error_message:  # the records' one way out: the redaction choke point (then clipped)
+            record.error_message = clip(redact(record.error_message) or "", MESSAGE_CHARS)
         with self._lock:
             for name in REQUEST_COLUMNS:
                 self._requests[name].append(getattr(record, name))
@@ -51,8 +57,8 @@ class RecordSink:
 
     def flush(self) -> None:
         """Write what is buffered as one more part (safe to call from a worker thread). The part appears whole
-        or not at all (written aside, then renamed); if the write fails (OSError: the disk is full) nothing is
-        lost: the records go back into the buffer, and the error is raised for the run to stop on."""
+        or not at all (written aside, then renamed); if the write fails (OSError: the disk is full; anything
+        else: a bug) nothing is lost: the records go back into the buffer, and the error is raised."""
         with self._lock:
             requests, chunks = self._requests, self._chunks
             if not requests["seq"]:
@@ -61,9 +67,9 @@ class RecordSink:
             part = self._parts + 1
         written = pt.Part(part, part, pt.part_path(self.run_dir, "requests", part, part))
         try:
-            _write_atomic({written.requests: pl.DataFrame(requests, schema=REQUEST_SCHEMA),
-                           written.chunks: pl.DataFrame(chunks, schema=CHUNK_SCHEMA)})
-        except OSError:
+            _write_atomic({written.requests: _frame(requests, REQUEST_SCHEMA),
+                           written.chunks: _frame(chunks, CHUNK_SCHEMA)})
+        except BaseException:
             with self._lock:  # put them back in front of what came meanwhile
                 for name in REQUEST_COLUMNS:
                     self._requests[name][:0] = requests[name]
@@ -89,12 +95,21 @@ class RecordSink:
         """Every record of the run: the parts on disk and what is still buffered (when it could not be written)."""
         requests, chunks = _read_all(self.run_dir, [], merge=False)
         with self._lock:
-            return (pl.concat([requests, pl.DataFrame(self._requests, schema=REQUEST_SCHEMA)]),
-                    pl.concat([chunks, pl.DataFrame(self._chunks, schema=CHUNK_SCHEMA)]))
+            return (pl.concat([requests, _frame(self._requests, REQUEST_SCHEMA)]),
+                    pl.concat([chunks, _frame(self._chunks, CHUNK_SCHEMA)]))
 
 
 def _empty(columns: tuple[str, ...]) -> dict[str, list[object]]:
     return {name: [] for name in columns}
+
+
+def _frame(columns: dict[str, list[object]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """The buffered columns as a frame; a value that does not fit its type (an integer past Int64) is null in
+    its row instead of failing the whole flush."""
+    try:
+        return pl.DataFrame(columns, schema=schema)
+    except Exception:  # noqa: BLE001 - polars raises several kinds (OverflowError, TypeError, its own)
+        return pl.DataFrame(columns, schema=schema, strict=False)
 
 
 def _write_atomic(files: dict[Path, pl.DataFrame]) -> None:

@@ -14,9 +14,13 @@ from typing import Any
 import httpx
 
 from loadgen.core import apis, engines
+from loadgen.core.tracker import RequestMeta, StreamTracker
 from loadgen.plan.scenario import Scenario
-from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, url_secrets
+from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, clip, url_secrets
+from loadgen.drivers.http_conn import REDIRECTS
 from loadgen.drivers.lean_transport import direct_post
+from loadgen.drivers.proxy import proxy_secrets
+from loadgen.drivers.redirects import MAX_REDIRECTS, RedirectError, next_hop
 from loadgen.plan.workload import LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter, calibrate
 
 
@@ -36,6 +40,8 @@ class ResolvedTarget:
     sim: Any = None  # the embedded SimProcess, stopped by the runner
     notes: list[str] = field(default_factory=list)
     timeout_s: float = 30.0  # each preflight request
+    follow: bool = False  # target.follow_redirects
+    proxy: Any = None  # the environment's proxy the requests go through (drivers/proxy.Proxy), if any
 
     @property
     def has_tokenize(self) -> bool:
@@ -47,24 +53,41 @@ class ResolvedTarget:
 
 
 def scenario_secrets(scenario: Scenario) -> list[str]:
-    """What must never be shown: sensitive header values, the URL's secrets, the API key (if set)."""
+    """What must never be shown: sensitive header values, the URL's secrets, the API key (if set; as read and
+    with surrounding whitespace stripped, as it is sent), a proxy URL's password."""
     secrets = [v for k, v in scenario.target.headers.items() if SENSITIVE_HEADER.search(k)]
-    secrets += url_secrets(scenario.target.base_url)
+    secrets += [v.strip() for v in secrets]
+    secrets += url_secrets(scenario.target.base_url) + proxy_secrets()
     if scenario.target.api_key_env:
-        secrets.append(os.environ.get(scenario.target.api_key_env, ""))
+        key = os.environ.get(scenario.target.api_key_env, "")
+        secrets += [key, key.strip()]
     return secrets
+
+
+def _field_value(what: str, value: str) -> str:
+    """A header value as sent: surrounding whitespace dropped (a key file's final newline), then only visible
+    ASCII and spaces (RFC 9110 §5.5); TargetError names ``what``, never the value."""
+    value = value.strip()
+    if any(not (" " <= c <= "~") for c in value):
+        raise TargetError(f"{what} holds a control or non-ASCII character (a line break inside it?); it cannot be "
+                          "sent as an HTTP header value")
+    return value
 
 
 def auth_headers(scenario: Scenario) -> tuple[dict[str, str], Redactor]:
     """The request headers, and the process-wide redactor with this scenario's secrets registered."""
-    headers = {"accept-encoding": "identity", **scenario.target.headers}
     REDACTOR.register(*scenario_secrets(scenario))
+    headers = {"accept-encoding": "identity"}
+    for name, value in scenario.target.headers.items():
+        if not name or any(not ("!" <= c <= "~") or c in '"(),/:;<=>?@[\\]{}' for c in name):
+            raise TargetError(f"target.headers: {name!r} is not a valid header name (RFC 9110 §5.1)")
+        headers[name] = _field_value(f"target.headers.{name}", value)
     env = scenario.target.api_key_env
     anthropic = scenario.target.api == "messages"
     if anthropic:
         headers.setdefault("anthropic-version", apis.ANTHROPIC_VERSION)
     if env:
-        key = os.environ.get(env)
+        key = _field_value(f"target.api_key_env: the value of {env}", os.environ.get(env) or "")
         if not key:
             raise TargetError(f"target.api_key_env: environment variable {env} is not set")
         headers["x-api-key" if anthropic else "authorization"] = key if anthropic else f"Bearer {key}"
@@ -106,8 +129,23 @@ async def call_direct(direct: Any, body: bytes, target: ResolvedTarget, path: st
 
 
 async def call(client: httpx.AsyncClient, method: str, url: str, timeout_s: float, redact: Redactor,
-               **kwargs: Any) -> httpx.Response:
-    """One preflight request with a deadline; no answer in time, or no connection, is a TargetError."""
+               follow: bool = False, **kwargs: Any) -> httpx.Response:
+    """One preflight request with a deadline; no answer in time, or no connection, is a TargetError, and so is
+    a redirect (naming the base URL to use instead) unless ``follow`` takes a 307/308 (drivers/redirects.py)."""
+    for _ in range(MAX_REDIRECTS + 1):
+        resp = await _call_once(client, method, url, timeout_s, redact, **kwargs)
+        if resp.status_code not in REDIRECTS:
+            return resp
+        try:
+            url, kwargs["headers"] = next_hop(url, resp.status_code, resp.headers.get("location"), follow,
+                                              dict(kwargs.get("headers") or {}))
+        except RedirectError as exc:
+            raise TargetError(f"{url}: {redact(str(exc))}") from None
+    raise TargetError(f"{url}: more than {MAX_REDIRECTS} redirects")
+
+
+async def _call_once(client: httpx.AsyncClient, method: str, url: str, timeout_s: float, redact: Redactor,
+                     **kwargs: Any) -> httpx.Response:
     try:
         return await asyncio.wait_for(client.request(method, url, **kwargs), timeout_s)
     except asyncio.TimeoutError:
@@ -118,21 +156,26 @@ async def call(client: httpx.AsyncClient, method: str, url: str, timeout_s: floa
 
 async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
                   redact: Redactor) -> ResolvedTarget:
-    timeout_s = scenario.target.preflight_timeout_s
-    models = await _get_json(client, f"{base_url}/models", headers, redact, timeout_s)
+    timeout_s, follow = scenario.target.preflight_timeout_s, scenario.target.follow_redirects
+    models = await _get_json(client, f"{base_url}/models", headers, redact, timeout_s, follow)
     if not isinstance(models, dict) or not isinstance(models.get("data", []), list):
         raise TargetError(f"{base_url}/models: the answer is not an OpenAI model list ({{\"data\": [...]}}); "
                           "is this an OpenAI-compatible /v1 URL?")
-    served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    entries = models.get("data", [])
+    served = [m["id"] for m in entries if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]]
+    if entries and not served:
+        raise TargetError(f"{base_url}/models lists {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} but "
+                          "none with an \"id\" string; is this an OpenAI-compatible /v1 URL?")
     model = scenario.target.model
     if model == "auto":
         if not served:
             raise TargetError(f"{base_url}/models lists no model; set target.model")
         model = served[0]
     elif served and model not in served:
-        raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {', '.join(served)}")
+        shown = ", ".join(served[:10]) + (f" (+{len(served) - 10} more)" if len(served) > 10 else "")
+        raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {shown}")
     target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s, follow=follow)
     await _probe_generation(scenario, client, target)
     target.tokenize_dialect = await _find_tokenizer(client, target)
     await _recognise_engine(client, target)
@@ -140,12 +183,12 @@ async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, 
 
 
 async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str], redact: Redactor,
-                    timeout_s: float) -> Any:
-    resp = await call(client, "GET", url, timeout_s, redact, headers=headers)
+                    timeout_s: float, follow: bool) -> Any:
+    resp = await call(client, "GET", url, timeout_s, redact, follow, headers=headers)
     if resp.status_code in (401, 403):
         raise TargetError(f"{url}: HTTP {resp.status_code}: authentication failed (check target.api_key_env)")
     if resp.status_code != 200:
-        raise TargetError(f"{url}: HTTP {resp.status_code}: {redact(resp.text[:200])}")
+        raise TargetError(f"{url}: HTTP {resp.status_code}: {clip(redact(resp.text) or '', 200)}")
     try:
         return resp.json()
     except ValueError:
@@ -170,7 +213,20 @@ async def _probe_generation(scenario: Scenario, client: httpx.AsyncClient, targe
         resp = await _post(client, target.base_url + path, body, target)
     if resp.status_code != 200:
         raise TargetError(f"{target.base_url}{path}: HTTP {resp.status_code} for model {target.model!r}: "
-                          f"{target.redact(resp.text[:200])}")
+                          f"{clip(target.redact(resp.text) or '', 200)}")
+    wrong = probe_answer_error(api, resp.content)
+    if wrong is not None:
+        raise TargetError(f"{target.base_url}{path}: the probe's answer (model {target.model!r}): "
+                          f"{clip(target.redact(wrong) or '', 300)}")
+
+
+def probe_answer_error(api: str, content: bytes) -> str | None:
+    """Why a probe's 200 answer is not one a run can measure (an error sent with status 200, a JSON body where
+    a stream was asked for, a stream that does not end), read as the run will read it; None: it is fine."""
+    tracker = StreamTracker(RequestMeta(0, "probe", False, 0, 1, 1), 0, api=api)
+    tracker.feed(content, 1)
+    record, _ = tracker.finish(2)
+    return record.error_message if record.error_kind else None
 
 
 PROBE_ATTEMPTS = 5
@@ -179,7 +235,8 @@ PROBE_ATTEMPTS = 5
 async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], target: ResolvedTarget) -> httpx.Response:
     """POST a probe; 5xx and 429 are retried (a flaky server is the run's to measure, not a config error)."""
     for attempt in range(1, PROBE_ATTEMPTS + 1):
-        resp = await call(client, "POST", url, target.timeout_s, target.redact, json=body, headers=target.headers)
+        resp = await call(client, "POST", url, target.timeout_s, target.redact, target.follow, json=body,
+                          headers=target.headers)
         if resp.status_code < 500 and resp.status_code != 429 or attempt == PROBE_ATTEMPTS:
             return resp
         await asyncio.sleep(0.2 * attempt)  # back off before retrying a transient server error
@@ -190,7 +247,7 @@ async def _find_tokenizer(client: httpx.AsyncClient, target: ResolvedTarget) -> 
     """The first tokenize dialect the server answers in a way its reader understands (engines.DIALECTS)."""
     for dialect, (path, probe, read) in engines.DIALECTS.items():
         try:
-            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact,
+            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, target.follow,
                               json={"model": target.model, **probe}, headers=target.headers)
             if resp.status_code == 200 and read(resp.json()) is not None:
                 return dialect
@@ -203,7 +260,7 @@ async def _recognise_engine(client: httpx.AsyncClient, target: ResolvedTarget) -
     """From the series /metrics serves, else from the tokenize dialect; one note says what its adapter gives."""
     how = "its /metrics"
     try:
-        resp = await call(client, "GET", target.root + "/metrics", target.timeout_s, target.redact,
+        resp = await call(client, "GET", target.root + "/metrics", target.timeout_s, target.redact, target.follow,
                           headers=target.headers)
         target.engine = engines.detect_from_metrics(resp.text) if resp.status_code == 200 else None
     except TargetError:
@@ -218,13 +275,14 @@ async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: R
     direct: dict[str, Any] = {}  # path → the lean transport's prepared POST (a closed loop counts every prompt)
 
     async def post(path: str, body: dict[str, Any]) -> Any:
-        if path not in direct:
-            direct[path] = direct_post(client, target.root + path, {**target.headers, **JSON_TYPE})
+        if path not in direct:  # (following redirects: through ``call``, which follows them)
+            direct[path] = None if target.follow else direct_post(client, target.root + path,
+                                                                   {**target.headers, **JSON_TYPE})
         if direct[path] is not None:
             status, text = await call_direct(direct[path], json.dumps(body).encode(), target, path)
         else:
-            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, json=body,
-                              headers=target.headers)
+            resp = await call(client, "POST", target.root + path, target.timeout_s, target.redact, target.follow,
+                              json=body, headers=target.headers)
             status, text = resp.status_code, resp.content
         try:
             answer = json.loads(text) if status == 200 else None
@@ -232,7 +290,7 @@ async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: R
             answer = None
         if status != 200:
             raise TargetError(f"{target.root}{path}: HTTP {status}: "
-                              f"{target.redact(text[:200].decode('utf-8', 'replace'))}")
+                              f"{clip(target.redact(text.decode('utf-8', 'replace')) or '', 200)}")
         if not isinstance(answer, (dict, list)):
             raise TargetError(f"{target.root}{path}: the answer is not JSON")
         return answer

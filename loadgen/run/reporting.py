@@ -1,0 +1,99 @@
+"""The report pipeline: a run directory's records and run.json → the summary, the verdict and every report file
+(``loadgen run`` at its end, ``loadgen report DIR`` at any time after, ``advise`` and sweeps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from pydantic import ValidationError
+
+from loadgen.analysis.advice_result import Advice
+from loadgen.analysis.result import RunResult
+from loadgen.analysis.summary import summarize
+from loadgen.plan.scenario import Scenario
+from loadgen.report.build import write_reports
+from loadgen.report.wording import with_headline
+from loadgen.run.sinks import as_os_error, load_records, load_server_metrics
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read: no run.json, a malformed one, or damaged records (one line)."""
+
+
+def read_run_info(run_dir: Path) -> tuple[dict[str, Any], Scenario]:
+    """run.json and its scenario; RunDirError naming the file and what is wrong with it."""
+    path = run_dir / "run.json"
+    if not path.exists():
+        raise RunDirError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{path}: not readable as JSON ({exc})") from None
+    if not isinstance(info, dict) or not isinstance(info.get("scenario"), dict):
+        raise RunDirError(f"{path}: no scenario in it (not a loadgen run.json?)")
+    try:
+        return info, Scenario.model_validate(info["scenario"])
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RunDirError(f"{path}: its scenario is not valid: {where}: {first['msg']}") from None
+
+
+def read_whole_records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every record of a run; RunDirError when a record file is damaged (a comparison or advice on part of
+    the records would be wrong without saying so)."""
+    broken: list[str] = []
+    try:
+        requests, chunks = load_records(run_dir, broken, merge=False)
+    except FileNotFoundError as exc:
+        raise RunDirError(str(exc)) from None
+    if broken:
+        raise RunDirError(f"{run_dir}: damaged record files: {'; '.join(broken)}")
+    return requests, chunks
+
+
+def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
+                    png: bool = True) -> RunResult:
+    """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
+    ``loadgen report DIR`` at any time after). Damaged record parts are skipped, named, and make it inconclusive."""
+    info, stored = read_run_info(run_dir)
+    scenario = scenario or stored
+    broken: list[str] = []
+    requests, chunks = load_records(run_dir, broken)
+    if broken:
+        info["disk_error"] = "damaged record files skipped: " + "; ".join(broken)
+    return report_records(run_dir, info, scenario, requests, chunks, window, png)
+
+
+def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requests: pl.DataFrame,
+                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> RunResult:
+    """The summary of these records and run.json's ``info``; the report files written as far as the disk
+    allows (a full disk is a note, the summary is still returned)."""
+    extra = {"interrupted": info.get("interrupted", False), "notes": list(info.get("notes", [])),
+             "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
+             "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
+             "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
+             "disk_error": info.get("disk_error"), "stopped_early": info.get("stopped_early")}
+    server = load_server_metrics(run_dir)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
+    result = RunResult.from_dict(with_headline(summary), run_dir)
+    try:
+        write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
+                      load_advice(run_dir))
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
+    return result
+
+
+def load_advice(run_dir: Path) -> Advice | None:
+    """advice.json (``loadgen advise`` wrote it), for report.html's advice section; unreadable: none."""
+    path = run_dir / "advice.json"
+    if not path.exists():
+        return None
+    try:
+        return Advice.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
