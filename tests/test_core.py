@@ -175,6 +175,17 @@ def _random_chunk(rng) -> str:
     delta: dict = {}
     for key in ("content", "reasoning_content", "reasoning"):
         maybe(delta, key, " tok", "é\n")
+    if rng.random() < 0.3:
+        delta["content"] = value([{"type": "text", "text": " a"}, " b"], [{"type": "image_url"}], [{"text": 3}])
+    if rng.random() < 0.2:
+        maybe(delta, "refusal", "no")
+    if rng.random() < 0.3:
+        function: dict = {}
+        maybe(function, "name", "get_weather")
+        maybe(function, "arguments", '{"city": "Pa', "")
+        maybe(delta, "tool_calls", [{"index": 0, "id": "call_1", "type": "function", "function": function}],
+              [{"index": 0, "function": function}, {"index": 1}], [3])
+        maybe(delta, "function_call", function)
     choice: dict = {}
     maybe(choice, "delta", delta, delta)
     maybe(choice, "text", " word")
@@ -187,8 +198,8 @@ def _random_chunk(rng) -> str:
     maybe(chunk, "id", "chatcmpl-1")
     maybe(chunk, "choices", [choice], [choice, choice], [choice])
     maybe(chunk, "usage", usage, usage)
-    if rng.random() < 0.1:
-        chunk["error"] = value({"message": "boom", "code": 500}, "bad")
+    if rng.random() < 0.15:
+        chunk["error"] = value({"message": "boom", "code": 500}, "bad", None)
     text = json.dumps(chunk)
     return text if rng.random() > 0.03 else text[:rng.randrange(len(text))]  # now and then cut short
 
