@@ -8,6 +8,7 @@
     again = api.report(result.run_dir)            # recomputed from the raw records
     diff = api.compare(result.run_dir, again.run_dir)
     advice = api.advise(result.run_dir)            # which server setting would meet the SLOs
+    audit = api.check(scenario)                    # can this endpoint be measured honestly?
 
 Errors before anything is sent (a bad scenario, flag or target) raise ``ScenarioError`` or ``TargetError`` with
 the one line the CLI prints; ``CompareError`` for run directories that cannot be compared; ``AdviceError`` for
@@ -25,6 +26,7 @@ from rich.console import Console
 from loadgen.advise.settings import SettingsError
 from loadgen.advise.whatif import AdviceError
 from loadgen.analysis.advice_result import Advice
+from loadgen.analysis.check_result import CheckResult
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.sweep_result import SweepResult
 from loadgen.core.secrets import register
@@ -33,9 +35,9 @@ from loadgen.plan.scenario import load_scenario as _load_file
 from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
 from loadgen.run.target import TargetError, scenario_secrets
 
-__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "advise", "RunResult", "Comparison",
-           "SweepResult", "Advice", "Scenario", "ScenarioError", "TargetError", "CompareError", "AdviceError",
-           "SettingsError"]
+__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "advise", "check", "RunResult",
+           "Comparison", "SweepResult", "Advice", "CheckResult", "Scenario", "ScenarioError", "TargetError",
+           "CompareError", "AdviceError", "SettingsError"]
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -121,7 +123,7 @@ def report(run_dir: str | Path, *, window: tuple[float, float] | None = None, pn
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists():
         raise ScenarioError(f"{run_dir}: no run.json (is this a loadgen run directory?)")
-    return rebuild_reports(run_dir, window=window, png=png)
+    return rebuild_reports(run_dir, window=window, png=png, again=True)
 
 
 def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None = None, threshold_pct: float = 10.0,
@@ -191,3 +193,14 @@ def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[s
     opts = AdviseOptions(parse_items(list(tries), many=True),
                          {k: v[0] for k, v in parse_items(list(server), many=False).items()}, capacity)
     return advise_run(Path(run_dir), opts, progress or (lambda line: None), png)
+
+
+def check(scenario: Scenario | str | Path, *, base_url: str | None = None) -> CheckResult:
+    """Audit whether the scenario's target can be measured honestly (``loadgen check``; docs/check.md): the
+    preflight, then a few probes, one ``Finding`` per line. ``exit_code``: 0 clean, 1 a finding limits what can
+    be measured, 2 a line cannot be measured. Raises TargetError when the target is unreachable or not
+    OpenAI-compatible (the CLI's exit 2)."""
+    from loadgen.run.check import run_check
+
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    return run_check(_with_base_url(sc, base_url))

@@ -187,7 +187,8 @@ def validate(
     scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
-    """Check a scenario file; print its plan's size. Exit 2 naming the field, value and line if it is bad."""
+    """Validate a scenario file without sending anything: print its plan's size, or exit 2 naming the bad
+    field, value and line. (To audit the endpoint itself, use `loadgen check`.)"""
     from loadgen.plan.schedule import build_plan
 
     try:
@@ -201,6 +202,41 @@ def validate(
              f"each request ends within {sc.target.request_timeout_s:g} s")
     console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, {len(sc.workload.classes)} class(es), "
                   f"target {redact_url(sc.target.base_url)}; {bound}", highlight=False)
+
+
+@app.command()
+def check(
+    scenario: Optional[Path] = typer.Argument(None, help="scenario file (YAML), as run takes; without one, a "
+                                              "built-in minimal scenario for --base-url"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run ('embedded': the bundled "
+                                           "simulator)"),
+    model: Optional[str] = typer.Option(None, "--model", help="as in run"),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object (findings, verdict, exit code)"),
+    set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
+) -> None:
+    """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
+    HTTP, largest prompt) in well under a minute. Exit 0 clean, 1 findings that limit what can be measured, 2
+    unreachable or not OpenAI-compatible."""
+    from loadgen.report.check_report import print_check
+    from loadgen.run.check import builtin_scenario
+
+    if scenario is None and base_url is None:
+        raise _fail("give a scenario file or --base-url URL (loadgen check --help)")
+    try:
+        overrides = _overrides(set_, base_url, model, api_key_env)
+        sc = _load(scenario, overrides) if scenario else builtin_scenario(lambda p: _load(p, overrides))
+        result = api.check(sc)
+    except (ScenarioError, api.TargetError) as exc:
+        if json_out:
+            said = "unusable" if isinstance(exc, api.TargetError) else "bad input"
+            typer.echo(json.dumps({"verdict": said, "exit_code": 2, "error": str(exc), "findings": []}))
+        raise _fail(str(exc)) from None
+    if json_out:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        print_check(console, result)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

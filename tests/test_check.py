@@ -1,0 +1,193 @@
+"""``loadgen check``: the right finding on servers that coalesce, cache, send a role-only first chunk long
+before the first token, or misreport usage (tests/check_servers.py, each with its ground truth); a clean bill on
+a well-behaved server and on the embedded simulator; exit 2 in one line when there is nothing to audit. Timing
+evidence is held to the servers' own configuration and write stamps, never to bare wall-clock bounds."""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+from typing import Any, Iterator
+
+import pytest
+
+from loadgen import api
+from loadgen.analysis.check_findings import FINDING, INFO, OK, ChunkTimes, Probe, buffering, caching, coalescing
+from loadgen.analysis.check_result import CheckResult, verdict
+from loadgen.run.check import PROBE_OUTPUT_TOKENS, builtin_scenario
+from tests.check_servers import COALESCE, ITL_S, LIE_FACTOR, MAX_MODEL_LEN, PROMPT_LIE, CheckServer
+from tests.run_helpers import run_cli
+
+LINES = ["streaming", "first_chunk", "coalescing", "buffering", "caching", "usage", "tokenizer", "tokenize_endpoint",
+         "metrics_endpoint", "http", "compression", "keep_alive", "max_prompt"]
+TIMING_TOLERANCE_MS = 25.0  # a loopback write's read on a busy 2-core machine (as tests/test_shapes.py)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[CheckServer]:
+    with CheckServer() as srv:
+        yield srv
+
+
+def check(servers: CheckServer, kind: str) -> CheckResult:
+    """``api.check`` of the built-in scenario against one kind of server (in process)."""
+    scenario = builtin_scenario(lambda p: api.load_scenario(p, [f"target.base_url={servers.url(kind)}"]))
+    return api.check(scenario)
+
+
+def statuses(findings: list[dict[str, Any]] | CheckResult) -> dict[str, str]:
+    items = findings.to_json()["findings"] if isinstance(findings, CheckResult) else findings
+    return {f["name"]: f["status"] for f in items}
+
+
+def all_ok_but(**changed: str) -> dict[str, str]:
+    return {name: changed.get(name, OK) for name in LINES}
+
+
+def one_line_exit_2(res: Any) -> str:
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stdout + res.stderr, res.stderr
+    return lines[0]
+
+
+# ---- through the command line ----------------------------------------------------------------------------
+def test_a_well_behaved_server_gets_a_clean_bill_in_json_and_the_key_is_never_shown(servers):
+    key = "sk-check-0123456789abcdef"
+    res = run_cli("check", "--base-url", servers.url("clean"), "--api-key-env", "CHECK_TEST_KEY", "--json",
+                  env={"CHECK_TEST_KEY": key}, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert (doc["verdict"], doc["exit_code"]) == ("clean", 0)
+    assert statuses(doc["findings"]) == all_ok_but()
+    assert [f["name"] for f in doc["findings"]] == LINES
+    assert doc["target"]["model"] == "m" and doc["target"]["engine"] == "vllm"
+    assert doc["requests"] >= 2 * 3 + 2  # every probe counted, the preflight's too
+    by_name = {f["name"]: f for f in doc["findings"]}
+    assert by_name["usage"]["evidence"]["completion_tokens"] == [PROBE_OUTPUT_TOKENS] * 3
+    assert by_name["max_prompt"]["evidence"]["max_model_len"] == MAX_MODEL_LEN
+    assert key not in res.stdout + res.stderr and key[:12] not in res.stdout + res.stderr
+    assert servers.generation("clean"), "the probes reached the server"
+
+
+def test_a_coalescing_server_is_a_finding_on_the_console_with_its_chunk_gap(servers):
+    res = run_cli("check", "--base-url", servers.url("coalesce"), timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    line = next(x for x in lines if " coalescing " in x)
+    assert line.lstrip().startswith("!") and f"the server coalesces tokens ({COALESCE:.1f} per chunk)" in line
+    assert f"tokens_per_chunk={COALESCE:.1f}" in line
+    assert lines[-1].startswith("verdict: 1 finding(s) limit what can be measured here: coalescing (exit 1)")
+    marks = {x.split()[1]: x.split()[0] for x in lines[1:-1]}
+    info = ("metrics_endpoint", "max_prompt")
+    assert marks == {name: "!" if name == "coalescing" else "i" if name in info else "✓" for name in LINES}
+    gap_ms = float(line.split("chunk_gap_ms_p50=")[1].split(",")[0])
+    assert abs(gap_ms - COALESCE * ITL_S * 1000) < TIMING_TOLERANCE_MS  # the server's chunk period
+    search = next(x for x in lines if " max_prompt " in x)  # /models gives no max_model_len here: searched
+    assert "/models gives no max_model_len" in search and "refused (HTTP 400)" in search
+
+
+def test_the_embedded_simulator_gets_a_clean_bill():
+    res = run_cli("check", "scenarios/chat.yaml", "--json", env={"LOADGEN_BASE_URL": ""}, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert (doc["verdict"], doc["exit_code"], doc["target"]["base_url"]) == ("clean", 0, "embedded")
+    assert statuses(doc["findings"]) == all_ok_but()
+    assert doc["elapsed_s"] < 60  # the stated bound (docs/check.md): ~8 s measured
+
+
+def test_an_unreachable_url_is_exit_2_in_one_line():
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    res = run_cli("check", "--base-url", f"http://127.0.0.1:{port}/v1", "--json", timeout=60)
+    assert f"cannot reach http://127.0.0.1:{port}/v1/models" in one_line_exit_2(res)
+    assert json.loads(res.stdout) == {"verdict": "unusable", "exit_code": 2, "error": res.stderr.strip()
+                                      .removeprefix("error: "), "findings": []}
+
+
+def test_nothing_to_audit_is_exit_2_in_one_line():
+    assert "give a scenario file or --base-url" in one_line_exit_2(run_cli("check", timeout=60))
+
+
+def test_validate_says_it_sends_nothing_and_points_to_check():
+    res = run_cli("validate", "--help", timeout=60)
+    assert "without sending anything" in res.stdout and "loadgen check" in res.stdout
+
+
+# ---- each server's finding, held to its ground truth (in process) ------------------------------------------
+def test_a_response_cache_is_a_finding_and_nothing_else_is(servers):
+    result = check(servers, "cache")
+    assert statuses(result) == all_ok_but(caching=FINDING, metrics_endpoint=INFO)
+    assert result.exit_code == 1 and result.verdict == "findings"
+    ev = result.finding("caching").evidence
+    assert ev["repeated_same_text"] and ev["repeated_decode_ms_p50"] == 0.0  # the whole answer in one write
+    assert ev["repeated_e2e_ms_p50"] < 0.3 * ev["fresh_e2e_ms_p50"]
+
+
+def test_a_role_only_first_chunk_long_before_the_first_token_is_a_finding(servers):
+    before = len(servers.log)
+    result = check(servers, "role-first")
+    assert statuses(result) == all_ok_but(first_chunk=FINDING, metrics_endpoint=INFO)
+    ev = result.finding("first_chunk").evidence
+    assert ev["first_chunk_has_token"] is False
+    written = [e for e in servers.log[before:] if e["max_tokens"] == PROBE_OUTPUT_TOKENS]
+    truth_ms = statistics.median((e["t_first_token_ns"] - e["t_first_event_ns"]) / 1e6 for e in written)
+    assert abs(ev["first_chunk_lead_ms_p50"] - truth_ms) < TIMING_TOLERANCE_MS
+    lead = f"comes {ev['first_chunk_lead_ms_p50']:.0f} ms before the first token"
+    assert lead in result.finding("first_chunk").summary
+
+
+def test_usage_that_misreports_both_counts_is_two_findings_and_not_coalescing(servers):
+    result = check(servers, "usage-lies")
+    assert statuses(result) == all_ok_but(usage=FINDING, tokenizer=FINDING, metrics_endpoint=INFO)
+    assert result.limits() == ["usage", "tokenizer"]
+    assert result.finding("usage").evidence["completion_tokens"] == [PROBE_OUTPUT_TOKENS * LIE_FACTOR] * 3
+    tok = result.finding("tokenizer").evidence
+    assert [r - c for r, c in zip(tok["prompt_tokens_reported"], tok["prompt_tokens_counted"])] == [PROMPT_LIE] * 3
+    assert result.finding("coalescing").evidence["tokens_per_chunk"] == 1.0  # judged on max_tokens, not usage
+
+
+# ---- the pure judgement, as a run's records would feed it ---------------------------------------------------
+def answer(stamps_ms: list[float], tokens: int, e2e_ms: float) -> ChunkTimes:
+    return ChunkTimes(tuple(int(t * 1e6) for t in stamps_ms), tokens, 0, int(e2e_ms * 1e6))
+
+
+def test_coalescing_is_tokens_per_chunk_and_its_limit_is_the_chunk_gap():
+    spaced = [answer([20 + 10 * i for i in range(8)], 8, 100)]
+    assert coalescing(spaced).status == OK
+    coalesced = coalescing([answer([20 + 30 * i for i in range(4)], 12, 120)])
+    assert coalesced.status == FINDING and coalesced.evidence["tokens_per_chunk"] == 3.0
+    assert "ITL below 30 ms is not measurable" in coalesced.summary
+    assert coalescing([answer([], 0, 10)]).status == INFO
+
+
+def test_buffering_is_chunks_per_read_or_content_squeezed_into_the_end():
+    assert buffering([answer([20 + 10 * i for i in range(8)], 8, 100)]).status == OK
+    burst = buffering([answer([99.0] * 8, 8, 100)])  # every chunk in one read, at the end
+    assert burst.status == FINDING and burst.evidence["chunks_per_read"] == 8.0
+    squeezed = buffering([answer([1000 + 0.1 * i for i in range(8)], 8, 1001)])
+    assert squeezed.status == FINDING and squeezed.evidence["reads"] == 8
+
+
+def probe(ttft_ms: float, decode_ms: float, text: str = "t", cached: int | None = None) -> Probe:
+    content = tuple(int((ttft_ms + decode_ms * i / 7) * 1e6) for i in range(8))
+    return Probe(200, None, 0, content[-1] + 1_000_000, content[0], True, content, 8, 8, 10, cached, "length", text)
+
+
+def test_caching_tells_a_response_cache_from_a_prefix_cache():
+    fresh = [probe(50, 70), probe(52, 70), probe(51, 71)]
+    assert caching([probe(50, 70), probe(1, 0), probe(1, 0)], fresh).status == FINDING
+    prefix = caching([probe(50, 70), probe(10, 70, cached=96), probe(11, 70, cached=96)], fresh)
+    assert prefix.status == INFO and "prefix cache" in prefix.summary
+    assert caching([probe(50, 70), probe(51, 70), probe(50, 71)], fresh).status == OK
+
+
+def test_the_verdict_maps_the_worst_line_to_the_exit_code():
+    from loadgen.analysis.check_findings import FAIL, Finding
+
+    def of(*states: str) -> tuple[str, int]:
+        return verdict([Finding(f"l{i}", s, "") for i, s in enumerate(states)])
+    assert of(OK, INFO) == ("clean", 0) and of(OK, FINDING, INFO) == ("findings", 1)
+    assert of(FINDING, FAIL) == ("cannot measure", 2) and of() == ("clean", 0)
