@@ -123,6 +123,7 @@ class RunResult:
     finished: bool = True
     disk_error: Optional[str] = None
     conversations: Optional[dict[str, Any]] = None  # multi-turn: per turn index and per conversation
+    findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised
 
     @property

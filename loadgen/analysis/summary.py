@@ -11,6 +11,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
 from loadgen.analysis.conversations import conversation_figures
+from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.slo import evaluate, evidence, stall_objectives, verdict
 
 
@@ -50,6 +51,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
         "conversations": conversation_figures(measured),
+        "findings": run_findings(requests, chunks),  # what limits the measurement (loadgen check's signs)
         **(extra or {}),
     }, {"stalls": spike.stalls}
 

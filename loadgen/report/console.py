@@ -50,6 +50,8 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
         console.print(result.stall_headline, highlight=False, markup=False)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
+    for found in result.findings:  # what limits the measurement (loadgen check's signs, in the run's records)
+        console.print(f"finding: {found['summary']}", style="yellow", highlight=False, markup=False)
     verdict = result.verdict
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in result.reasons:

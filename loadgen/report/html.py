@@ -29,7 +29,7 @@ th,td{padding:3px 9px;border-bottom:1px solid #eee;text-align:right} th:first-ch
 .badge{display:inline-block;padding:2px 10px;border-radius:10px;color:#fff;font-weight:600}
 .pass{background:#2e7d32} .fail{background:#c62828} .inconclusive{background:#b26a00}
 td.pass,td.fail,td.inconclusive{color:#fff;text-align:center} .note{color:#555;font-size:13px;margin:2px 0 6px}
-.meta{color:#555} td.text{text-align:left} .chart-error{color:#c62828;font-weight:600} ul{margin:4px 0}
+.meta{color:#555} .finding{color:#b26a00;font-weight:600} td.text{text-align:left} .chart-error{color:#c62828;font-weight:600} ul{margin:4px 0}
 """
 
 RENDER_JS = """(function(){
@@ -115,6 +115,7 @@ def header(result: RunResult, name: str, run_name: str) -> str:
             f"<p class=\"meta\">run {e(run_name)} · {e(target_line(result.target or {}))}</p>"
             + (f"<ul>{reasons}</ul>" if reasons else "")
             + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in result.notes)
+            + "".join(f"<p class=\"finding\">Finding: {e(f['summary'])}</p>" for f in result.findings)
             + f"<p>{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {e(fmt(req['planned']))} planned); {tput['requests_per_s']:.2f} req/s, "
               f"{tput['output_tokens_per_s']:.0f} output tokens/s, goodput {tput['goodput_requests_per_s']:.2f} "

@@ -32,6 +32,7 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
     lines += [f"- {md_escape(r)}" for r in result.reasons]
     lines += ["", target_line(result.target or {})]
     lines += [f"\nNote: {md_escape(n)}" for n in result.notes]
+    lines += [f"\nFinding: {md_escape(f['summary'])} (see `loadgen check`)" for f in result.findings]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "

@@ -148,6 +148,7 @@ class Run:
         self.disk_error: str | None = None
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
+        self.findings: list[dict[str, Any]] = []  # loadgen check's signs in the records (analysis/run_findings.py)
         self.engine_name = engine_name
         self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
         self.stopper: Callable[[str], None] | None = None  # how the driver stops early (set when sending starts)
@@ -337,7 +338,11 @@ class Run:
         if not self.disk_error:
             try:
                 self.write_run_json(target, finished=True)
-                return rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
+                result = rebuild_reports(self.run_dir, self.scenario, png=self.opts.png)
+                if result.findings:  # what the records showed of the server's framing, beside the run's notes
+                    self.findings = result.findings
+                    self.write_run_json(target, finished=True)
+                return result
             except OSError as exc:
                 self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
         requests, chunks = self.sink.frames()
@@ -374,7 +379,7 @@ class Run:
                 "target": self._target_info(target),
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
-                "stopped_early": self.fail_fast.reason,
+                "stopped_early": self.fail_fast.reason, "findings": self.findings,
                 "generator": self.generator, "scenario": scenario}
         return info
 
