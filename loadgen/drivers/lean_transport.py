@@ -35,7 +35,7 @@ import httpx
 
 from loadgen.drivers.http_conn import CONTEXT_KEY, REDIRECTS, Connection, StreamContext
 from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
-from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for
+from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
 from loadgen.drivers.redirects import MAX_REDIRECTS, next_hop, too_many
 
 __all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext", "drop_stream"]
@@ -168,8 +168,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         elif scheme == "https":
             sock = await open_tunnel(proxy, host, port, self.connect_timeout_s)
             _, conn = await loop.create_connection(lambda: Connection(origin), sock=sock, **tls)
-        else:
-            _, conn = await loop.create_connection(lambda: Connection(origin), proxy.host, proxy.port)
+        else:  # http: every request to the proxy, in absolute form (RFC 9112 §3.2.2)
+            try:
+                _, conn = await loop.create_connection(lambda: Connection(origin), proxy.host, proxy.port)
+            except OSError as exc:
+                raise unreachable(proxy, exc) from None
         return conn
 
     def _release(self, conn: Connection) -> None:

@@ -94,10 +94,18 @@ def proxy_secrets() -> list[str]:
 CONNECT_HEAD_BYTES = 16 * 1024
 
 
+def unreachable(proxy: Proxy, exc: OSError) -> ProxyError:
+    """No connection to the proxy itself: said as the proxy's and its variable's, not as the target's."""
+    return ProxyError(f"cannot connect to the proxy {proxy.url} ({proxy.variable}): {exc.strerror or exc}")
+
+
 async def open_tunnel(proxy: Proxy, host: str, port: int, timeout_s: float) -> socket.socket:
     """A socket connected through ``proxy`` to ``host:port`` (CONNECT, RFC 9110 §9.3.6), ready for TLS."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(proxy.host, proxy.port, type=socket.SOCK_STREAM)
+    try:
+        infos = await loop.getaddrinfo(proxy.host, proxy.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise unreachable(proxy, exc) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setblocking(False)
@@ -111,7 +119,10 @@ async def open_tunnel(proxy: Proxy, host: str, port: int, timeout_s: float) -> s
 
 async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: object, proxy: Proxy,
                    host: str, port: int) -> None:
-    await loop.sock_connect(sock, address)
+    try:
+        await loop.sock_connect(sock, address)
+    except OSError as exc:
+        raise unreachable(proxy, exc) from None
     authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     head = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
     if proxy.authorization:

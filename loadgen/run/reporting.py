@@ -51,18 +51,31 @@ def read_whole_records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     except FileNotFoundError as exc:
         raise RunDirError(str(exc)) from None
     if broken:
-        raise RunDirError(f"{run_dir}: damaged record files: {'; '.join(broken)}")
+        raise RunDirError(damaged(run_dir, broken))
     return requests, chunks
 
 
+def damaged(run_dir: Path, broken: list[str]) -> str:
+    """The one line naming the damaged record files (``load_records``'s ``broken``) and what is wrong."""
+    return f"{run_dir}: damaged record files: {'; '.join(b.removesuffix(', skipped') for b in broken)}"
+
+
+MERGED = "requests.parquet + chunks.parquet"  # how load_records names the run's merged pair in ``broken``
+
+
 def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
-                    png: bool = True) -> RunResult:
+                    png: bool = True, again: bool = False) -> RunResult:
     """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
-    ``loadgen report DIR`` at any time after). Damaged record parts are skipped, named, and make it inconclusive."""
+    ``loadgen report DIR`` at any time after: ``again``). Damaged record parts are skipped, named, and make it
+    inconclusive. ``again``: a damaged requests.parquet or chunks.parquet is RunDirError and nothing is
+    rewritten: those are written whole at a run's end, so the damage came after it (a copy cut short, a disk),
+    and a summary of what is left would replace the run's own verdict with one of nothing."""
     info, stored = read_run_info(run_dir)
     scenario = scenario or stored
     broken: list[str] = []
     requests, chunks = load_records(run_dir, broken)
+    if again and any(b.startswith(MERGED + ":") for b in broken):
+        raise RunDirError(damaged(run_dir, broken))
     if broken:
         info["disk_error"] = "damaged record files skipped: " + "; ".join(broken)
     return report_records(run_dir, info, scenario, requests, chunks, window, png)

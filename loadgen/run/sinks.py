@@ -149,16 +149,29 @@ def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], l
     for req_path, chunk_path in pairs:
         if req_path.name == "requests.parquet" and not req_path.exists():
             continue
-        try:
-            pair = pl.read_parquet(req_path), pl.read_parquet(chunk_path)
-        except Exception as exc:  # noqa: BLE001 - polars raises several kinds for a damaged file
-            broken.append(f"{req_path.name} + {chunk_path.name}: unreadable ({type(exc).__name__}), skipped")
+        pair, why = _read_pair(req_path, chunk_path)
+        if pair is None:
+            broken.append(f"{req_path.name} + {chunk_path.name}: unreadable ({why}), skipped")
             continue
         requests.append(_with_new_columns(pair[0], REQUEST_SCHEMA))
         chunks.append(pair[1])
         if ".part-" in req_path.name:
             parts += [req_path, chunk_path]
     return requests, chunks, parts
+
+
+def _read_pair(req_path: Path, chunk_path: Path) -> tuple[tuple[pl.DataFrame, pl.DataFrame] | None, str]:
+    """Both files of a pair, or None and which file is damaged and how (one line, e.g. "chunks.parquet: The
+    file must end with PAR1 or PARE")."""
+    frames = []
+    for path in (req_path, chunk_path):
+        try:
+            frames.append(pl.read_parquet(path))
+        except Exception as exc:  # noqa: BLE001 - polars raises several kinds for a damaged file
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = reason.removeprefix("parquet: ").removeprefix("File out of specification: ")
+            return None, f"{path.name}: {clip(reason, 160)}"
+    return (frames[0], frames[1]), ""
 
 
 def _with_new_columns(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -174,10 +187,13 @@ def merge_parts(run_dir: Path, broken: list[str] | None = None) -> tuple[pl.Data
 
 
 def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    before = len(broken)
     req_frames, chunk_frames, parts = _read_pairs(run_dir, broken)
     requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
     chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
-    if merge and (parts or not (run_dir / "requests.parquet").exists()):
+    # a damaged requests.parquet / chunks.parquet is never replaced by the parts alone (its records would be lost)
+    merged_damaged = any(b.startswith("requests.parquet + ") for b in broken[before:])
+    if merge and not merged_damaged and (parts or not (run_dir / "requests.parquet").exists()):
         _write_atomic({run_dir / "requests.parquet": requests, run_dir / "chunks.parquet": chunks})
         for p in parts + [q for c in pt.covered_parts(run_dir) for q in (c.requests, c.chunks)]:
             p.unlink(missing_ok=True)
