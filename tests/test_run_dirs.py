@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+import polars as pl
 import pytest
 
 from loadgen import api
@@ -51,6 +52,7 @@ DAMAGE = {  # the file, and what is done to it
     "requests.parquet garbage": ("requests.parquet", lambda p: p.write_bytes(b"\x00not parquet" * 64)),
     "requests.parquet empty": ("requests.parquet", lambda p: p.write_bytes(b"")),
     "chunks.parquet truncated": ("chunks.parquet", cut_in_half),
+    "requests.parquet foreign": ("requests.parquet", lambda p: pl.DataFrame({"x": [1]}).write_parquet(p)),
 }
 
 

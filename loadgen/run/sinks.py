@@ -27,6 +27,7 @@ from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, Re
 from loadgen.core.secrets import clip, redact
 from loadgen.run import parts as pt
 
+LATER_COLUMNS = ("conversation", "turn", "cached_tokens")  # added after the first release: null when absent
 MESSAGE_CHARS = 500  # an error message in the records, at most (clipped after redaction)
 
 
@@ -171,6 +172,10 @@ def _read_pair(req_path: Path, chunk_path: Path) -> tuple[tuple[pl.DataFrame, pl
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             reason = reason.removeprefix("parquet: ").removeprefix("File out of specification: ")
             return None, f"{path.name}: {clip(reason, 160)}"
+    for path, frame, schema in ((req_path, frames[0], REQUEST_SCHEMA), (chunk_path, frames[1], CHUNK_SCHEMA)):
+        lacking = [c for c in schema if c not in frame.columns and c not in LATER_COLUMNS]
+        if lacking:  # a Parquet file, but not loadgen's records
+            return None, f"{path.name}: not loadgen's records, no column {', '.join(lacking[:3])}"
     return (frames[0], frames[1]), ""
 
 
