@@ -49,6 +49,7 @@ import h11
 
 TOKEN_EVERY_S = 0.004
 SLOW_FIRST_S = 1.5
+FAIL_COOKIE = "c00kie-5e55ion-7a9b"  # the "fail" shape's Set-Cookie value: never in a capture
 TOKENIZE_OK = 3
 
 
@@ -321,7 +322,9 @@ class ShapeServer:
         return await self._ok(writer, e)
 
     async def _fail(self, writer: asyncio.StreamWriter, e: dict[str, Any]) -> bool:
-        return _json(writer, 500, {"error": {"message": "the model is not loaded", "code": 500}})
+        data = json.dumps({"error": {"message": "the model is not loaded", "code": 500}}).encode()
+        return _write(writer, _head(500, {"content-type": "application/json", "content-length": str(len(data)),
+                                          "set-cookie": f"session={FAIL_COOKIE}; Path=/"}) + data)
 
 
 def _head(status: int, headers: dict[str, str]) -> bytes:

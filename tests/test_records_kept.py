@@ -17,7 +17,7 @@ from loadgen.core.tracker import StreamTracker
 from loadgen.plan.schedule import build_plan
 from loadgen.run import sinks
 from tests.run_helpers import run_cli, summary
-from tests.shape_server import ShapeServer
+from tests.shape_server import FAIL_COOKIE, ShapeServer
 
 SCENARIO = """\
 name: kept
@@ -131,6 +131,7 @@ def test_a_server_that_fails_everything_stops_the_run_with_its_message(shapes, s
     assert [p.name[:4] for p in captures] == ["001-", "002-", "003-"]
     text = captures[0].read_text()
     assert "HTTP/1.1 500 Internal Server Error" in text and "the model is not loaded" in text
+    assert "set-cookie: ***" in text and all(FAIL_COOKIE not in p.read_text() for p in captures)  # redacted
 
 
 def test_fail_fast_is_off_with_no_fail_fast(shapes, scenario, tmp_path):
