@@ -1,12 +1,21 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from hypothesis import settings
 
 from local_target.sim import SimProcess, build_config, start_simulator
 from tests.misbehaving_server import MisbehavingServer
+
+# The property tests (tests/test_properties*.py): about 3 s in all by default, 12 times the examples (about 40 s)
+# with HYPOTHESIS_PROFILE=ci (.ci/run). No deadline: the machine is shared, a slow example is no failure; a
+# failure prints the blob that reproduces it (@reproduce_failure).
+settings.register_profile("default", max_examples=80, deadline=None, print_blob=True)
+settings.register_profile("ci", max_examples=1000, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture

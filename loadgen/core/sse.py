@@ -1,11 +1,13 @@
 """Incremental Server-Sent Events decoder (WHATWG EventSource parsing), fed bytes as they arrive.
 
-Lines end in ``\\n``, ``\\r\\n`` or ``\\r``; a ``\\r`` at the very end of the buffered bytes is held until the
-next byte says whether it starts ``\\r\\n``. ``data:`` lines accumulate, a blank line dispatches the event,
-``:`` starts a comment, one space after the colon is dropped, other fields are ignored. Each event is returned
-with the ``now_ns`` of the feed that completed it. Splitting uses ``bytes.split`` (C); only whole lines reach
-the Python loop. A feed of whole events of one ``data: `` line each (what servers write, and with nothing
-buffered) takes a shortcut: split on blank lines, no line loop.
+Lines end in ``\\n``, ``\\r\\n`` or ``\\r``; a ``\\r`` ends its line at once, even at the very end of a feed
+(the event it completes is stamped with that feed, and a stream's last event may end in one), and a ``\\n``
+that starts the next feed is then the rest of that ``\\r\\n``, skipped (as browsers' parsers do). ``data:``
+lines accumulate, a blank line dispatches the event, ``:`` starts a comment, one space after the colon is
+dropped, other fields are ignored. Each event is returned with the ``now_ns`` of the feed that completed it.
+Splitting uses ``bytes.split`` (C); only whole lines reach the Python loop. A feed of whole events of one
+``data: `` line each (what servers write, and with nothing buffered) takes a shortcut: split on blank lines, no
+line loop.
 
 A UTF-8 byte order mark at the very start of the stream is dropped, as WHATWG's "UTF-8 decode" does (HTML
 §9.2.6: "The stream must then be decoded using the UTF-8 decode algorithm", which strips one leading BOM);
@@ -32,6 +34,7 @@ class SseDecoder:
         self.max_event_bytes = max_event_bytes
         self.overflow: str | None = None  # set once a line or event went over max_event_bytes
         self._lead: bytes | None = b""  # the stream's first bytes while they may still be a BOM; None after
+        self._cr = False  # the last feed ended in CR: an LF first in the next one belongs to that line ending
 
     def feed(self, chunk: bytes, now_ns: int) -> list[tuple[int, str]]:
         """Decode ``chunk``; return ``(now_ns, data)`` for every event it completed."""
@@ -41,18 +44,20 @@ class SseDecoder:
             chunk = self._past_bom(chunk)
             if not chunk:
                 return []
+        if self._cr:
+            chunk = self._past_cr(chunk)
+            if not chunk:
+                return []
         if not self._buf and not self._has_data and chunk.endswith(b"\n\n"):
             events = self._whole_events(chunk, now_ns)
             if events is not None:
                 return events
         buf = self._buf + chunk
-        held = b""
         if b"\r" in buf:
-            if buf.endswith(b"\r"):
-                buf, held = buf[:-1], b"\r"
+            self._cr = buf.endswith(b"\r")
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
-        self._buf = lines.pop() + held
+        self._buf = lines.pop()
         if len(self._buf) > self.max_event_bytes:
             return self._overflow("a line")
         events: list[tuple[int, str]] = []
@@ -72,6 +77,12 @@ class SseDecoder:
                 self._data.append("")
                 self._has_data = True
         return events
+
+    def _past_cr(self, chunk: bytes) -> bytes:
+        """``chunk`` without the LF that completes the CRLF the last feed ended in (WHATWG: one line ending)."""
+        if chunk:
+            self._cr = False
+        return chunk[1:] if chunk[:1] == b"\n" else chunk
 
     def _past_bom(self, chunk: bytes) -> bytes:
         """``chunk`` without the stream's leading BOM; b"" while the first bytes could still be one."""

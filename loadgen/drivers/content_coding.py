@@ -28,9 +28,14 @@ class _Deflate:
     def __init__(self) -> None:
         self._obj: Any = zlib.decompressobj()
         self._started = False
+        self._lead = b""  # the body's first byte, when it came alone: zlib's header is two bytes
 
     def decompress(self, data: bytes) -> bytes:
-        if not self._started and data:
+        if not self._started:
+            data, self._lead = self._lead + data, b""
+            if len(data) < 2:  # too few bytes to tell the formats apart (a read may end after one)
+                self._lead = data
+                return b""
             self._started = True
             try:
                 return self._obj.decompress(data)

@@ -1,0 +1,93 @@
+"""Streams as real servers send them (tests/data/streams; its README.md names each one's source) through the
+tracker: the counts a user reads in the report are the ones the server's stream holds, however the bytes were
+cut into reads, and the drivers' fast chunk parser gives the very same records as the core's."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from loadgen.core import RequestMeta, SseDecoder, StreamTracker
+from loadgen.core.apis import EVENT_PARSERS
+from loadgen.drivers.fast_parse import FAST_PARSERS
+
+STREAMS = Path(__file__).parent / "data" / "streams"
+MANIFEST: dict[str, dict] = json.loads((STREAMS / "manifest.json").read_text())
+
+
+def _splits(data: bytes) -> Iterator[tuple[str, list[bytes]]]:
+    """The stream cut into reads: whole, one event a read, fixed and random sizes, a byte at a time."""
+    yield "whole", [data]
+    yield "per event", [e + b"\n\n" for e in data.split(b"\n\n")[:-1]]
+    yield "7 bytes", [data[i:i + 7] for i in range(0, len(data), 7)]
+    yield "1 byte", [data[i:i + 1] for i in range(len(data))]
+    rng = random.Random(len(data))
+    cuts = sorted(rng.sample(range(1, len(data)), 25))
+    yield "random", [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+
+
+def _track(pieces: list[bytes], api: str, parse: Callable | None = None):
+    meta = RequestMeta(seq=0, class_name="corpus", warmup=False, t_intended_ns=0, prompt_tokens_asked=5,
+                       output_tokens_asked=5, keep_text=True)
+    tracker = StreamTracker(meta, t_sent_ns=1_000, api=api, parse=parse)
+    for i, piece in enumerate(pieces):
+        tracker.feed(piece, 2_000 + i)
+    record, chunks = tracker.finish(1_000_000)
+    return record, chunks, tracker.answer
+
+
+def _tool_chunks(data: bytes, api: str) -> int:
+    """Chunks whose tokens are a tool call's (the parser's flag; records do not keep it)."""
+    parse = EVENT_PARSERS[api]
+    return sum(1 for _, event in SseDecoder().feed(data, 0) if (p := parse(event)).text and p.tool)
+
+
+CASES = [(name, split) for name in MANIFEST for split in ("whole", "per event", "7 bytes", "1 byte", "random")]
+
+
+@pytest.mark.parametrize("name, split", CASES)
+def test_a_real_stream_gives_its_counts_however_it_is_read(name: str, split: str) -> None:
+    want = MANIFEST[name]
+    data = (STREAMS / name).read_bytes()
+    pieces = dict(_splits(data))[split]
+    assert b"".join(pieces) == data
+    record, chunks, answer = _track(pieces, want["api"])
+    assert (record.error_kind, record.error_message) == (want["error"], None)
+    assert (record.output_tokens, record.output_tokens_source) == (want["output_tokens"], "server")
+    assert (record.prompt_tokens, record.prompt_tokens_source) == (want["prompt_tokens"], "server")
+    assert record.chunks == len(chunks) == want["chunks"]
+    assert sum(c.reasoning for c in chunks) == want["reasoning_chunks"]
+    assert record.reasoning == (want["reasoning_chunks"] > 0)
+    if "chunk_tokens" in want:  # exact per chunk: vLLM's continuous usage stats
+        assert [c.tokens for c in chunks] == want["chunk_tokens"]
+    else:  # local estimates, scaled to the server's total
+        assert sum(c.tokens for c in chunks) == want["chunk_tokens_sum"] and min(c.tokens for c in chunks) >= 1
+    assert record.cached_tokens == want["cached_tokens"]
+    assert (record.finish_reason, record.request_id) == (want["finish_reason"], want["request_id"])
+    assert answer == want["answer"]
+    assert record.t_first_token_ns == chunks[0].t_ns and record.t_last_token_ns == chunks[-1].t_ns
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_tool_call_chunks_are_flagged_as_such(name: str) -> None:
+    want = MANIFEST[name]
+    assert _tool_chunks((STREAMS / name).read_bytes(), want["api"]) == want["tool_chunks"]
+
+
+FAST = [(name, split) for name, split in CASES if MANIFEST[name]["api"] in FAST_PARSERS]
+
+
+@pytest.mark.parametrize("name, split", FAST)
+def test_the_fast_parser_gives_the_same_records(name: str, split: str) -> None:
+    api = MANIFEST[name]["api"]
+    pieces = dict(_splits((STREAMS / name).read_bytes()))[split]
+    assert _track(pieces, api, parse=FAST_PARSERS[api]) == _track(pieces, api)
+
+
+def test_every_stream_file_has_its_expected_values() -> None:
+    assert sorted(p.name for p in STREAMS.glob("*.sse")) == sorted(MANIFEST)
+    assert {want["api"] for want in MANIFEST.values()} == {"chat", "completions", "responses", "messages"}
