@@ -5,6 +5,7 @@ victims' worst gap."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -51,3 +52,14 @@ def worst_victim_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
     gaps = (chunks.join(victims, on="seq").sort("seq", "t_ns")
             .select(gap_ms=pl.col("t_ns").diff().over("seq") / 1e6)["gap_ms"].drop_nulls())
     return float(gaps.max())  # type: ignore[arg-type]
+
+
+def assert_check_is_clean(base_url: str) -> dict:
+    """``loadgen check`` against a real engine: every line ok or info, exit 0 (a real engine streams token by
+    token, caches no answers, reports usage its tokenizer agrees with); its JSON, for further assertions."""
+    res = run_cli("check", "--base-url", base_url, "--json", timeout=600)
+    doc = json.loads(res.stdout)
+    lines = {f["name"]: (f["status"], f["summary"]) for f in doc.get("findings", [])}
+    print(json.dumps(lines, indent=1))
+    assert res.returncode == 0 and doc["verdict"] == "clean", (res.stderr, lines)
+    return doc

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from local_target.llamacpp.build import cached_binary, missing_tools
-from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
+from tests.real_targets import assert_check_is_clean, run_scenario, serving, worst_victim_gap_ms
 from tests.run_helpers import run_cli, summary
 
 pytestmark = pytest.mark.llamacpp
@@ -51,6 +51,8 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     out = tmp_path / "n2048"
     with llama_serving():
         req, chunks, stalls = run_llama_scenario(out)
+        checked = assert_check_is_clean(BASE_URL)  # loadgen check: a real llama.cpp can be measured honestly
+    assert checked["target"]["engine"] == "llamacpp"
     s = summary(out)
 
     # the engine is recognised, and prompt lengths are exact (apply-template + /tokenize)

@@ -21,7 +21,7 @@ from loadgen import api
 from loadgen.analysis.calibrate import with_bursts
 from loadgen.analysis.metrics import chunk_gaps, itl_samples
 from loadgen.report.advice_report import markdown
-from tests.real_targets import run_scenario, serving, worst_victim_gap_ms
+from tests.real_targets import assert_check_is_clean, run_scenario, serving, worst_victim_gap_ms
 from tests.run_helpers import run_cli, summary
 
 pytestmark = pytest.mark.vllm_cpu
@@ -57,6 +57,8 @@ def run_vllm_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
 def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_path: Path) -> None:
     with vllm_serving(tiny_model, "--chunked-prefill", "off"):
         req, chunks, stalls = run_vllm_scenario(tmp_path / "off")
+        checked = assert_check_is_clean(BASE_URL)  # loadgen check: a real vLLM can be measured honestly
+    assert checked["target"]["engine"] == "vllm"
     off = tmp_path / "off"
 
     # exact prompt lengths: every prompt built to its asked length, counted by the server's /tokenize
