@@ -65,6 +65,27 @@ def test_a_flush_that_raises_keeps_every_record_for_the_next(shapes, scenario, t
     assert rows_match_the_server(tmp_path / "r", shapes, before).height == 40
 
 
+def test_a_fault_adding_a_record_to_the_sink_still_leaves_its_row(shapes, scenario, tmp_path, monkeypatch):
+    """The sink's add raises for one request (a bug): that request keeps its row, as error internal (exit 4),
+    and the buffer's columns stay in step for every other row."""
+    real = sinks.RecordSink.add
+
+    def faulty(self, record, chunks):
+        if record.seq == 5 and chunks:
+            chunks = [*chunks, object()]  # not a chunk record: raises while the row is being built
+        return real(self, record, chunks)
+    monkeypatch.setattr(sinks.RecordSink, "add", faulty)
+    before = len(shapes.log)
+    result = api.run(api.load_scenario(scenario), base_url=shapes.url("ok"), out=tmp_path / "r",
+                     server_metrics=False)
+    requests = rows_match_the_server(tmp_path / "r", shapes, before)
+    bad = requests.filter(pl.col("seq") == 5)
+    assert bad["error_kind"].to_list() == ["internal"] and "AttributeError" in bad["error_message"][0]
+    assert requests["error_kind"].null_count() == 39 and result.exit_code == 4
+    chunks = pl.read_parquet(tmp_path / "r" / "chunks.parquet")
+    assert chunks.filter(pl.col("seq") == 5).height == 0 and chunks["seq"].n_unique() == 39
+
+
 def test_a_record_with_a_value_past_its_column_still_has_its_row(tmp_path):
     from tests.test_sinks import _record
 

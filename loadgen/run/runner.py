@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
@@ -200,8 +200,14 @@ class Run:
         return target
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
-        """Every record of the run: into the sink, then past the fail-fast guard."""
-        self.sink.add(record, chunks)
+        """Every record of the run: into the sink, then past the fail-fast guard. A fault on the way (a bug)
+        still leaves the request its row: as error ``internal``, without its chunks (exit 4)."""
+        try:
+            self.sink.add(record, chunks)
+        except Exception as exc:  # noqa: BLE001 - the record's row matters more than the bug
+            self.sink.add(replace(record, error_kind="internal", error_message=(
+                f"loadgen failed to record this response (a bug; please report it): {type(exc).__name__}: {exc}")),
+                [])
         self.fail_fast.observe(record)
 
     def _stop_early(self, reason: str) -> None:

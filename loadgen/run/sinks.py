@@ -41,17 +41,19 @@ class RecordSink:
         self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
 
     def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+        """Buffer one request's records, whole or not at all (whatever raises, raises before the buffer is
+        touched: its columns never go out of step)."""
         if record.error_message:  # the records' one way out: the redaction choke point (then clipped)
             record.error_message = clip(redact(record.error_message) or "", MESSAGE_CHARS)
+        row = [getattr(record, name) for name in REQUEST_COLUMNS]
+        chunk_cols = {"seq": [record.seq] * len(chunks), "t_ns": [c.t_ns for c in chunks],
+                      "tokens": [c.tokens for c in chunks], "reasoning": [c.reasoning for c in chunks],
+                      "worker": [record.worker] * len(chunks)}
         with self._lock:
-            for name in REQUEST_COLUMNS:
-                self._requests[name].append(getattr(record, name))
-            cols = self._chunks
-            cols["seq"].extend([record.seq] * len(chunks))
-            cols["t_ns"].extend([c.t_ns for c in chunks])
-            cols["tokens"].extend([c.tokens for c in chunks])
-            cols["reasoning"].extend([c.reasoning for c in chunks])
-            cols["worker"].extend([record.worker] * len(chunks))
+            for name, value in zip(REQUEST_COLUMNS, row):
+                self._requests[name].append(value)
+            for name, values in chunk_cols.items():
+                self._chunks[name].extend(values)
 
     def pending(self) -> int:
         return len(self._requests["seq"])
