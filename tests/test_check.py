@@ -168,6 +168,8 @@ def test_buffering_is_chunks_per_read_or_content_squeezed_into_the_end():
     assert burst.status == FINDING and burst.evidence["chunks_per_read"] == 8.0
     squeezed = buffering([answer([1000 + 0.1 * i for i in range(8)], 8, 1001)])
     assert squeezed.status == FINDING and squeezed.evidence["reads"] == 8
+    # a long prompt queued for a minute: its 64 tokens, 10 ms apart, are 1 % of the answer's time, and not buffered
+    assert buffering([answer([59_000 + 10 * i for i in range(64)], 64, 59_700)]).status == OK
 
 
 def probe(ttft_ms: float, decode_ms: float, text: str = "t", cached: int | None = None) -> Probe:

@@ -24,7 +24,8 @@ RANK = {OK: 0, INFO: 1, FINDING: 2, FAIL: 3}
 
 COALESCED_TOKENS_PER_CHUNK = 1.2  # more tokens per content chunk than this: the server coalesces
 BUFFERED_CHUNKS_PER_READ = 3.0  # more content chunks per socket read than this: the stream comes in bursts
-BUFFERED_SPREAD_SHARE = 0.02  # or all content arrived within this share of the answer's time
+BUFFERED_SPREAD_SHARE = 0.02  # or all content arrived within this share of the answer's time ...
+BUFFERED_READ_GAP_MS = 1.0  # ... its reads closer than this (no server decodes one stream that fast)
 BUFFER_MIN_CHUNKS = 4  # fewer chunks say nothing about bursts
 FIRST_CHUNK_LEAD_MS = 5.0  # a role-only first chunk this much (and ...
 FIRST_CHUNK_LEAD_SHARE = 0.1  # ... this share of TTFT) before the first token is early
@@ -201,7 +202,10 @@ def buffering(answers: Sequence[ChunkTimes]) -> Finding:
     evidence = {"chunks": chunks, "reads": reads, "chunks_per_read": round(chunks / reads, 2),
                 "content_spread_ms_p50": _r(spread_ms, 2), "e2e_ms_p50": _r(e2e_ms),
                 "read_gap_ms_p50": _r(_p50(gaps), 2), "answers": len(judged)}
-    if chunks / reads > BUFFERED_CHUNKS_PER_READ or share < BUFFERED_SPREAD_SHARE:
+    # a long prefill or a queue makes the content a small share of the answer's time too: squeezed content is
+    # also far faster than any decode
+    squeezed = share < BUFFERED_SPREAD_SHARE and _p50(gaps) < BUFFERED_READ_GAP_MS
+    if chunks / reads > BUFFERED_CHUNKS_PER_READ or squeezed:
         limit = f"ITL below {max(_p50(gaps), 0.1):.0f} ms" if gaps else "ITL"
         return Finding("buffering", FINDING, f"the stream is buffered: {chunks / reads:.1f} chunks per read, the "
                        f"content within {spread_ms:.1f} ms of a {e2e_ms:.0f} ms answer: {limit} is not measurable "
