@@ -204,8 +204,8 @@ workload:
 """
 
 
-@pytest.mark.parametrize("kind", ["coalesce", "clean"])
-def test_a_run_says_when_its_records_show_coalesced_tokens(servers, tmp_path, kind):
+@pytest.mark.parametrize("kind", ["coalesce", "usage-lies", "clean"])
+def test_a_run_says_when_its_records_show_coalesced_tokens_or_lying_usage(servers, tmp_path, kind):
     """The run's own records, judged by check's rule: in run.json, summary.json and summary.md; never the
     verdict (both runs pass)."""
     path = tmp_path / "signs.yaml"
@@ -219,6 +219,10 @@ def test_a_run_says_when_its_records_show_coalesced_tokens(servers, tmp_path, ki
     assert [f["name"] for f in json.loads((out / "summary.json").read_text())["findings"]] == names
     if kind == "clean":
         assert names == [] and "Finding:" not in (out / "summary.md").read_text()
+        return
+    if kind == "usage-lies":  # 3 x 16 reported for 16 generated (finish_reason length)
+        assert names == ["usage"] and "usage misreports completion_tokens: 48 reported, 16" in \
+            result.findings[0]["summary"]
         return
     assert names == ["coalescing"]
     assert result.findings[0]["evidence"]["tokens_per_chunk"] == COALESCE

@@ -1,7 +1,8 @@
 """The signs ``loadgen check`` looks for, read from a run's own records: a server (or a gateway in front of it)
 that coalesces tokens or buffers the stream limits what the run's ITL can mean, whatever the verdict says.
 
-The rules are ``check_findings``' own (``coalescing``, ``buffering``), applied to the measured requests that
+The rules are ``check_findings``' own (``coalescing``, ``buffering``, ``usage``: completion_tokens against
+``max_tokens`` when an answer stopped at it, and against the chunks that carried tokens), applied to the measured requests that
 ended cleanly — at most ``SAMPLE_REQUESTS`` of them, spread evenly over the run (a server's framing is the same
 for every request; an hour-long run's millions of chunks need not all be walked). Only a ``finding`` is kept:
 a run where nothing limits the measurement has none. Pure: records in, findings out.
@@ -13,7 +14,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.analysis.check_findings import FINDING, ChunkTimes, buffering, coalescing
+from loadgen.analysis.check_findings import FINDING, Probe, buffering, coalescing, usage
 
 SAMPLE_REQUESTS = 200
 KEY = ["worker", "seq"]
@@ -24,11 +25,13 @@ def run_findings(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[dict[str,
     answers = _answers(requests, chunks)
     if not answers:
         return []
-    return [f.to_json() for f in (coalescing(answers), buffering(answers)) if f.status == FINDING]
+    times = [a.chunk_times() for a in answers]
+    return [f.to_json() for f in (coalescing(times), buffering(times), usage(answers)) if f.status == FINDING]
 
 
-def _answers(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[ChunkTimes]:
-    """Each sampled request's chunk stamps, its output tokens where the server counted them, its send and end."""
+def _answers(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[Probe]:
+    """Each sampled request as check's probe would have read it: its chunk stamps, the output tokens the server
+    reported (None without usage), what it asked for and why it stopped."""
     ok = requests.filter(~pl.col("warmup") & pl.col("error_kind").is_null() & (pl.col("chunks") > 0)).sort(KEY)
     if ok.height == 0:
         return []
@@ -36,7 +39,7 @@ def _answers(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[ChunkTimes]:
     times = (chunks.join(sample.select(KEY), on=KEY, how="semi").sort([*KEY, "t_ns"])
              .group_by(KEY, maintain_order=True).agg(pl.col("t_ns")))
     rows = sample.join(times, on=KEY, how="inner").select(
-        "t_ns", "t_sent_ns", "t_done_ns",
+        "t_ns", "t_sent_ns", "t_done_ns", "output_tokens_asked", "finish_reason",
         pl.when(pl.col("output_tokens_source") == "server").then(pl.col("output_tokens")).alias("tokens"))
-    return [ChunkTimes(tuple(r["t_ns"]), r["tokens"], r["t_sent_ns"], r["t_done_ns"])
-            for r in rows.iter_rows(named=True)]
+    return [Probe(200, None, r["t_sent_ns"], r["t_done_ns"], None, True, tuple(r["t_ns"]), r["output_tokens_asked"],
+                  r["tokens"], None, finish_reason=r["finish_reason"]) for r in rows.iter_rows(named=True)]
