@@ -143,6 +143,8 @@ MALFORMED = {  # what is done to run.json, and what the line says
     "no scenario": (_edit_run_json(lambda info: info.pop("scenario")), "run.json: no scenario in it"),
     "invalid scenario": (_edit_run_json(lambda info: info["scenario"]["load"].update(rate_per_s=-1)),
                          "run.json: its scenario is not valid: load.rate_per_s"),
+    "target a string": (_edit_run_json(lambda info: info.update(target="x")), "run.json: its target is not an object (\"x\")"),
+    "notes a number": (_edit_run_json(lambda info: info.update(notes=3)), "run.json: its notes is not a list (3)"),
 }
 
 

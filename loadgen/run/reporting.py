@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize
+from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_reports
 from loadgen.report.wording import with_headline
@@ -21,6 +22,11 @@ from loadgen.run.sinks import as_os_error, load_records, load_server_metrics
 
 class RunDirError(ValueError):
     """A run directory that cannot be read: no run.json, a malformed one, or damaged records (one line)."""
+
+
+INFO_TYPES: dict[str, type] = {"target": dict, "generator": dict, "notes": list, "findings": list, "planned": int,
+                               "seed": int, "interrupted": bool, "finished": bool}  # what the summary reads
+KIND_NAMES = {dict: "an object", list: "a list", int: "a whole number", bool: "true or false"}
 
 
 def read_run_info(run_dir: Path) -> tuple[dict[str, Any], Scenario]:
@@ -34,6 +40,9 @@ def read_run_info(run_dir: Path) -> tuple[dict[str, Any], Scenario]:
         raise RunDirError(f"{path}: not readable as JSON ({exc})") from None
     if not isinstance(info, dict) or not isinstance(info.get("scenario"), dict):
         raise RunDirError(f"{path}: no scenario in it (not a loadgen run.json?)")
+    for key, kind in INFO_TYPES.items():
+        if info.get(key) is not None and not isinstance(info[key], kind):
+            raise RunDirError(f"{path}: its {key} is not {KIND_NAMES[kind]} ({clip(json.dumps(info[key]), 40)})")
     try:
         return info, Scenario.model_validate(info["scenario"])
     except ValidationError as exc:
