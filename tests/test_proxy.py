@@ -258,3 +258,14 @@ def test_a_wrong_proxy_password_is_exit_2_without_showing_it(https_target, ca_fi
     line = one_line_exit_2(res)
     assert "(HTTPS_PROXY) refused CONNECT" in line and "407" in line, line
     assert_no_piece(password, res.stdout + res.stderr, tmp_path)
+
+
+def test_check_goes_through_the_same_CONNECT_tunnel_and_says_so(no_proxy_env, proxy, https_target, ca_file):
+    """loadgen check reaches the target as a run does: through the environment's proxy, named in its notes."""
+    no_proxy_env.setenv("HTTPS_PROXY", proxy.url())
+    sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", {"target.base_url": https_target.url("ok"),
+                                                             "target.tls": {"ca_bundle": str(ca_file)}})
+    result = api.check(sc)
+    assert proxy.log and set(proxy.log) == {f"CONNECT 127.0.0.1:{https_target.port} HTTP/1.1"}
+    assert [s for s in https_target.seen if s[1] not in proxy.upstream_ports] == []
+    assert f"requests went through the proxy {proxy.url()} (HTTPS_PROXY); the figures include it" in result.notes

@@ -106,7 +106,7 @@ def _fits(advertised: int, tries: Sequence[PromptTry]) -> Finding:
 def max_prompt(advertised: int | None, tries: Sequence[PromptTry], cap: int, stopped: str | None = None) -> Finding:
     """The largest prompt the server takes: /models' max_model_len confirmed (a prompt just under it accepted,
     one over it refused), else what a bounded search found."""
-    if advertised is not None and tries:
+    if advertised is not None and len(tries) == 2 and stopped is None:
         return _fits(advertised, tries)
     accepted = [t.tokens for t in tries if t.accepted]
     refused = [t for t in tries if not t.accepted and 400 <= t.status < 500]

@@ -35,6 +35,7 @@ from loadgen.plan.scenario import Scenario, ScenarioError
 from loadgen.plan.workload import LinearFit, fit
 from loadgen.run.check_probes import PROMPT_CAP_TOKENS, Session, advertised_length, \
     confirm_advertised, open_counting_client, prompt_text, search_largest, stream_probe
+from loadgen.run.prepare import note_proxy, target_proxy
 from loadgen.run.target import TargetError, auth_headers, call, resolve, start_embedded, token_counter
 
 PROBE_PROMPT_TOKENS = 512
@@ -81,6 +82,7 @@ async def _check(scenario: Scenario, base_url: str) -> CheckResult:
     async with client:
         headers, redact = auth_headers(scenario)
         target = await resolve(scenario, client, base_url, headers, redact)
+        note_proxy(target, target_proxy(scenario, base_url))
         counter = await token_counter(scenario, client, target)
         session = Session(scenario, client, transport, target, counter)
         findings = await _audit(session)
@@ -176,8 +178,8 @@ async def _max_prompt_line(s: Session, fit_: LinearFit) -> Finding:
     exact = _tokenizer_source(s) is not None
     try:
         if advertised is not None:
-            tries = await confirm_advertised(s, s.counter, fit_, advertised, exact)
-            return judge.max_prompt(advertised, tries, PROMPT_CAP_TOKENS)
+            tries, stopped = await confirm_advertised(s, s.counter, fit_, advertised, exact)
+            return judge.max_prompt(advertised, tries, PROMPT_CAP_TOKENS, stopped)
         tries, stopped = await search_largest(s, s.counter, fit_, PROBE_PROMPT_TOKENS)
     except (TargetError, asyncio.TimeoutError) as exc:  # the tokenize endpoint failed counting a long prompt
         return judge.max_prompt(advertised, [], PROMPT_CAP_TOKENS, f"counting a long prompt: {exc}")

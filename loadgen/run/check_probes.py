@@ -22,7 +22,7 @@ from loadgen.core.secrets import clip
 from loadgen.core.sse import SseDecoder
 from loadgen.core.tracker import RequestMeta, StreamTracker
 from loadgen.drivers.lean_transport import LeanTransport, StreamContext, direct_post, send_post
-from loadgen.drivers.redirects import RedirectError
+from loadgen.drivers.timing import error_kind
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.workload import LinearFit, Prompt, TokenCounter, filler, request_body
 from loadgen.run.prepare import ssl_context, target_proxy
@@ -146,14 +146,15 @@ async def stream_probe(s: Session, text: str, output_tokens: int, counted: int |
                                         s.target.timeout_s)
     except asyncio.TimeoutError:
         kind, message = "timeout", f"no end within {s.target.timeout_s:g} s (target.preflight_timeout_s)"
-    except (httpx.HTTPError, RedirectError) as exc:
-        kind, message = "connect", s.target.redact(str(exc)) or type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - the transport's faults (and a bug of ours) as a run counts them
+        kind, message = error_kind(exc)
+        status = getattr(exc, "status", 0)  # a redirect's
     t_done_ns = time.monotonic_ns()
     record, chunks = reader.tracker.finish(t_done_ns, status, kind, message)
     s.heads.append(response_head(bytes(ctx.raw or b"")))
     s.versions.append(ctx.http_version)
     server = record.output_tokens_source == "server"
-    return Probe(status=record.http_status if kind is None else 0,
+    return Probe(status=record.http_status if kind is None or status != 200 else 0,
                  error=clip(s.target.redact(record.error_message) or "", 200) if record.error_kind else None,
                  t_sent_ns=ctx.t_sent_ns or t_done_ns, t_done_ns=t_done_ns, t_first_event_ns=reader.first_event_ns,
                  first_event_text=reader.first_event_text, content_ns=tuple(c.t_ns for c in chunks),
@@ -222,12 +223,20 @@ async def search_largest(s: Session, counter: TokenCounter, fit_: LinearFit,
 
 
 async def confirm_advertised(s: Session, counter: TokenCounter, fit_: LinearFit, advertised: int,
-                             exact: bool) -> list[PromptTry]:
-    """A prompt just under ``advertised`` (less max_tokens 1), then one just over it."""
+                             exact: bool) -> tuple[list[PromptTry], str | None]:
+    """A prompt just under ``advertised`` (less max_tokens 1), then one just over it, within the search's time
+    budget (a long prompt's prefill on a slow server); the tries, and why it stopped early (None: it did not)."""
     margin = 8 if exact else max(8, advertised // 30)
-    near = await try_prompt(s, counter, fit_, max(1, advertised - 1 - margin), at_most=True)
-    over = await try_prompt(s, counter, fit_, advertised + margin, at_most=False)
-    return [near, over]
+    tries: list[PromptTry] = []
+
+    async def both() -> None:
+        tries.append(await try_prompt(s, counter, fit_, max(1, advertised - 1 - margin), at_most=True))
+        tries.append(await try_prompt(s, counter, fit_, advertised + margin, at_most=False))
+    try:
+        await asyncio.wait_for(both(), SEARCH_BUDGET_S)
+    except asyncio.TimeoutError:
+        return tries, f"the time budget ({SEARCH_BUDGET_S:g} s) ran out"
+    return tries, None
 
 
 LENGTH_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length", "max_input_tokens")

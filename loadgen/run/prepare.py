@@ -51,6 +51,14 @@ def target_proxy(scenario: Scenario, base_url: str) -> Proxy | None:
         raise TargetError(str(exc)) from None
 
 
+def note_proxy(target: ResolvedTarget, proxy: Proxy | None) -> None:
+    """The target goes through ``proxy``: kept for the scraper, and said in the notes."""
+    target.proxy = proxy
+    if proxy is not None:
+        target.notes.append(f"requests went through the proxy {proxy.url} ({proxy.variable}); the figures "
+                            "include it")
+
+
 def open_client(scenario: Scenario, base_url: str) -> httpx.AsyncClient:
     """A client on the lean transport, for http:// and https:// alike (TLS by ``target.tls``), through the
     environment's proxy where it names one for the target."""
@@ -119,10 +127,7 @@ class Preparation:
         headers, redact = auth_headers(self.scenario)  # TargetError: an API key's variable is not set
         proxy = target_proxy(self.scenario, self.base_url)
         target = await resolve(self.scenario, client, self.base_url, headers, redact)
-        if proxy is not None:
-            target.notes.append(f"requests went through the proxy {proxy.url} ({proxy.variable}); the figures "
-                                "include it")
-        target.proxy = proxy
+        note_proxy(target, proxy)
         factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
         await factory.prepare_classes()
         return Prepared(self.scenario, self.plan, target, factory)
