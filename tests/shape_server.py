@@ -259,7 +259,7 @@ class ShapeServer:
         writer.write(chunk(event({"error": {"message": "CUDA error: an illegal memory access was encountered",
                                             "type": "InternalServerError", "code": 500}})))
         await writer.drain()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.25)  # the server dies a moment later (time enough to read the event on a busy machine)
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close → RST
         writer.transport.abort()
@@ -310,13 +310,14 @@ class ShapeServer:
         location = f"http://127.0.0.1:{self.other.port}/ok/v1/chat/completions"
         return _write(writer, _head(307, {"location": location, "content-length": "0"}))
 
-    async def _echo_key(self, writer: asyncio.StreamWriter, e: dict[str, Any], pad: int = 280) -> bool:
+    async def _echo_key(self, writer: asyncio.StreamWriter, e: dict[str, Any], pad: int = 270) -> bool:
         key = e["headers"].get("authorization", "").removeprefix("Bearer ")
-        message = "x" * pad + " invalid api key " + key + " for this deployment"  # a cut at 300 (2,000) lands in it
+        # the key from character 287 on: a cut at 300 (88e4717 cut there, then redacted) leaves its first 13
+        message = "x" * pad + " invalid api key " + key + " for this deployment"
         return _json(writer, 400, {"error": {"message": message, "type": "invalid_request_error"}})
 
     async def _echo_key_2k(self, writer: asyncio.StreamWriter, e: dict[str, Any]) -> bool:
-        return await self._echo_key(writer, e, pad=1970)
+        return await self._echo_key(writer, e, pad=1970)  # across the core's cut at 2,000
 
     async def _tokenize_fails(self, writer: asyncio.StreamWriter, e: dict[str, Any]) -> bool:
         return await self._ok(writer, e)
