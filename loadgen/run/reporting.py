@@ -17,7 +17,7 @@ from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_reports
 from loadgen.report.wording import with_headline
-from loadgen.run.sinks import as_os_error, load_records, load_server_metrics
+from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged
 
 
 class RunDirError(ValueError):
@@ -69,9 +69,6 @@ def damaged(run_dir: Path, broken: list[str]) -> str:
     return f"{run_dir}: damaged record files: {'; '.join(b.removesuffix(', skipped') for b in broken)}"
 
 
-MERGED = "requests.parquet + chunks.parquet"  # how load_records names the run's merged pair in ``broken``
-
-
 def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tuple[float, float] | None = None,
                     png: bool = True, again: bool = False) -> RunResult:
     """Compute the summary and every view from the Parquet records and run.json (``loadgen run`` at its end,
@@ -83,7 +80,7 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
     scenario = scenario or stored
     broken: list[str] = []
     requests, chunks = load_records(run_dir, broken)
-    if again and any(b.startswith(MERGED + ":") for b in broken):
+    if again and merged_pair_damaged(broken):
         raise RunDirError(damaged(run_dir, broken))
     if broken:
         info["disk_error"] = "damaged record files skipped: " + "; ".join(broken)

@@ -163,6 +163,14 @@ def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], l
     return requests, chunks, parts
 
 
+MERGED_PAIR = "requests.parquet + chunks.parquet"  # how ``broken`` names the run's merged pair
+
+
+def merged_pair_damaged(broken: list[str]) -> bool:
+    """Does ``broken`` (``load_records``') name the merged requests.parquet/chunks.parquet?"""
+    return any(b.startswith(MERGED_PAIR + ":") for b in broken)
+
+
 def _read_pair(req_path: Path, chunk_path: Path) -> tuple[tuple[pl.DataFrame, pl.DataFrame] | None, str]:
     """Both files of a pair, or None and which file is damaged and how (one line, e.g. "chunks.parquet: The
     file must end with PAR1 or PARE")."""
@@ -199,7 +207,7 @@ def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFra
     requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
     chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
     # a damaged requests.parquet / chunks.parquet is never replaced by the parts alone (its records would be lost)
-    merged_damaged = any(b.startswith("requests.parquet + ") for b in broken[before:])
+    merged_damaged = merged_pair_damaged(broken[before:])
     if merge and not merged_damaged and (parts or not (run_dir / "requests.parquet").exists()):
         _write_atomic({run_dir / "requests.parquet": requests, run_dir / "chunks.parquet": chunks})
         for p in parts + [q for c in pt.covered_parts(run_dir) for q in (c.requests, c.chunks)]:
