@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from hypothesis import example, given, strategies as st
 
 from loadgen.core import RequestMeta, SseDecoder, StreamTracker
-from loadgen.core.openai_stream import parse_event
+from loadgen.core.apis import APIS, EVENT_PARSERS, parse_embeddings_body
+from loadgen.core.openai_stream import Parsed, parse_event
+from loadgen.core.tracker import _error_text, _json_answer
 from loadgen.drivers.fast_parse import parse_chunk
 
 BOM = b"\xef\xbb\xbf"
@@ -215,3 +217,109 @@ def test_a_stream_gives_the_same_records_however_it_is_read_and_parsed(data: st.
     assert _track(data.draw(splits(stream)), parse=parse_chunk) == whole
     record, chunks, _ = whole
     assert record.chunks == len(chunks) and (record.error_kind is None) == (record.error_message is None)
+
+
+# ---- totality: no bytes a server sends make a parser (or the tracker) raise ----------------------------------
+# A parser that raises on a server's event is a request counted `internal` and exit 4, a loadgen bug: every API's
+# events are drawn from grammars where each member is present, absent or of another type, and any JSON at all.
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70) | st.floats() |
+                    st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                    max_leaves=12)
+# a member of another type than the API's: a string, a number, a list, null, an object (nested), a boolean
+OTHER = st.sampled_from([None, "", "x", 0, 5, -1, 2**64, 2.5, True, [], ["x"], {}, {"a": {"b": [1]}}]) | JSON
+
+
+def _member(good: st.SearchStrategy) -> st.SearchStrategy:
+    return good | OTHER
+
+
+def _object(kind: st.SearchStrategy, **members: st.SearchStrategy) -> st.SearchStrategy[dict]:
+    """An event object: its ``type``, then each member present (of its type or another) or absent."""
+    return st.fixed_dictionaries({"type": kind}, optional={k: _member(v) for k, v in members.items()})
+
+
+COUNT = st.integers(0, 10**6)
+FAILURE = st.fixed_dictionaries({}, optional={"type": st.just("overloaded_error"), "message": _member(WORDS),
+                                              "code": _member(st.sampled_from([400, 429, 500, "500"]))})
+ANTHROPIC_USAGE = st.fixed_dictionaries({}, optional={
+    "input_tokens": _member(COUNT), "output_tokens": _member(COUNT), "cache_read_input_tokens": _member(COUNT),
+    "cache_creation_input_tokens": _member(COUNT)})
+ANTHROPIC_EVENTS = (
+    _object(st.just("message_start"), message=st.fixed_dictionaries({}, optional={
+        "id": _member(WORDS), "usage": _member(ANTHROPIC_USAGE), "content": _member(st.just([]))})) |
+    _object(st.just("content_block_delta"), index=st.just(0), delta=st.fixed_dictionaries({}, optional={
+        "type": _member(st.sampled_from(["text_delta", "thinking_delta", "input_json_delta", "signature_delta"])),
+        "text": _member(WORDS), "thinking": _member(WORDS), "partial_json": _member(WORDS)})) |
+    _object(st.just("message_delta"), delta=st.fixed_dictionaries({}, optional={
+        "stop_reason": _member(st.sampled_from(["end_turn", "max_tokens", "tool_use", "stop_sequence", "odd"]))}),
+        usage=ANTHROPIC_USAGE) |
+    _object(st.just("error"), error=FAILURE) |
+    _object(st.sampled_from(["message_stop", "ping", "content_block_start", "content_block_stop"]) | OTHER,
+            index=st.just(0), content_block=JSON))
+RESPONSES_USAGE = st.fixed_dictionaries({}, optional={
+    "input_tokens": _member(COUNT), "output_tokens": _member(COUNT),
+    "input_tokens_details": _member(st.fixed_dictionaries({}, optional={"cached_tokens": _member(COUNT)}))})
+RESPONSE = st.fixed_dictionaries({}, optional={"id": _member(WORDS), "status": _member(WORDS),
+                                               "usage": _member(RESPONSES_USAGE), "error": _member(FAILURE)})
+RESPONSES_EVENTS = (
+    _object(st.sampled_from(["response.output_text.delta", "response.refusal.delta",
+                             "response.function_call_arguments.delta", "response.reasoning_text.delta",
+                             "response.reasoning_summary_text.delta"]), delta=WORDS, item_id=WORDS) |
+    _object(st.sampled_from(["response.created", "response.in_progress", "response.completed",
+                             "response.incomplete", "response.failed", "response.output_item.added"]) | OTHER,
+            response=RESPONSE) |
+    _object(st.just("error"), error=FAILURE, message=WORDS, code=st.just("server_error")))
+DEEP = "[" * 3000  # json.loads and msgspec raise RecursionError on it (not a ValueError)
+
+
+@st.composite
+def any_event(draw) -> str:
+    """An event's data: an event of one of the APIs (wrong member types included), a chat chunk, any JSON, an
+    object with a known ``type`` and anything else, or text that is not JSON."""
+    obj = draw(ANTHROPIC_EVENTS | RESPONSES_EVENTS | CHUNK | JSON |
+               st.builds(lambda kind, rest: {**rest, "type": kind},
+                         st.sampled_from(["message_start", "message_delta", "response.failed", "error"]),
+                         st.dictionaries(st.sampled_from(["message", "delta", "usage", "response", "error"]),
+                                         JSON | OTHER, max_size=3)))
+    if draw(st.integers(0, 9)) == 9:
+        return draw(st.sampled_from(["", "[DONE]", "{", "nan", DEEP, "{\"a\":" * 3000])) + draw(TEXT)
+    return json.dumps(obj, ensure_ascii=draw(st.booleans()))
+
+
+
+
+@given(any_event())
+@example(DEEP)
+@example('{"error": ' + "[" * 3000)
+@example('{"type": "message_start", "message": "x"}')
+@example('{"type": "message_delta", "delta": "x"}')
+@example('{"type": "response.failed", "response": "x"}')
+@example('{"type": "response.completed", "response": {"usage": "x"}}')
+def test_no_event_makes_a_parser_raise(data: str) -> None:
+    """Every API's event parser, the fast chunk parser and the embeddings body parser return a ``Parsed`` on any
+    event data (a server's wrong types and JSON nested past the interpreter's stack included), and an error
+    answer's body gives a message: none raises."""
+    for parse in EVENT_PARSERS.values():
+        assert isinstance(parse(data), Parsed)
+    assert parse_chunk(data) == parse_event(data)  # the hot path's parser agrees on anything too
+    assert isinstance(parse_embeddings_body(data.encode("utf-8", "surrogatepass")), Parsed)
+    assert isinstance(_error_text(data), str) and isinstance(_json_answer(data)[1], str)
+
+
+@given(st.sampled_from(sorted(APIS)), st.lists(any_event(), max_size=5), st.sampled_from([200, 200, 500, 429]))
+@example("messages", [DEEP, '{"type": "message_stop"}'], 200)
+@example("embeddings", [DEEP], 200)
+@example("chat", [DEEP], 500)
+def test_no_stream_makes_the_tracker_raise(api: str, events: list[str], status: int) -> None:
+    """Whatever events (or body) a server sends, with whatever status, the tracker of every API finishes with a
+    record whose error kind and message go together, its chunks counted."""
+    tracker = StreamTracker(RequestMeta(seq=1, class_name="p", warmup=False, t_intended_ns=0, prompt_tokens_asked=8,
+                                        output_tokens_asked=8, keep_text=True), t_sent_ns=10, api=api)
+    for i, data in enumerate(events):
+        tracker.feed(b"data: " + data.replace("\n", " ").encode("utf-8", "surrogatepass") + b"\n\n", 20 + i)
+    record, chunks = tracker.finish(100, status)
+    assert record.chunks == len(chunks) and (record.error_kind is None) == (record.error_message is None)
+    # never a silent zero: a success has tokens, or the server says it generated at most one (a stop token)
+    assert record.error_kind is not None or chunks or record.output_tokens in (0, 1)

@@ -145,3 +145,115 @@ def test_follow_redirects_keeps_method_and_body_and_no_credentials_leave_the_ori
     for e in away:
         assert "x-api-key" not in e["headers"] and "authorization" not in e["headers"]
         assert e["headers"]["x-trace"] == "kept" and e["headers"]["content-type"] == "application/json"
+
+
+# ---- redirects: a malformed Location, credentials across origins, a proxy that cannot be used ------------------
+from hypothesis import given, strategies as st  # noqa: E402 - the tests below were added after the rest
+
+
+def test_a_redirect_to_a_malformed_location_is_a_counted_http_3xx_naming_it(shapes, tmp_path):
+    """A 307 whose Location does not parse (``http://[bad/x``) is the server's fault: a counted ``http_3xx`` that
+    names it, followed or not, never ``internal`` (exit 4)."""
+    from tests.shape_server import BAD_LOCATION
+    for follow in (False, True):
+        result, requests, received = shape_run(shapes, tmp_path / str(follow), "redirect-bad",
+                                               **{"target.follow_redirects": follow})
+        assert requests.height == len(received) == REQUESTS
+        assert set(requests["error_kind"]) == {"http_3xx"} and set(requests["http_status"]) == {307}
+        assert set(requests["error_message"]) == {
+            f"HTTP 307 redirect to a malformed Location {BAD_LOCATION!r} (Invalid IPv6 URL)"}
+        assert result.exit_code == 1
+
+
+MALFORMED = ["http://[bad/x", "http://h:abc/x", "http://h:99999/x", "//[::1/x", "http://h/\x7f", "http://xn--a.com/",
+             "http://\udcff/x", "ftp://h/x", "http://:80/x"]
+
+
+@pytest.mark.parametrize("location", MALFORMED)
+def test_next_hop_raises_a_redirect_error_for_a_location_that_does_not_parse(location):
+    from loadgen.drivers.redirects import RedirectError, next_hop
+    for follow, status in ((True, 307), (False, 307), (True, 301)):
+        with pytest.raises(RedirectError) as raised:
+            next_hop("http://127.0.0.1:8000/v1/chat/completions", status, location, follow, {"a": "b"})
+        assert raised.value.status == status and str(raised.value).startswith(f"HTTP {status} redirect to ")
+
+
+def test_the_preflight_reports_a_malformed_location_as_a_target_error():
+    """run/target.py's ``call`` turns a RedirectError into its TargetError (exit 2): so does a malformed Location."""
+    import asyncio
+
+    import httpx
+
+    from loadgen.core.secrets import Redactor
+    from loadgen.run.target import TargetError, call
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(307, headers={"location": "http://[bad/x"})
+
+    async def preflight() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await call(client, "GET", "http://127.0.0.1:9/v1/models", 5, Redactor(), follow=True)
+    with pytest.raises(TargetError, match=r"malformed Location 'http://\[bad/x'"):
+        asyncio.run(preflight())
+
+
+@pytest.mark.parametrize("old, new, kept", [
+    ("http://h.example/v1/x", "http://h.example/v2/x", True),  # the same origin
+    ("http://h.example/v1/x", "http://H.EXAMPLE:80/v2/x", True),  # the same origin, spelled otherwise
+    ("https://h.example/v1/x", "https://h.example:443/v2/x", True),
+    ("http://h.example/v1/x", "https://h.example/v1/x", False),  # the upgrade to https: another origin
+    ("http://h.example:8000/v1/x", "http://h.example:8001/v1/x", False),  # another port
+    ("http://h.example/v1/x", "http://g.example/v1/x", False),  # another host
+    ("https://h.example/v1/x", "https://api.h.example/v1/x", False),  # a subdomain
+])
+def test_credentials_never_leave_their_origin_not_even_for_https(old, new, kept):
+    """RFC 6454: an origin is (scheme, host, port); any change of it drops every sensitive header (the Fetch
+    standard drops Authorization on every cross-origin redirect), an http→https upgrade of the same host too."""
+    from loadgen.drivers.redirects import next_hop
+    headers = {"Authorization": "Bearer k", "x-api-key": "k", "Cookie": "s=1", "x-goog-api-key": "k",
+               "content-type": "application/json", "x-trace": "kept"}
+    target, sent = next_hop(old, 307, new, True, headers)
+    assert target == new
+    assert sent == (headers if kept else {"content-type": "application/json", "x-trace": "kept"})
+
+
+def test_a_proxy_that_cannot_be_used_for_a_redirected_origin_is_a_connect_error(monkeypatch):
+    """A ProxyError (a socks5:// HTTP_PROXY) for the origin a redirect leads to is httpx's ConnectError, counted
+    ``connect``, from the transport's every path: never ``internal``."""
+    import asyncio
+
+    import httpx
+
+    from loadgen.drivers.lean_transport import LeanTransport, direct_post
+    from loadgen.drivers.timing import error_kind
+    monkeypatch.setenv("HTTP_PROXY", "socks5://127.0.0.1:1")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    lean = LeanTransport()
+    with pytest.raises(httpx.ConnectError) as raised:
+        lean._forward_proxy(("http", "h.example", 80))
+    assert error_kind(raised.value)[0] == "connect" and "socks5" in str(raised.value)
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(lean.handle_async_request(httpx.Request("POST", "http://h.example/v1/x")))
+    assert direct_post(httpx.AsyncClient(transport=lean), "http://h.example/v1/x", {}) is None  # steps aside
+
+
+@given(st.text(max_size=40) | st.builds("{}{}".format, st.sampled_from(["http://", "https://", "//", "/", "?", "http://xn--", "http://["]),
+                                        st.text(max_size=30)))
+def test_a_location_is_followed_to_a_url_the_transport_takes_or_is_a_redirect_error(location):
+    """Whatever Location a server sends, ``next_hop`` either raises RedirectError (counted ``http_3xx``) or gives
+    a URL that httpx and the lean transport's direct path take: nothing else raises."""
+    import h11
+    import httpx
+
+    from loadgen.drivers.lean_transport import LeanTransport
+    from loadgen.drivers.redirects import RedirectError, next_hop
+    try:
+        target, _ = next_hop("http://127.0.0.1:8000/v1/chat/completions", 307, location, True, {})
+    except RedirectError:
+        return
+    httpx.URL(target)
+    try:
+        LeanTransport(use_proxy_env=False).prepare_post(target, {})
+    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError):
+        pass  # direct_post steps aside for these; the client path reports them as httpx errors

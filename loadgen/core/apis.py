@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from loadgen.core.openai_stream import Parsed, _error, _int, parse_event
+from loadgen.core.openai_stream import Parsed, _dict, _error, _int, _str, parse_event
 from loadgen.core.secrets import clip
 
 APIS = ("chat", "completions", "responses", "messages", "embeddings")
@@ -29,11 +29,12 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 
 def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[str], Parsed]:
-    """A parser of events that are JSON objects with a ``type``: ``parse(type, event)`` sees valid ones only."""
+    """A parser of events that are JSON objects with a ``type``: ``parse(type, event)`` sees objects only (their
+    members may be anything: every access checks the type, so no event a server sends can raise)."""
     def parse_event_data(data: str) -> Parsed:
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the stack allows
             return Parsed(error=f"malformed event: {clip(data, 80)!r}")
         if not isinstance(obj, dict):
             return Parsed(error=f"event is not an object: {clip(data, 80)!r}")
@@ -46,17 +47,13 @@ def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[s
 def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of the OpenAI Responses API's stream."""
     if kind in ("response.output_text.delta", "response.refusal.delta"):
-        delta = obj.get("delta")
-        return Parsed(text=delta if isinstance(delta, str) else "")
+        return Parsed(text=_str(obj.get("delta")))
     if kind == "response.function_call_arguments.delta":  # a tool call's arguments: generated tokens
-        delta = obj.get("delta")
-        return Parsed(text=delta if isinstance(delta, str) else "", tool=True)
+        return Parsed(text=_str(obj.get("delta")), tool=True)
     if kind == "response.reasoning_text.delta" or kind == "response.reasoning_summary_text.delta":
-        delta = obj.get("delta")
-        return Parsed(text=delta if isinstance(delta, str) else "", reasoning=True)
+        return Parsed(text=_str(obj.get("delta")), reasoning=True)
     if kind in ("error", "response.failed"):
-        err = obj.get("error") or (obj.get("response") or {}).get("error") or obj
-        return _error(err)
+        return _error(obj.get("error") or _dict(obj.get("response")).get("error") or obj)
     response = obj.get("response")
     if not isinstance(response, dict):
         return Parsed()
@@ -64,17 +61,12 @@ def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     usage = response.get("usage")
     if isinstance(usage, dict):
         out.prompt_tokens, out.completion_tokens = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
-        details = usage.get("input_tokens_details")
-        out.cached_tokens = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        out.cached_tokens = _int(_dict(usage.get("input_tokens_details")).get("cached_tokens"))
     if kind == "response.completed":
         out.done, out.finish_reason = True, "stop"
     elif kind == "response.incomplete":
         out.done, out.finish_reason = True, "length"
     return out
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -84,14 +76,14 @@ ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "le
 def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of Anthropic's Messages API stream."""
     if kind == "content_block_delta":
-        delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+        delta = _dict(obj.get("delta"))
         if delta.get("type") == "thinking_delta":
-            return Parsed(text=_text(delta.get("thinking")), reasoning=True)
+            return Parsed(text=_str(delta.get("thinking")), reasoning=True)
         if delta.get("type") == "input_json_delta":  # a tool_use block's input: generated tokens
-            return Parsed(text=_text(delta.get("partial_json")), tool=True)
-        return Parsed(text=_text(delta.get("text")))
+            return Parsed(text=_str(delta.get("partial_json")), tool=True)
+        return Parsed(text=_str(delta.get("text")))
     if kind == "message_start":
-        message = obj.get("message") or {}
+        message = _dict(obj.get("message"))
         out = Parsed(request_id=message.get("id") if isinstance(message.get("id"), str) else None)
         usage = message.get("usage")
         if isinstance(usage, dict):
@@ -101,8 +93,8 @@ def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
             out.cached_tokens = read if "cache_read_input_tokens" in usage else None
         return out
     if kind == "message_delta":
-        reason = (obj.get("delta") or {}).get("stop_reason")
-        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        reason = _dict(obj.get("delta")).get("stop_reason")
+        usage = _dict(obj.get("usage"))
         return Parsed(finish_reason=ANTHROPIC_STOP.get(reason, reason) if isinstance(reason, str) else None,
                       completion_tokens=_int(usage.get("output_tokens")))
     if kind == "message_stop":
@@ -116,7 +108,7 @@ def parse_embeddings_body(body: bytes) -> Parsed:
     """A whole /embeddings answer: done when it holds at least one embedding."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return Parsed(error=f"the answer is not JSON: {clip(body.decode('utf-8', 'replace'), 80)!r}")
     if not isinstance(obj, dict):
         return Parsed(error="the answer is not a JSON object")
@@ -125,7 +117,7 @@ def parse_embeddings_body(body: bytes) -> Parsed:
     data = obj.get("data")
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "embedding" not in data[0]:
         return Parsed(error="the answer has no data[].embedding")
-    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+    usage = _dict(obj.get("usage"))
     return Parsed(prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=0, done=True,
                   finish_reason="stop", request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
 

@@ -44,7 +44,7 @@ def parse_event(data: str) -> Parsed:
         return Parsed(done=True)
     try:
         obj = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack allows
         return Parsed(error=f"malformed chunk: {clip(data, 80)!r}")
     if not isinstance(obj, dict):
         return Parsed(error=f"chunk is not an object: {clip(data, 80)!r}")
@@ -81,7 +81,13 @@ def _choice(choice: dict[str, Any], out: Parsed) -> None:
 
 
 def _str(value: Any) -> str:
+    """A member of the server's data that should be a string: it, or "" when it is anything else."""
     return value if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """A member of the server's data that should be an object: it, or {} when it is anything else."""
+    return value if isinstance(value, dict) else {}
 
 
 def content_text(content: Any) -> str:
@@ -109,11 +115,17 @@ def tool_text(tool_calls: Any) -> str:
 
 
 def _error(err: Any) -> Parsed:
+    """A server's error (an object with ``message`` and ``code``, or any other JSON value) as a ``Parsed``."""
+    status = None
     if isinstance(err, dict):
         code = err.get("code")
-        status = code if isinstance(code, int) else None
-        return Parsed(error=clip(str(err.get("message") or err), ERROR_TEXT_CHARS), error_status=status)
-    return Parsed(error=clip(str(err), ERROR_TEXT_CHARS))
+        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        err = err.get("message") or err
+    try:
+        text = str(err)
+    except RecursionError:  # decoded just within the stack's depth, too deep to print again
+        text = f"(an error value nested too deeply to print: {type(err).__name__})"
+    return Parsed(error=clip(text, ERROR_TEXT_CHARS), error_status=status)
 
 
 def _int(value: Any) -> int | None:

@@ -11,6 +11,9 @@ Tokens per chunk: exact from vLLM's ``continuous_usage_stats`` (the running ``co
 content chunk has it; otherwise each chunk's local estimate, rescaled at ``finish`` (largest remainder) so they
 sum to the server's final ``usage.completion_tokens``; with no usage at all, the local estimate (flagged
 ``local`` in the request record).
+
+A 200 stream that ends well but in which no event carried a token loadgen reads is a ``protocol`` error naming
+its first event (``_no_token``), unless the server says it generated none: never a success without a token.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
-                 "_summary", "_error", "_text", "record", "_parse", "_body", "_events")
+                 "_summary", "_error", "_text", "record", "_parse", "_body", "_events", "_first")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
                  api: str = "chat", parse: Callable[[str], Parsed] | None = None) -> None:
@@ -75,6 +78,7 @@ class StreamTracker:
         self._error: tuple[str, str] | None = None
         self._text: list[str] | None = [] if meta.keep_text else None
         self._events = False  # any SSE event decoded (none, with a 200: the answer was not an event stream)
+        self._first = ""  # the first event's data: named when no event carried a token loadgen reads
         self.record: RequestRecord | None = None  # set by finish
 
     @property
@@ -101,7 +105,8 @@ class StreamTracker:
 
     def _event(self, t_ns: int, data: str) -> None:
         p, summary = self._parse(data), self._summary  # type: ignore[misc] - set whenever events are decoded
-        self._events = True
+        if not self._events:
+            self._events, self._first = True, data
         if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)
             summary.done = True
         summary.request_id = summary.request_id or p.request_id
@@ -164,11 +169,27 @@ class StreamTracker:
         if kind is None and not self._summary.done:
             cut = " mid-event" if self._decoder.pending() else ""
             kind, message = "protocol", f"stream ended{cut} without [DONE]"
+        if kind is None and not self._chunks and self._body is None:
+            kind, message = self._no_token()
         chunks = self._chunks
         if not self._exact:
             _rescale(chunks, self._summary.completion_tokens)
         self.record = self._record(now_ns, chunks, self._summary, status, kind, message)
         return self.record, chunks
+
+    def _no_token(self) -> tuple[str | None, str | None]:
+        """A stream that ended well but in which no event carried a token loadgen reads: a success only where the
+        server says it generated at most one token (usage ``completion_tokens`` 0, or 1: an end-of-sequence token,
+        or a special one such as ``<think>`` that the server's reasoning parser consumed, has no text), or, with no
+        usage, where at most one was asked (the preflight's probe); else a ``protocol`` error (the tokens are in a
+        member loadgen does not read), never a success without a token (a silent zero)."""
+        reported = self._summary.completion_tokens
+        if reported in (0, 1) or (reported is None and self.meta.output_tokens_asked <= 1):
+            return None, None
+        first = f"(first event: {clip(self._first, 120)})"
+        if reported is None:
+            return "protocol", f"no event carried a token loadgen reads, and no usage says none were generated {first}"
+        return "protocol", f"the server reports {reported} output tokens but no event carried one loadgen reads {first}"
 
     def _record(self, now_ns: int, chunks: list[ChunkRecord], s: Parsed, status: int, kind: str | None,
                 message: str | None) -> RequestRecord:
@@ -225,11 +246,10 @@ def _error_text(body: str) -> str:
     text itself (clipped; the record sink clips again after redaction)."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack allows: the text itself
         return clip(body.strip(), ERROR_TEXT_CHARS) or "(empty body)"
     err = (obj.get("error") or obj) if isinstance(obj, dict) else obj
-    message = err.get("message") if isinstance(err, dict) else None
-    return clip(str(message or err), ERROR_TEXT_CHARS)
+    return _error(err).error or ""
 
 
 def _json_answer(body: str) -> tuple[str, str]:
@@ -237,7 +257,7 @@ def _json_answer(body: str) -> tuple[str, str]:
     server's error if it holds one (some gateways send errors with status 200), else what it is."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         obj = None
     err = obj.get("error") if isinstance(obj, dict) else None
     if err:

@@ -69,8 +69,9 @@ def parse_chunk(data: str) -> Parsed:
         return Parsed(done=True)
     try:
         chunk = _decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return parse_event(data)  # malformed, not an object, or a member of another type: the core says what
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeEncodeError):
+        return parse_event(data)  # malformed, too deep, not an object, a member of another type (or a lone
+        # surrogate, which no SSE decoder hands on): the core says what
     if chunk.error is not msgspec.UNSET and chunk.error:  # "error": null is no error
         return parse_event(data)
     out = Parsed(request_id=chunk.id)

@@ -79,9 +79,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {scheme}://")
         origin = (scheme, request.url.host, request.url.port or (443 if scheme == "https" else 80))
+        proxy = self._forward_proxy(origin)
         conn = await self._acquire(origin)
         try:
-            data = serialize(request, await request.aread(), self._forward_proxy(origin))
+            data = serialize(request, await request.aread(), proxy)
             status, headers = await conn.send_bytes(data, request.extensions.get(CONTEXT_KEY))
         except BaseException:
             conn.close()
@@ -90,8 +91,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
                               extensions={"http_version": b"HTTP/1.1"})
 
     def _forward_proxy(self, origin: Origin) -> Proxy | None:
-        """The proxy an http:// request goes to in absolute form (https ones go through a tunnel)."""
-        return self.proxy(origin) if origin[0] == "http" else None
+        """The proxy an http:// request goes to in absolute form (https ones go through a tunnel); an environment's
+        proxy that cannot be used for ``origin`` (a redirect's too) is an httpx.ConnectError, as in ``_acquire``."""
+        try:
+            return self.proxy(origin) if origin[0] == "http" else None
+        except ProxyError as exc:
+            raise httpx.ConnectError(f"{origin[1]}:{origin[2]}: {exc}") from None
 
     # ---- the hot path: no httpx Request or Response per request ---------------------------------------
     @staticmethod
@@ -208,7 +213,7 @@ async def send_post(client: httpx.AsyncClient, direct: tuple[LeanTransport, Prep
     for _ in range(MAX_REDIRECTS):
         if status not in REDIRECTS:
             break
-        url, headers = next_hop(url, status, ctx.location, follow, headers)
+        url, headers = next_hop(url, status, ctx.location, follow, headers)  # a URL httpx.URL takes, or raises
         ctx.not_before_ns = 0
         status = await _post_once(client, direct_post(client, url, headers), url, headers, body, ctx)
     else:
@@ -241,5 +246,5 @@ def direct_post(client: httpx.AsyncClient, url: str, headers: dict[str, str]) ->
         return None
     try:
         return lean, lean.prepare_post(url, headers)
-    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError, ProxyError):
+    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError, httpx.ConnectError):
         return None

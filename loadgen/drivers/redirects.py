@@ -6,11 +6,14 @@ and the URL to use instead (the preflight finds one before any load and stops wi
 "the user agent MUST NOT change the request method"); 301, 302 and 303 are not, since a user agent may turn a
 POST into a GET there (§15.4.2-4), which would not be the request that was planned. Following one:
 
-- the Location is resolved against the request's URL (RFC 3986 §5);
-- to another origin (scheme, host, port), no Authorization, x-api-key, cookie or other sensitive header of the
-  scenario is sent (§15.4: "Consider removing header fields ... where there are security implications; this
-  includes but is not limited to Authorization and Cookie"): loadgen removes every one, always, except on the
-  upgrade of the same host from http to https on the default ports (as httpx and browsers keep them);
+- the Location is resolved against the request's URL (RFC 3986 §5); one that does not parse (``http://[bad/x``,
+  a port that is not a number, a host httpx refuses) or is not http(s) is a ``RedirectError`` naming it, as any
+  redirect not followed (a counted ``http_3xx`` in a run, exit 2 in the preflight), never loadgen's crash;
+- to another origin (scheme, host, port: RFC 6454 §4), no Authorization, x-api-key, cookie or other sensitive
+  header of the scenario is sent (§15.4: "Consider removing header fields ... where there are security
+  implications; this includes but is not limited to Authorization and Cookie"): loadgen removes every one on
+  any change of origin, the upgrade of the same host from http to https included (the Fetch standard strips
+  Authorization on every cross-origin redirect; credentials are never sent to an origin the user did not name);
 - from https to http it is refused (the prompts would travel in clear);
 - at most ``MAX_REDIRECTS`` hops.
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 
 from urllib.parse import urljoin, urlsplit
 
-from loadgen.core.secrets import SENSITIVE_HEADER
+import httpx
+
+from loadgen.core.secrets import SENSITIVE_HEADER, clip
 from loadgen.drivers.errors import RedirectError
 
 MAX_REDIRECTS = 5
@@ -49,21 +54,34 @@ def describe(status: int, url: str, location: str | None, follow: bool) -> str:
 
 def next_hop(url: str, status: int, location: str | None, follow: bool,
              headers: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """Where a followed redirect goes and the headers sent there; RedirectError when it is not followed."""
-    target = urljoin(url, location) if location else None
+    """Where a followed redirect goes and the headers sent there; RedirectError when it is not followed (a
+    malformed Location included)."""
+    target = resolve(url, status, location) if location else None
     if target is None or not follow or status not in FOLLOWED:
         raise RedirectError(status, target, describe(status, url, target, follow))
     if urlsplit(url).scheme == "https" and urlsplit(target).scheme != "https":
         raise RedirectError(status, target, f"HTTP {status} redirect from https to {target} refused: the "
                             "request would travel unencrypted")
-    if not _keeps_credentials(origin(url), origin(target)):
+    if origin(url) != origin(target):  # another origin: no credentials of the scenario go there
         headers = {k: v for k, v in headers.items() if not SENSITIVE_HEADER.search(k)}
     return target, headers
 
 
-def _keeps_credentials(old: tuple[str, str, int], new: tuple[str, str, int]) -> bool:
-    """The same origin, or the same host upgraded from http on port 80 to https on 443."""
-    return old == new or (old[1] == new[1] and (old[0], old[2], new[0], new[2]) == ("http", 80, "https", 443))
+def resolve(url: str, status: int, location: str) -> str:
+    """The absolute URL a redirect's ``location`` names, resolved against ``url``; RedirectError when it does not
+    parse (urllib and httpx both must take it: the request would go through either) or is not http(s)."""
+    try:
+        target = urljoin(url, location)
+        scheme, host, _ = origin(target)  # urlsplit's port: a ValueError when not a number or out of range
+        parsed = httpx.URL(target)
+        parsed.host, parsed.port  # noqa: B018 - decoded when read: an IDNA host can fail only here ("xn--a")
+    except (ValueError, httpx.InvalidURL) as exc:  # idna's errors are ValueErrors too
+        raise RedirectError(status, location, f"HTTP {status} redirect to a malformed Location "
+                            f"{clip(location, 200)!r} ({clip(str(exc), 200)})") from None
+    if scheme not in ("http", "https") or not host:
+        raise RedirectError(status, location, f"HTTP {status} redirect to {clip(location, 200)!r}: not an "
+                            "http(s) URL with a host")
+    return target
 
 
 def too_many(status: int, location: str | None) -> RedirectError:
