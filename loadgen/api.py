@@ -58,7 +58,7 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
         server_metrics_period_s: float = 0.5, capture: int = 0, console: Console | None = None) -> RunResult:
     """Run a scenario (a ``Scenario`` or a file's path) and write its run directory (``out``, default
     ``reports_dir/<time>-<name>/``); returns the result (``run_dir`` set). ``base_url`` overrides the target's.
-    ``capture``: keep the raw bytes of the first N failed responses (``captures/``, redacted).
+    ``capture``: keep the first N failed responses as received (``captures/``: heads as sent, bodies de-chunked and decoded, redacted).
     ``console``: where the progress, warnings and summary go (default: nowhere)."""
     from loadgen.run.runner import RunOptions, run_scenario
 

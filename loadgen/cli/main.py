@@ -101,8 +101,9 @@ def run(
                                "of the same streaming engine; with --workers, Locust's master/worker mode)"),
     workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
                                 "process)"),
-    capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the raw bytes (headers and body, "
-                                "redacted) of the first N failed responses in the run directory's captures/"),
+    capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N failed responses as received "
+                                "(headers as sent, body de-chunked and decoded, redacted) in the run directory's "
+                                "captures/"),
     no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
                                       "requests all fail (default: stop after load.fail_fast_requests, 10)"),
 ) -> None:

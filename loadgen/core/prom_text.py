@@ -4,6 +4,7 @@ Pure: the scraper (drivers/scrape.py) fetches the text, this reads it."""
 from __future__ import annotations
 
 from loadgen.core.engines import PREFIXES, SERIES
+from loadgen.core.secrets import clip
 
 
 def parse(text: str) -> dict[str, float]:
@@ -27,7 +28,7 @@ def parse(text: str) -> dict[str, float]:
         try:
             value = float(rest.split()[0])  # an optional timestamp may follow
         except (ValueError, IndexError):
-            raise ValueError(f"bad sample line: {line[:120]}") from None
+            raise ValueError(f"bad sample line: {clip(line, 120)}") from None
         out[key] = out.get(key, 0.0) + value
     return out
 

@@ -13,7 +13,7 @@ values, ``Bearer …`` tokens). Everything leaving the process passes through it
   after: redaction always sees the whole message).
 
 Text that is cut short anywhere in loadgen is cut with ``clip``, which marks the cut with ``CUT`` (…): a secret
-cut in two leaves its head before the mark, and the redactor masks any head of a known secret found there, so
+cut in two leaves its head before the mark, and the redactor masks the longest head of any known secret there, so
 not even a piece of a key survives a cut (a message that echoes the key is clipped in the core, before the
 redactor sees it).
 """
@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
-SENSITIVE_HEADER = re.compile(r"authorization|api[-_]?key|token|secret|cookie|password", re.IGNORECASE)
+# a header (or query parameter) whose value is a secret: any authorization, an API key, a header named "key" as a
+# whole word (Ocp-Apim-Subscription-Key, X-Functions-Key, X-Auth-Key), tokens, secrets, cookies, passwords,
+# credentials; Keep-Alive, X-Hotkey and the like are not
+SENSITIVE_HEADER = re.compile(
+    r"authori[sz]ation|api[-_]?key|(?:^|[-_])key(?:[-_]|$)|token|secret|cookie|passw(?:or)?d|credential", re.IGNORECASE)
 MASK = "***"
 CUT = "\u2026"  # …: where ``clip`` cut a text
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")  # patterns are masked inside URLs only
@@ -64,12 +68,21 @@ class Redactor:
         return text
 
     def _mask_head(self, piece: str) -> str:
-        """``piece`` (a text that was cut right after it) with a known secret's head at its end masked."""
-        for secret in self.secrets:
-            for k in range(min(len(secret) - 1, len(piece)), 0, -1):
-                if piece.endswith(secret[:k]):
-                    return piece[:-k] + MASK
-        return piece
+        """``piece`` (a text that was cut right after it) with the longest head of any known secret at its end
+        masked. The longest over all the secrets: another secret that merely shares the last character or two
+        must not win and leave the real key's head in place (every match ends where the piece ends, so the
+        longest covers the others). Any length counts, one character too: a short accidental match masks a
+        character or two of ordinary text, which is ugly but safe; a key's head left in place is a leak."""
+        longest = max((_head_length(piece, secret) for secret in self.secrets), default=0)
+        return piece[:-longest] + MASK if longest else piece
+
+
+def _head_length(piece: str, secret: str) -> int:
+    """The length of the longest head (proper prefix) of ``secret`` that ``piece`` ends with; 0: none."""
+    for k in range(min(len(secret) - 1, len(piece)), 0, -1):
+        if piece.endswith(secret[:k]):
+            return k
+    return 0
 
 
 def clip(text: str, limit: int) -> str:

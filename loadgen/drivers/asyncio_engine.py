@@ -17,8 +17,8 @@ then is cancelled with that reason, so a server that trickles tokens forever can
 (end of plan, Ctrl-C, SIGTERM) cancels what is in flight; each cancelled request is still recorded, as
 ``cancelled``. A request whose body cannot be prepared (the server's /tokenize failed mid-run) is recorded as a
 ``protocol`` error, never raised; any other exception while a request is sent or read (loadgen's own bug) is
-recorded as ``internal``: every request sent has its record. With ``capture``, the raw bytes of a failed
-response (status line, headers, body, up to 64 KiB) are handed to it with the record.
+recorded as ``internal``: every request sent has its record. With ``capture``, a failed response as
+received (its heads as sent, its body as fed: up to 64 KiB) is handed to it with the record.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class Preparation(Protocol):
     """How to get there (run/prepare.py's ``Preparation``)."""
 
     plan: Plan
-    capture: Any  # None, or where the raw bytes of failed responses go (the engine's ``capture``)
+    capture: Any  # None, or where failed responses go as received (the engine's ``capture``)
 
     def open_client(self) -> httpx.AsyncClient: ...
 

@@ -10,7 +10,7 @@ What servers and proxies send, and what this does with it:
 - a body with neither Content-Length nor chunked coding ends when the server closes the connection (RFC 9112
   §6.3, rule 8): a clean close ends it whole; a reset before that is an error. The connection is not reused.
 - a Content-Encoding (gzip, deflate, br): decoded before the body is fed (``content_coding.py``; RFC 9110 §8.4);
-  the headers handed on no longer list it.
+  the headers handed on no longer list it; a body whose framing ends before its compressed stream does fails.
 - a redirect (301, 302, 303, 307, 308) on a request with a ``StreamContext``: its body is not fed (it is not the
   answer); ``location`` is kept for the caller, which follows it or reports it (``lean_transport.py``).
 - a response reader that raises (loadgen's parser: a bug) fails the request with ``FeedError``, a counted error.
@@ -19,6 +19,7 @@ What servers and proxies send, and what this does with it:
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import time
 from collections import deque
@@ -28,13 +29,14 @@ from typing import AsyncIterator, Callable
 import httptools
 import httpx
 
-from loadgen.drivers.content_coding import BodyDecoder, UnsupportedCoding, decoder_for
+from loadgen.drivers.content_coding import BodyDecoder, decoding
 from loadgen.drivers.errors import FeedError
 from loadgen.drivers.timing import sleep_until
 
 CONTEXT_KEY = "loadgen.stream"
 REDIRECTS = (301, 302, 303, 307, 308)
-CAPTURE_BYTES = 64 * 1024  # of a response's raw bytes, at most, when the context asks for them
+CAPTURE_BYTES = 64 * 1024  # of a captured response, at most (one byte more is kept: it tells that there was more)
+_BLANK_LINE = re.compile(rb"\r?\n\r?\n")  # where a head ends (RFC 9112 §2.1; a bare LF is tolerated, §2.2)
 
 
 @dataclass
@@ -44,7 +46,7 @@ class StreamContext:
     feed: Callable[[bytes, int], None] | None = None
     t_sent_ns: int = 0
     not_before_ns: int = 0  # hold the prepared request until this instant (the plan's send time)
-    raw: bytearray | None = None  # when given: the response's first CAPTURE_BYTES as they came off the wire
+    raw: bytearray | None = None  # --capture: each head as it came, then the body as fed (de-chunked, decoded)
     location: str | None = None  # a redirect's Location header, as sent
     http_version: str = ""  # of the final response ("1.1", "1.0")
 
@@ -71,6 +73,8 @@ class Connection(asyncio.Protocol):
         self._until_close = False  # its body ends when the connection closes (RFC 9112 §6.3 rule 8)
         self._discard = False  # its body is not the answer (a redirect's)
         self._decode: BodyDecoder | None = None
+        self._capture: bytearray | None = None  # the context's ``raw``
+        self._wire, self._head_end = False, 0  # capturing the reads as they come (until the final head ends)
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,9 +85,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._t_ns = time.monotonic_ns()  # the read's arrival, before any parsing
-        raw = self.ctx.raw if self.ctx is not None else None
-        if raw is not None and len(raw) < CAPTURE_BYTES:
-            raw += data[:CAPTURE_BYTES - len(raw)]
+        if self._wire:
+            self._keep(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -115,7 +118,7 @@ class Connection(asyncio.Protocol):
         self.transport = None
         if not self.done and exc is None and self._until_close:  # RFC 9112 §6.3 rule 8: the close ends it
             self.keep_alive = False
-            self.on_message_complete()
+            self.on_message_complete()  # a compressed stream cut short by the close fails there
         elif not self.done:
             self._fail(httpx.ReadError(f"connection lost mid-response: {exc or 'closed by peer'}"))
 
@@ -126,6 +129,8 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         self._interim = 100 <= status < 200  # RFC 9110 §15.2: skip it, the final response follows
+        if self._wire:
+            self._keep(b"", head_ended=True)
         if self._interim:
             self.headers = []
             return
@@ -137,16 +142,10 @@ class Connection(asyncio.Protocol):
             self.ctx.http_version = self.parser.get_http_version()
             self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
             self._discard = status in REDIRECTS
-        codings = [v for k, v in self.headers if k.lower() == b"content-encoding"]
-        if codings:
-            try:
-                self._decode = decoder_for(codings)
-            except UnsupportedCoding as exc:
-                self._fail(httpx.DecodingError(f"Content-Encoding {exc} is not supported (loadgen asks for "
-                                               "identity)"))
-                return
-            self.headers = [(k, v) for k, v in self.headers if k.lower() not in (b"content-encoding",
-                                                                                 b"content-length")]
+        try:
+            self._decode, self.headers = decoding(self.headers)
+        except httpx.DecodingError as exc:
+            return self._fail(exc)
         if self.head is not None and not self.head.done():
             self.head.set_result((status, self.headers))
 
@@ -156,10 +155,11 @@ class Connection(asyncio.Protocol):
         if self._decode is not None:
             try:
                 body = self._decode(body)
-            except Exception as exc:  # noqa: BLE001 - zlib.error, brotli.error: the server's bytes are bad
+            except httpx.DecodingError as exc:  # the server's bytes are bad
                 self._discard = True
-                self._fail(httpx.DecodingError(f"cannot decode the body: {type(exc).__name__}: {exc}"))
-                return
+                return self._fail(exc)
+        if self._capture is not None:
+            self._keep(body)
         if self._feed is not None:
             self._pending.append(body)
         else:
@@ -170,8 +170,23 @@ class Connection(asyncio.Protocol):
         if self._interim:  # the 1xx ended; the final response's head is next
             self._interim = False
             return
+        if self._decode is not None and not self._discard and not self._decode.complete():
+            return self._fail(self._decode.cut_short(self._until_close))  # cut short, or a bad response
         self.done = True
         self.wakeup.set()
+
+    def _keep(self, data: bytes, head_ended: bool = False) -> None:
+        """Capturing: ``data`` kept (up to CAPTURE_BYTES + 1: one more tells a cut). Reads are kept as they come
+        until the final head ends (1xx heads, a head that fails to parse: as they came); the body is kept as fed."""
+        capture: bytearray = self._capture  # type: ignore[assignment] - capturing
+        if head_ended:
+            end = _BLANK_LINE.search(capture, self._head_end)
+            self._head_end = end.end() if end else len(capture)
+            if not self._interim:
+                del capture[self._head_end:]
+                self._wire = False
+        elif len(capture) <= CAPTURE_BYTES:
+            capture += data[:CAPTURE_BYTES + 1 - len(capture)]
 
     def _fail(self, error: Exception) -> None:
         if self.done and self.head is not None and self.head.done():
@@ -192,7 +207,8 @@ class Connection(asyncio.Protocol):
         self.head = asyncio.get_running_loop().create_future()
         self.headers, self.done, self.error = [], False, None
         self._interim = self._until_close = self._discard = False
-        self._decode = None
+        self._decode, self._capture = None, (ctx.raw if ctx is not None else None)
+        self._wire, self._head_end = self._capture is not None, len(self._capture or b"")
         self.body.clear()
         if ctx is not None:
             await sleep_until(ctx.not_before_ns)  # other streams keep being read while this one waits

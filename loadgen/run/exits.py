@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from loadgen.core.secrets import write_text
+from loadgen.core.secrets import clip, write_text
 
 PASS, SLO_FAILED, USAGE, INCONCLUSIVE, INTERNAL = 0, 1, 2, 3, 4
 TYPER_INTERRUPTED = 130
@@ -113,7 +113,7 @@ def run_app(app: Any) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else INTERNAL)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, a file, exit 4
         path = crash_report(exc)
-        message = str(exc).splitlines()[0][:200] if str(exc) else ""
+        message = clip(str(exc).splitlines()[0], 200) if str(exc) else ""  # the cut marked: a key's head masked
         print(f"loadgen: internal error ({type(exc).__name__}: {message}); traceback written to {path} "
               "— please report it", file=sys.stderr, flush=True)
         return INTERNAL

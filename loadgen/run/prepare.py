@@ -117,7 +117,7 @@ class Preparation:
     scenario: Scenario
     plan: Plan
     base_url: str
-    capture: Any = None  # run/guards.Captures: the raw bytes of failed responses (--capture), for the engine
+    capture: Any = None  # run/guards.Captures: failed responses as received (--capture), for the engine
 
     def open_client(self) -> httpx.AsyncClient:
         return open_client(self.scenario, self.base_url)

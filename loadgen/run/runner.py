@@ -50,7 +50,7 @@ class RunOptions:
     png: bool = True  # charts/*.png beside report.html
     server_metrics: bool = True  # scrape the target's /metrics into server_metrics.parquet
     server_metrics_period_s: float = 0.5
-    capture: int = 0  # keep the raw bytes of the first N failed responses (run/guards.py)
+    capture: int = 0  # keep the first N failed responses as received (run/guards.py)
 
 
 def slug(name: str) -> str:
@@ -219,7 +219,7 @@ class Run:
         if self.fail_fast.reason:
             target.notes.append(self.fail_fast.reason)
         if self.captures is not None and self.captures.written:
-            target.notes.append(f"raw bytes of {len(self.captures.written)} failed response(s) kept in "
+            target.notes.append(f"{len(self.captures.written)} failed response(s) kept as received in "
                                 f"{self.captures.dir.name}/ (--capture)")
 
     def note_cut_at_end(self, target: ResolvedTarget, cut: int) -> None:
