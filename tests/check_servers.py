@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from typing import Any
 
 import h11
 
+from tests.loop_server import LoopServer
 from tests.shape_server import SSE_HEAD, _json, _read_request, chunk, event
 
 MAX_MODEL_LEN = 4096
@@ -51,16 +51,14 @@ def count(body: dict[str, Any]) -> int:
     return len(str(body.get("prompt", "")).split())
 
 
-class CheckServer:
+class CheckServer(LoopServer):
+    name = "the check server"
+
     def __init__(self) -> None:
-        self.port = 0
+        super().__init__()
         self.log: list[dict[str, Any]] = []
         self._cache: dict[str, bool] = {}
         self._n = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._thread = threading.Thread(target=self._main, daemon=True)
 
     def url(self, kind: str) -> str:
         return f"http://127.0.0.1:{self.port}/{kind}/v1"
@@ -68,47 +66,14 @@ class CheckServer:
     def generation(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.log if e["kind"] == kind]
 
-    def __enter__(self) -> "CheckServer":
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the check server did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._shutdown)
-        self._thread.join(10)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    def _shutdown(self) -> None:
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        self._loop.call_later(0.2, self._loop.stop)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            while True:
-                request, body = await _read_request(h11.Connection(h11.SERVER), reader)
-                if request is None:
-                    return
-                kind, _, path = request.target.decode().lstrip("/").partition("/")
-                await self._route(writer, kind, "/" + path, json.loads(body) if body else {})
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError, h11.ProtocolError):
-            pass
-        finally:
-            self._tasks.discard(task)
-            writer.close()
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request, body = await _read_request(h11.Connection(h11.SERVER), reader)
+            if request is None:
+                return
+            kind, _, path = request.target.decode().lstrip("/").partition("/")
+            await self._route(writer, kind, "/" + path, json.loads(body) if body else {})
+            await writer.drain()
 
     async def _route(self, writer: asyncio.StreamWriter, kind: str, path: str, body: dict[str, Any]) -> None:
         if path == "/v1/models":

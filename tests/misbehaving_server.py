@@ -23,65 +23,25 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
-import threading
 from typing import Any
 
 import h11
 
+from tests.loop_server import LoopServer
+
 TOKEN_EVERY_S = {"ok": 0.005, "trickle": 0.5}
 
 
-class MisbehavingServer:
+class MisbehavingServer(LoopServer):
+    name = "the misbehaving server"
+
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.ssl_context = ssl_context  # serve https with it
-        self.port = 0
+        super().__init__(ssl_context)
         self.seen: list[tuple[str, dict[str, str]]] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._thread = threading.Thread(target=self._main, daemon=True)
 
     def url(self, mode: str, userinfo: str = "") -> str:
         scheme = "https" if self.ssl_context else "http"
         return f"{scheme}://{userinfo}127.0.0.1:{self.port}/{mode}/v1"
-
-    def __enter__(self) -> "MisbehavingServer":
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the misbehaving server did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._shutdown)
-        self._thread.join(10)
-
-    # ---- the server's thread ----------------------------------------------------------------------------
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0,
-                                                                          ssl=self.ssl_context))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    def _shutdown(self) -> None:
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        self._loop.call_later(0.2, self._loop.stop)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            await self._connection(reader, writer)
-        except (ConnectionError, asyncio.CancelledError, h11.ProtocolError, ssl.SSLError):
-            pass
-        finally:
-            self._tasks.discard(task)
-            writer.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)

@@ -15,65 +15,34 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.loop_server import LoopServer
 
 HOP_BY_HOP = {"proxy-authorization", "proxy-connection", "keep-alive"}
 
 
-class ProxyServer:
+class ProxyServer(LoopServer):
+    name = "the proxy"
+
     def __init__(self, refuse_connect: bool = False, credentials: str | None = None) -> None:
+        super().__init__()
         self.refuse_connect = refuse_connect
         self.expected = "Basic " + base64.b64encode(credentials.encode()).decode() if credentials else None
-        self.port = 0
         self.log: list[str] = []
         self.authorizations: list[str | None] = []  # the Proxy-Authorization of each request line logged
         self.upstream_ports: set[int] = set()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._thread = threading.Thread(target=self._main, daemon=True)
 
     def url(self, userinfo: str = "") -> str:
         return f"http://{userinfo}127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "ProxyServer":
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the proxy did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._shutdown)
-        self._thread.join(10)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    def _shutdown(self) -> None:
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        self._loop.call_later(0.2, self._loop.stop)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: list[asyncio.StreamWriter] = []
         try:
             await self._serve(reader, writer, upstream)
-        except (ConnectionError, asyncio.CancelledError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            pass
         finally:
-            self._tasks.discard(task)
-            for w in [writer, *upstream]:
+            for w in upstream:
                 w.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

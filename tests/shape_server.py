@@ -25,6 +25,7 @@ the clock loadgen stamps with), so a test can hold each record to its own respon
 | ``json-error-200`` | status 200 with a JSON error body (a gateway's quota error) |
 | ``redirect-run`` | generation requests get ``307`` to the ``ok`` shape (the probe does not) |
 | ``redirect-away`` | generation requests get ``307`` to ``ok`` on ``other`` (another origin) |
+| ``redirect-bad`` | generation requests get ``307`` with a malformed Location (``BAD_LOCATION``) |
 | ``redirect-301`` | every request, ``/models`` too, gets ``301`` to ``https://…/ok/v1/…`` |
 | ``redirect-307`` | every request, ``/models`` too, gets ``307`` to the ``ok`` shape |
 | ``models-noid`` | ``/v1/models`` lists entries without an ``id`` |
@@ -39,16 +40,19 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import struct
-import threading
 import time
 import zlib
 from typing import Any
 
 import h11
 
+from tests.loop_server import LoopServer
+
 TOKEN_EVERY_S = 0.004
 SLOW_FIRST_S = 1.5
+BAD_LOCATION = "http://[bad/x"  # the "redirect-bad" shape's Location: an IPv6 literal never closed
 FAIL_COOKIE = "c00kie-5e55ion-7a9b"  # the "fail" shape's Set-Cookie value: never in a capture
 TOKENIZE_OK = 3
 
@@ -75,59 +79,21 @@ def tail(rid: str, n: int, prompt: int = 8) -> bytes:
 SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
-class ShapeServer:
-    def __init__(self) -> None:
-        self.port = 0
+class ShapeServer(LoopServer):
+    name = "the shape server"
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(ssl_context)
         self.log: list[dict[str, Any]] = []
         self.other: "ShapeServer | None" = None  # another origin, for redirect-away
         self._tokenize_calls = 0
         self._served = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._thread = threading.Thread(target=self._main, daemon=True)
 
     def url(self, shape: str, userinfo: str = "") -> str:
-        return f"http://{userinfo}127.0.0.1:{self.port}/{shape}/v1"
+        return f"{'https' if self.ssl_context else 'http'}://{userinfo}127.0.0.1:{self.port}/{shape}/v1"
 
     def generation(self, shape: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.log if shape is None or e["shape"] == shape]
-
-    def __enter__(self) -> "ShapeServer":
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the shape server did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._shutdown)
-        self._thread.join(10)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
-
-    def _shutdown(self) -> None:
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        self._loop.call_later(0.2, self._loop.stop)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            await self._connection(reader, writer)
-        except (ConnectionError, asyncio.CancelledError, h11.ProtocolError):
-            pass
-        finally:
-            self._tasks.discard(task)
-            writer.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -310,6 +276,9 @@ class ShapeServer:
         location = f"http://127.0.0.1:{self.other.port}/ok/v1/chat/completions"
         return _write(writer, _head(307, {"location": location, "content-length": "0"}))
 
+    async def _redirect_bad(self, writer: asyncio.StreamWriter, e: dict[str, Any]) -> bool:
+        return _write(writer, _head(307, {"location": BAD_LOCATION, "content-length": "0"}))
+
     async def _echo_key(self, writer: asyncio.StreamWriter, e: dict[str, Any], pad: int = 270) -> bool:
         key = e["headers"].get("authorization", "").removeprefix("Bearer ")
         # the key from character 287 on: a cut at 300 (88e4717 cut there, then redacted) leaves its first 13
@@ -362,4 +331,3 @@ async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> t
             return request, body
         elif isinstance(ev, h11.ConnectionClosed) or ev is h11.PAUSED:
             return None, b""
-

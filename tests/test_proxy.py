@@ -45,21 +45,8 @@ class TracedShapeServer(ShapeServer):
     path and the port it came from."""
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__()
-        self.tls = tls
+        super().__init__(tls)
         self.seen: list[tuple[str, int]] = []
-
-    def url(self, shape: str, userinfo: str = "") -> str:
-        return f"{'https' if self.tls else 'http'}://{userinfo}127.0.0.1:{self.port}/{shape}/v1"
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        serving = asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self.tls)
-        self._server = self._loop.run_until_complete(serving)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.close()
 
     async def _route(self, writer: asyncio.StreamWriter, shape: str, path: str, *args: Any) -> bool:
         self.seen.append((path, writer.get_extra_info("peername")[1]))
@@ -115,7 +102,7 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 def scenario_file(tmp_path: Path, target: TracedShapeServer, ca_file: Path) -> Path:
     path = tmp_path / "proxied.yaml"
-    tls = f", tls: {{ca_bundle: '{ca_file}'}}" if target.tls else ""
+    tls = f", tls: {{ca_bundle: '{ca_file}'}}" if target.ssl_context else ""
     path.write_text(SCENARIO.replace("{base_url: embedded", f"{{base_url: '{target.url('ok')}'{tls}"))
     return path
 
