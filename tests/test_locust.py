@@ -153,3 +153,24 @@ def test_only_the_locust_driver_module_imports_locust_or_gevent():
                                                                                                         "gevent"):
                 offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_master_gives_up_on_workers_silent_past_the_hard_end():
+    """A worker that never says its slice is done must not hold the run open: past the plan's hard end and the
+    grace, the master stops waiting and names the workers it did not hear from (its own process: Locust
+    monkey-patches whoever imports it)."""
+    code = """
+import time
+from rich.console import Console
+import loadgen.run.locust_run as lr
+from loadgen import api
+sc = api.load_scenario('scenarios/smoke.yaml')
+run = lr.LocustRun(sc, lr.RunOptions(), Console(quiet=True), 2, None)
+run.done_workers = {'w1'}
+assert not run._gave_up(None, ['w1', 'w2']) and not run._gave_up(time.monotonic() + 60, ['w1', 'w2'])
+assert run.left_workers == []
+assert run._gave_up(time.monotonic() - 1, ['w1', 'w2']) and run.left_workers == ['w2']
+print('ok', lr.WORKER_GRACE_S)
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and res.stdout.split() == ["ok", "15.0"], res.stderr[-2000:]

@@ -33,6 +33,7 @@ from loadgen.drivers.locust_messages import unpack  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
+WORKER_GRACE_S = 15.0  # after the plan's hard end, the master waits this long for a worker's last records
 WORKER_CONNECT_TIMEOUT_S = 60.0
 
 
@@ -145,8 +146,8 @@ class LocustRun:
             generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
                              cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
         if self.left_workers:
-            target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended: "
-                                "their records up to then are kept")
+            target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended, or did not say "
+                                f"so within {WORKER_GRACE_S:g} s of its hard end: their records up to then are kept")
         self.run.note_stopped_early(target)
         return self.run.finish(target, generator)
 
@@ -174,8 +175,19 @@ class LocustRun:
         # closed loop: the scenario's concurrency in all, shared out by Locust; open loop: each worker's users
         n = users_for(self.scenario) * (1 if self.scenario.load.concurrency else len(clients))
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
-        self._wait(lambda: self._all_workers_done(runner, clients) or self.stopped, runner)
+        end_s = self.plan.hard_end_s(self.scenario.load.drain_timeout_s)
+        give_up = time.monotonic() + end_s + WORKER_GRACE_S if end_s is not None else None
+        self._wait(lambda: self._all_workers_done(runner, clients) or self.stopped or self._gave_up(give_up, clients),
+                   runner)
         runner.quit()
+
+    def _gave_up(self, give_up: float | None, clients: list[str]) -> bool:
+        """Past the plan's hard end and the grace: the workers that have not said they are done are left (each
+        cuts its own requests at the hard end; a worker that never says so must not hold the run open)."""
+        if give_up is None or time.monotonic() < give_up:
+            return False
+        self.left_workers = sorted(set(self.left_workers) | (set(clients) - self.done_workers))
+        return True
 
     def _all_workers_done(self, runner: Any, clients: list[str]) -> bool:
         done, self.left_workers = workers_left(runner, clients, self.done_workers)
