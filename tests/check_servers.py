@@ -28,8 +28,8 @@ from typing import Any
 
 import h11
 
-from tests.loop_server import LoopServer
-from tests.shape_server import SSE_HEAD, _json, _read_request, chunk, event
+from tests.loop_server import LoopServer, read_request
+from tests.shape_server import SSE_HEAD, _json, chunk, event
 
 MAX_MODEL_LEN = 4096
 TTFT_S = 0.02
@@ -68,7 +68,7 @@ class CheckServer(LoopServer):
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            request, body = await _read_request(h11.Connection(h11.SERVER), reader)
+            request, body = await read_request(h11.Connection(h11.SERVER), reader)
             if request is None:
                 return
             kind, _, path = request.target.decode().lstrip("/").partition("/")

@@ -65,3 +65,23 @@ class LoopServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
+
+
+async def read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[Any, bytes]:
+    """The next request on the connection and its whole body; (None, b"") when the client closed it."""
+    request, body = None, b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await reader.read(65536)
+            if not data:
+                return None, b""
+            conn.receive_data(data)
+        elif isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return request, body
+        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+            return None, b""

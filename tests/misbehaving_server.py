@@ -27,7 +27,7 @@ from typing import Any
 
 import h11
 
-from tests.loop_server import LoopServer
+from tests.loop_server import LoopServer, read_request
 
 TOKEN_EVERY_S = {"ok": 0.005, "trickle": 0.5}
 
@@ -46,7 +46,7 @@ class MisbehavingServer(LoopServer):
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
         while True:
-            request, body = await _read_request(conn, reader)
+            request, body = await read_request(conn, reader)
             if request is None:
                 return
             path = request.target.decode()
@@ -56,25 +56,6 @@ class MisbehavingServer(LoopServer):
             if conn.our_state is not h11.DONE:
                 return
             conn.start_next_cycle()
-
-
-async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[Any, bytes]:
-    request, body = None, b""
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            data = await reader.read(65536)
-            if not data:
-                return None, b""
-            conn.receive_data(data)
-        elif isinstance(event, h11.Request):
-            request = event
-        elif isinstance(event, h11.Data):
-            body += event.data
-        elif isinstance(event, h11.EndOfMessage):
-            return request, body
-        elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-            return None, b""
 
 
 async def _route(conn: h11.Connection, writer: asyncio.StreamWriter, mode: str, path: str, body: bytes) -> None:

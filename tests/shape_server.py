@@ -48,7 +48,7 @@ from typing import Any
 
 import h11
 
-from tests.loop_server import LoopServer
+from tests.loop_server import LoopServer, read_request
 
 TOKEN_EVERY_S = 0.004
 SLOW_FIRST_S = 1.5
@@ -98,7 +98,7 @@ class ShapeServer(LoopServer):
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER)
         while True:
-            request, body = await _read_request(conn, reader)
+            request, body = await read_request(conn, reader)
             if request is None:
                 return
             t_received_ns = time.monotonic_ns()
@@ -312,22 +312,3 @@ def _write(writer: asyncio.StreamWriter, data: bytes) -> bool:
 def _json(writer: asyncio.StreamWriter, status: int, obj: Any) -> bool:
     data = json.dumps(obj).encode()
     return _write(writer, _head(status, {"content-type": "application/json", "content-length": str(len(data))}) + data)
-
-
-async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[Any, bytes]:
-    request, body = None, b""
-    while True:
-        ev = conn.next_event()
-        if ev is h11.NEED_DATA:
-            data = await reader.read(65536)
-            if not data:
-                return None, b""
-            conn.receive_data(data)
-        elif isinstance(ev, h11.Request):
-            request = ev
-        elif isinstance(ev, h11.Data):
-            body += ev.data
-        elif isinstance(ev, h11.EndOfMessage):
-            return request, body
-        elif isinstance(ev, h11.ConnectionClosed) or ev is h11.PAUSED:
-            return None, b""
