@@ -9,6 +9,7 @@ from hypothesis import settings
 
 from local_target.sim import SimProcess, build_config, start_simulator
 from tests.misbehaving_server import MisbehavingServer
+from tests.shape_server import ShapeServer
 
 # The property tests (tests/test_properties*.py): about 3 s in all by default, 12 times the examples (about 40 s)
 # with HYPOTHESIS_PROFILE=ci (.ci/run). No deadline: the machine is shared, a slow example is no failure; a
@@ -47,6 +48,18 @@ def scenario(tmp_path: Path) -> Path:
     """The fault tests' scenario (tests/test_faults.py's SCENARIO) as a file."""
     from tests.test_faults import SCENARIO
 
-    path = tmp_path / "fault.yaml"
-    path.write_text(SCENARIO)
+    return scenario_file(tmp_path, SCENARIO, "fault.yaml")
+
+
+@pytest.fixture(scope="module")
+def shapes() -> Iterator[ShapeServer]:
+    """The shape server (tests/shape_server.py): what real servers and gateways send, every shape by URL."""
+    with ShapeServer() as srv:
+        yield srv
+
+
+def scenario_file(tmp_path: Path, text: str, name: str = "scenario.yaml") -> Path:
+    """A scenario's text as a file in the test's directory."""
+    path = tmp_path / name
+    path.write_text(text)
     return path

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from loadgen import api
+from tests.conftest import scenario_file
 from tests.run_helpers import run_cli
-from tests.shape_server import ShapeServer
 
 SCENARIO = """\
 name: preflight
@@ -23,17 +23,9 @@ workload:
 """
 
 
-@pytest.fixture(scope="module")
-def shapes():
-    with ShapeServer() as srv:
-        yield srv
-
-
 @pytest.fixture
 def scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "preflight.yaml"
-    path.write_text(SCENARIO)
-    return path
+    return scenario_file(tmp_path, SCENARIO, "preflight.yaml")
 
 
 def one_line_exit_2(res) -> str:

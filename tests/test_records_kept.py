@@ -16,6 +16,7 @@ from loadgen import api
 from loadgen.core.tracker import StreamTracker
 from loadgen.plan.schedule import build_plan
 from loadgen.run import sinks
+from tests.conftest import scenario_file
 from tests.run_helpers import run_cli, summary
 from tests.shape_server import FAIL_COOKIE, ShapeServer
 
@@ -28,17 +29,9 @@ workload:
 """
 
 
-@pytest.fixture(scope="module")
-def shapes():
-    with ShapeServer() as srv:
-        yield srv
-
-
 @pytest.fixture
 def scenario(tmp_path: Path) -> Path:
-    path = tmp_path / "kept.yaml"
-    path.write_text(SCENARIO)
-    return path
+    return scenario_file(tmp_path, SCENARIO, "kept.yaml")
 
 
 def rows_match_the_server(out: Path, shapes: ShapeServer, before: int) -> pl.DataFrame:
@@ -230,3 +223,12 @@ def test_empirical_files_inside_mixtures_and_conversations_are_relative_to_the_s
     plan = build_plan(api.load_scenario(path))  # the working directory is the repository's, not tmp_path
     assert {r.prompt_tokens for r in plan.requests if r.class_name == "a"} == {7}
     assert {r.turn for r in plan.requests if r.class_name == "b"} <= {0, 1} and not math.isnan(plan.size or 0)
+
+
+def test_requests_cut_at_the_runs_end_are_not_captured(shapes, scenario, tmp_path):
+    """--capture keeps failed responses: a request cancelled at the run's hard end (the server was answering
+    well, only slowly) is not one, and takes no capture's place."""
+    sc = api.load_scenario(scenario, {"load.drain_timeout_s": 0.2})
+    result = api.run(sc, base_url=shapes.url("slow-first"), out=tmp_path / "r", server_metrics=False, capture=5)
+    assert result.requests["cancelled"] > 0
+    assert not (tmp_path / "r" / "captures").exists()

@@ -187,7 +187,7 @@ class AsyncioEngine:
             self.stats.in_flight.pop(req.seq, None)
             tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
         record = self._record(tracker, status or 200, kind, message)
-        if ctx.raw is not None and record.error_kind is not None and self.capture is not None:
+        if ctx.raw is not None and record.error_kind not in (None, "cancelled") and self.capture is not None:
             self.capture(record, bytes(ctx.raw))
 
     def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> RequestRecord:
