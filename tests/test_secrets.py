@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
 from loadgen.core.secrets import CUT, Redactor, clip
 
 
@@ -55,6 +57,19 @@ def test_the_brief_repro_masks_the_whole_head():
     message = "x" * 93 + " invalid api key " + KEY + " for this deployment"
     assert clip(message, 120).endswith(KEY[:10] + CUT)  # the cut sits in the key
     assert Redactor(["12345678901234567890", KEY])(clip(message, 120)).endswith(" key ***" + CUT)
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_cut_key_is_masked_in_json_written_with_the_escaped_mark(indent):
+    """json.dumps writes the mark as the six characters \\u2026 (summary.json, run.json, ``check --json``): the
+    key's head before it is masked all the same, at every cut across the key."""
+    redact = Redactor(["12345678901234567890", KEY])
+    message = "x" * 93 + " invalid api key " + KEY + " for this deployment"
+    start = message.index(KEY)
+    for limit in range(start - 1, start + len(KEY) + 2):
+        out = redact(json.dumps({"evidence": clip(message, limit)}, indent=indent))
+        assert "\\u2026" in out and not [p for p in _pieces(KEY) if p in out], (limit, out[-40:])
+        assert json.loads(out)["evidence"].startswith("x" * 93)
 
 
 def test_a_bad_metrics_line_is_cut_with_the_mark_so_a_key_in_it_is_masked():

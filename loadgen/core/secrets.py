@@ -34,6 +34,9 @@ SENSITIVE_HEADER = re.compile(
     r"authori[sz]ation|api[-_]?key|(?:^|[-_])key(?:[-_]|$)|token|secret|cookie|passw(?:or)?d|credential", re.IGNORECASE)
 MASK = "***"
 CUT = "\u2026"  # …: where ``clip`` cut a text
+# The mark as json.dumps writes it by default (ensure_ascii: summary.json, run.json, check --json, the report's
+# inlined data): the redactor sees the text after serialisation, so a cut key's head must be masked there too.
+CUT_ESCAPED = "\\u2026"
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")  # patterns are masked inside URLs only
 _URL_PASSWORD = re.compile(r"^([^:/]+://[^/@:]*:)[^@/]+@")
 _QUERY_SECRET = re.compile(r"([?&](?:[^=&#]*[-_])?(?:api[-_]?key|key|token|secret|password|passwd|sig|signature|"
@@ -63,8 +66,10 @@ class Redactor:
             text = _URL.sub(_mask_url, text)
         if "Bearer" in text:
             text = _BEARER.sub(rf"\1{MASK}", text)
-        if CUT in text and self.secrets:
-            text = CUT.join([*(self._mask_head(piece) for piece in text.split(CUT)[:-1]), text.split(CUT)[-1]])
+        for mark in (CUT, CUT_ESCAPED):
+            if mark in text and self.secrets:
+                pieces = text.split(mark)
+                text = mark.join([*(self._mask_head(piece) for piece in pieces[:-1]), pieces[-1]])
         return text
 
     def _mask_head(self, piece: str) -> str:
