@@ -125,6 +125,28 @@ def test_a_fault_in_the_analysis_leaves_every_record_on_disk(shapes, scenario, t
     assert rows_match_the_server(tmp_path / "r", shapes, before)["error_kind"].null_count() == 40
 
 
+def test_a_bug_while_preparing_a_body_is_internal_not_the_servers(shapes, scenario, tmp_path, monkeypatch):
+    """A server's refusal to count a prompt is its error (``protocol``, below); any other exception while a body
+    is built is loadgen's bug: the request's row says ``internal``, the others go on, and the exit code is 4."""
+    from loadgen.run import prepare
+
+    real = prepare.Prepared.body
+
+    async def broken_for_seq_7(self, req, prompt=None):
+        if req.seq == 7:
+            raise ZeroDivisionError("injected into the body build")
+        return await real(self, req, prompt)
+    monkeypatch.setattr(prepare.Prepared, "body", broken_for_seq_7)
+    before = len(shapes.log)
+    result = api.run(api.load_scenario(scenario), base_url=shapes.url("ok"), out=tmp_path / "r",
+                     server_metrics=False)
+    requests = pl.read_parquet(tmp_path / "r" / "requests.parquet")
+    assert requests.height == 40 and len(shapes.log) - before == 39  # seq 7 was never sent, yet has its row
+    bad = requests.filter(pl.col("seq") == 7).row(0, named=True)
+    assert bad["error_kind"] == "internal" and "ZeroDivisionError: injected into the body build" in bad["error_message"]
+    assert requests.filter(pl.col("seq") != 7)["error_kind"].null_count() == 39 and result.exit_code == 4
+
+
 # ---- fail fast, with the evidence ---------------------------------------------------------------------------
 def test_a_server_that_fails_everything_stops_the_run_with_its_message(shapes, scenario, tmp_path):
     """40 planned; the first 10 to end all fail (HTTP 500): the run stops there, exit 1, the server's message
@@ -169,6 +191,24 @@ def test_locust_records_a_request_whose_prompt_cannot_be_counted_and_ends(shapes
     assert failed.height >= 10 and requests["seq"].n_unique() == requests.height
     assert all(m.startswith("the request could not be prepared: TargetError:") and "tokenizer crashed" in m
                for m in failed["error_message"])
+    assert requests.filter(pl.col("error_kind") == "internal").is_empty()  # the server's fault, not loadgen's
+
+
+def test_a_tokenize_answer_without_its_count_is_the_servers_fault():
+    """Mid-run, /tokenize answers 200 in another shape: a ServerFault (counted ``protocol``), not a KeyError that
+    would read as loadgen's bug."""
+    import asyncio
+
+    from loadgen.drivers.timing import preparation_error
+    from loadgen.plan.workload import ServerFault, TokenizeEndpointCounter
+
+    async def post(path, body):
+        return {"tokens": [1, 2, 3]}  # no "count"
+    with pytest.raises(ServerFault) as err:
+        asyncio.run(TokenizeEndpointCounter(post, "m", "chat").count(None, "hello"))
+    assert "tokenize answer has no count (KeyError: 'count')" in str(err.value)
+    assert preparation_error(err.value)[0] == "protocol"
+    assert preparation_error(KeyError("count"))[0] == "internal"
 
 
 # ---- datasets: exit 2 naming the record, or read whole ------------------------------------------------------

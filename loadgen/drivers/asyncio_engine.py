@@ -15,10 +15,9 @@ stream broke the SSE size cap (``protocol``). The run has a hard end, known befo
 planned send (closed loop: the end of warm-up + duration) plus ``drain_timeout_s``; whatever is still in flight
 then is cancelled with that reason, so a server that trickles tokens forever cannot hold the run open. Stopping
 (end of plan, Ctrl-C, SIGTERM) cancels what is in flight; each cancelled request is still recorded, as
-``cancelled``. A request whose body cannot be prepared (the server's /tokenize failed mid-run) is recorded as a
-``protocol`` error, never raised; any other exception while a request is sent or read (loadgen's own bug) is
-recorded as ``internal``: every request sent has its record. With ``capture``, a failed response as
-received (its heads as sent, its body as fed: up to 64 KiB) is handed to it with the record.
+``cancelled``. A request whose body cannot be prepared is recorded, never raised: ``protocol`` when the server
+failed it (/tokenize mid-run), else ``internal``, as any exception while a request is sent or read. With
+``capture``, a failed response as received (heads as sent, body as fed: up to 64 KiB) goes with the record.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ import httpx
 from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
-from loadgen.drivers.timing import RateCeiling, error_kind, overdue, quiet_runtime, sleep_until
+from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation_error, quiet_runtime, sleep_until
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.fast_parse import FAST_PARSERS
@@ -134,9 +133,9 @@ class AsyncioEngine:
             return None
 
     def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
-        """Record ``req`` as failed, never sent (its body could not be prepared): no queue delay, no lag."""
+        """Record ``req`` as failed, never sent (its body could not be prepared; a bug unless a ServerFault)."""
         tracker = StreamTracker(_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
-        self._record(tracker, 0, "protocol", f"the request could not be prepared: {type(exc).__name__}: {exc}")
+        self._record(tracker, 0, *preparation_error(exc))
 
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from loadgen.drivers.errors import FeedError, RedirectError
+from loadgen.plan.workload import ServerFault
 
 SPIN_MS = 1.0  # sleep until this long before a deadline, then yield to the loop until it passes
 
@@ -45,6 +46,14 @@ def error_kind(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)):
         return "protocol", f"connection broken: {type(exc).__name__}: {exc}"
     return "protocol", f"{type(exc).__name__}: {exc}"
+
+
+def preparation_error(exc: Exception) -> tuple[str, str]:
+    """(error_kind, message) of a request whose body could not be prepared: ``protocol`` when the server failed a
+    step loadgen needed (``ServerFault``: /tokenize refused or answered in another shape mid-run), else
+    ``internal`` (a bug in loadgen: counted, the run goes on, exit 4)."""
+    kind = "protocol" if isinstance(exc, ServerFault) else "internal"
+    return kind, f"the request could not be prepared: {type(exc).__name__}: {exc}"
 
 
 def overdue(tracker: Any, cfg: Any, now: int) -> tuple[str, str] | None:

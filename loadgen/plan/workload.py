@@ -239,6 +239,12 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
 PostJson = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
 
+class ServerFault(RuntimeError):
+    """A server's answer (or the way to it) failed a step loadgen needed, such as counting a prompt mid-run: the
+    server's fault, counted as the request's error. Any other exception while preparing a request is a bug in
+    loadgen (``internal``, exit 4). The target's ``TargetError`` is one."""
+
+
 def _messages(system: str | None, user: str) -> list[dict[str, str]]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
@@ -255,6 +261,13 @@ class TokenizeEndpointCounter:
         self.post, self.model, self.api, self.dialect = post, model, api, dialect
 
     async def count(self, system: str | None, user: str) -> int:
+        try:
+            return await self._count(system, user)
+        except (LookupError, TypeError, ValueError) as exc:  # the answer came in another shape: the server's
+            raise ServerFault(f"the {self.dialect} tokenize answer has no count ({type(exc).__name__}: "
+                              f"{str(exc)[:80]})") from None
+
+    async def _count(self, system: str | None, user: str) -> int:
         text = f"{system}\n{user}" if system else user
         if self.dialect == "llamacpp":
             if self.api in CHAT_LIKE:
