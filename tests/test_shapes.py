@@ -126,15 +126,17 @@ def test_a_redirect_during_the_run_is_a_counted_error_naming_the_url_to_use(shap
     assert result.exit_code == 1
 
 
-def test_follow_redirects_keeps_method_and_body_and_no_credentials_leave_the_origin(shapes, tmp_path):
+def test_follow_redirects_keeps_method_and_body_and_no_credentials_leave_the_origin(shapes, tmp_path, monkeypatch):
     """8: target.follow_redirects follows 307 with the POST and its body; to another origin no Authorization,
     x-api-key or secret header of the scenario is sent."""
-    overrides = {"target.follow_redirects": True, "target.headers": {"x-api-key": "hdr-secret-3f2e",
-                                                                     "x-trace": "kept"}}
+    monkeypatch.setenv("SHAPE_API_KEY", "sk-shape-4a1b9c7d")
+    overrides = {"target.follow_redirects": True, "target.api_key_env": "SHAPE_API_KEY",
+                 "target.headers": {"x-api-key": "hdr-secret-3f2e", "x-trace": "kept"}}
     _, requests, _ = shape_run(shapes, tmp_path, "redirect-run", **overrides)
     assert requests["error_kind"].null_count() == REQUESTS
     landed = shapes.generation("ok")[-REQUESTS:]
     assert all(e["headers"].get("x-api-key") == "hdr-secret-3f2e" for e in landed)  # the same origin: kept
+    assert all(e["headers"].get("authorization") == "Bearer sk-shape-4a1b9c7d" for e in landed)
     assert sorted(requests["output_tokens"].to_list()) == sorted(e["max_tokens"] for e in landed)
     other = shapes.other
     assert other is not None
