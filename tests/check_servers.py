@@ -14,6 +14,8 @@ a prompt + max_tokens over ``MAX_MODEL_LEN`` with 400, and streams ``max_tokens`
 | ``cache`` | a prompt seen before is answered at once: the same text, the whole stream in one write |
 | ``role-first`` | the role-only chunk at once, the first token ``ROLE_LEAD_S`` later |
 | ``usage-lies`` | usage: completion_tokens ``LIE_FACTOR`` × the truth, prompt_tokens ``PROMPT_LIE`` over /tokenize's |
+| ``no-usage`` | no usage event in the stream |
+| ``http10`` | answers streamed as HTTP/1.0, gzip-compressed, the body ending at the connection's close |
 
 Each generation request is logged (``log``): its kind, max_tokens, when the first event and the first token
 were written (``time.monotonic_ns``, the clock loadgen stamps with).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from typing import Any
 
 import h11
@@ -74,6 +77,9 @@ class CheckServer(LoopServer):
             kind, _, path = request.target.decode().lstrip("/").partition("/")
             await self._route(writer, kind, "/" + path, json.loads(body) if body else {})
             await writer.drain()
+            if kind == "http10" and path == "v1/chat/completions":  # RFC 9112 §6.3 rule 8: the close ends it
+                writer.close()
+                return
 
     async def _route(self, writer: asyncio.StreamWriter, kind: str, path: str, body: dict[str, Any]) -> None:
         if path == "/v1/models":
@@ -108,7 +114,13 @@ class CheckServer(LoopServer):
             writer.write(SSE_HEAD + chunk(self._whole(e, prompt)) + chunk(b""))
             return
         self._cache[key] = True
-        writer.write(SSE_HEAD)
+        frame = chunk
+        if kind == "http10":  # every write a gzip member's flushed piece, no chunked framing
+            gz = zlib.compressobj(wbits=31)
+            frame = lambda data: gz.compress(data) + gz.flush(zlib.Z_SYNC_FLUSH) if data else gz.flush()  # noqa: E731
+            writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n\r\n")
+        else:
+            writer.write(SSE_HEAD)
         role = event({"id": e["id"], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         if kind == "role-first":
             self._stamp(e, "t_first_event_ns")
@@ -118,16 +130,16 @@ class CheckServer(LoopServer):
             role = b""
         else:
             await asyncio.sleep(TTFT_S)
-        await self._tokens(writer, e, n, COALESCE if kind == "coalesce" else 1, role)
-        writer.write(chunk(self._tail(e, prompt, kind)) + chunk(b""))
+        await self._tokens(writer, e, n, COALESCE if kind == "coalesce" else 1, role, frame)
+        writer.write(frame(self._tail(e, prompt, kind)) + frame(b""))
 
     async def _tokens(self, writer: asyncio.StreamWriter, e: dict[str, Any], n: int, per_chunk: int,
-                      lead: bytes) -> None:
+                      lead: bytes, frame: Any = chunk) -> None:
         for i in range(0, n, per_chunk):
             text = "".join(f" w{j}" for j in range(i, min(n, i + per_chunk)))
             self._stamp(e, "t_first_event_ns")
             self._stamp(e, "t_first_token_ns")
-            writer.write(chunk(lead + event({"id": e["id"], "choices": [{"index": 0, "delta": {"content": text}}]})))
+            writer.write(frame(lead + event({"id": e["id"], "choices": [{"index": 0, "delta": {"content": text}}]})))
             lead = b""
             await writer.drain()
             if i + per_chunk < n:
@@ -143,8 +155,10 @@ class CheckServer(LoopServer):
         n = e["max_tokens"]
         usage = {"prompt_tokens": prompt + (PROMPT_LIE if kind == "usage-lies" else 0),
                  "completion_tokens": n * (LIE_FACTOR if kind == "usage-lies" else 1)}
-        return (event({"id": e["id"], "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
-                + event({"id": e["id"], "choices": [], "usage": usage}) + b"data: [DONE]\n\n")
+        tail = event({"id": e["id"], "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        if kind != "no-usage":
+            tail += event({"id": e["id"], "choices": [], "usage": usage})
+        return tail + b"data: [DONE]\n\n"
 
     def _whole(self, e: dict[str, Any], prompt: int) -> bytes:
         """A cached answer: every event at once."""

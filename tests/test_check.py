@@ -148,6 +148,26 @@ def test_usage_that_misreports_both_counts_is_two_findings_and_not_coalescing(se
     assert result.finding("coalescing").evidence["tokens_per_chunk"] == 1.0  # judged on max_tokens, not usage
 
 
+def test_a_stream_without_usage_is_a_finding_and_the_tokenizer_line_says_why_it_cannot_judge(servers):
+    result = check(servers, "no-usage")
+    assert statuses(result) == all_ok_but(usage=FINDING, tokenizer=INFO, metrics_endpoint=INFO)
+    assert result.exit_code == 1 and result.finding("usage").evidence["completion_tokens"] == [None] * 3
+    assert "no usage in the stream" in result.finding("usage").summary
+
+
+def test_http_1_0_gzip_and_close_delimited_answers_are_measured_and_said(servers):
+    """HTTP/1.0, gzip although identity was asked, each body ending at the close (RFC 9112 §6.3 rule 8): the
+    answers still stream token by token (streaming, coalescing, buffering ok); the http, compression and
+    keep_alive lines say what the server does; none limits what can be measured (exit 0)."""
+    result = check(servers, "http10")
+    assert statuses(result) == all_ok_but(http=INFO, compression=INFO, keep_alive=INFO, metrics_endpoint=INFO)
+    assert result.exit_code == 0
+    assert result.finding("http").evidence["http_version"] == "1.0"
+    assert result.finding("compression").evidence["content_encoding"] == ["gzip"]
+    alive = result.finding("keep_alive").evidence
+    assert alive["closing_answers"] == alive["answers"] > 1
+
+
 # ---- the pure judgement, as a run's records would feed it ---------------------------------------------------
 def answer(stamps_ms: list[float], tokens: int, e2e_ms: float) -> ChunkTimes:
     return ChunkTimes(tuple(int(t * 1e6) for t in stamps_ms), tokens, 0, int(e2e_ms * 1e6))
