@@ -109,6 +109,20 @@ def test_a_key_read_with_a_final_newline_is_sent_stripped_and_never_printed(tmp_
     assert_no_piece(key, res.stdout + res.stderr, out)
 
 
+def test_a_key_with_a_final_newline_reaches_the_server_stripped(shapes, tmp_path, scenario):
+    """10: what the server receives is the key without its newline (RFC 9110 §5.5: no line break in a field
+    value), on the probe and on every request of the run."""
+    key = "sk-" + secrets.token_urlsafe(30)
+    before = len(shapes.log)
+    res = run_cli("run", str(scenario), "--base-url", shapes.url("ok"), "--out", str(tmp_path / "r"),
+                  "--no-progress", "--no-png", "--api-key-env", "SHAPE_KEY", env={"SHAPE_KEY": key + "\n"},
+                  timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    received = shapes.log[before:]
+    assert received and all(e["headers"]["authorization"] == f"Bearer {key}" for e in received)
+    assert_no_piece(key, res.stdout + res.stderr, tmp_path / "r")
+
+
 def test_a_header_value_with_a_line_break_is_refused_without_showing_it(shapes, scenario):
     sc = api.load_scenario(scenario, {"target.headers": {"X-Token": "abc\r\nInjected: 1"}})
     with pytest.raises(api.TargetError, match=r"^target.headers.X-Token holds a control or non-ASCII character"):
