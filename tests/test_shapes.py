@@ -219,6 +219,31 @@ def test_credentials_never_leave_their_origin_not_even_for_https(old, new, kept)
     assert sent == (headers if kept else {"content-type": "application/json", "x-trace": "kept"})
 
 
+@pytest.mark.parametrize("status, follow, followed", [
+    (301, False, False), (301, True, False), (302, True, False), (303, True, False),  # a POST is never re-sent
+    (307, False, False), (307, True, True), (308, False, False), (308, True, True),
+])
+def test_only_307_and_308_are_followed_and_only_when_asked(status, follow, followed):
+    """RFC 9110 §15.4: 301/302 let a client change the POST into a GET and 303 asks for one, so they are reported
+    (http_3xx, naming the URL to use); 307/308 keep method and body and are followed with target.follow_redirects."""
+    from loadgen.drivers.redirects import RedirectError, next_hop
+    old, new = "http://h.example/v1/chat/completions", "http://h.example/v2/chat/completions"
+    if followed:
+        assert next_hop(old, status, new, follow, {"x": "y"}) == (new, {"x": "y"})
+        return
+    with pytest.raises(RedirectError) as err:
+        next_hop(old, status, new, follow, {"x": "y"})
+    assert str(err.value).startswith(f"HTTP {status} redirect to {new}: ")
+    assert ("target.follow_redirects" in str(err.value)) == (status in (307, 308))
+
+
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_redirect_from_https_to_http_is_refused_even_when_following(status):
+    from loadgen.drivers.redirects import RedirectError, next_hop
+    with pytest.raises(RedirectError, match=r"redirect from https to http://h.example/v1/x refused"):
+        next_hop("https://h.example/v1/x", status, "http://h.example/v1/x", True, {"Authorization": "Bearer k"})
+
+
 def test_a_proxy_that_cannot_be_used_for_a_redirected_origin_is_a_connect_error(monkeypatch):
     """A ProxyError (a socks5:// HTTP_PROXY) for the origin a redirect leads to is httpx's ConnectError, counted
     ``connect``, from the transport's every path: never ``internal``."""
