@@ -195,12 +195,21 @@ def test_locust_records_a_request_whose_prompt_cannot_be_counted_and_ends(shapes
     """14: under Locust each prompt is counted on /tokenize when it is sent; /tokenize fails mid-run. Each such
     request is a record (it hung the run forever), and the fail-fast guard ends it."""
     out = tmp_path / "r"
+    before = len(shapes.log)
     res = run_cli("run", str(scenario), "--engine", "locust", "--base-url", shapes.url("tokenize-fails"), "--out",
                   str(out), "--no-progress", "--no-png", timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     requests = pl.read_parquet(out / "requests.parquet")
     failed = requests.filter(pl.col("error_kind") == "protocol")
     assert failed.height >= 10 and requests["seq"].n_unique() == requests.height
+    # every request the server received has its own row, with its own answer; the failed ones were never sent
+    received = {e["id"]: e for e in shapes.log[before:]}
+    answered = requests.filter(pl.col("error_kind").is_null())
+    assert answered.height == len(received) and set(answered["request_id"]) == set(received)
+    for row in answered.iter_rows(named=True):
+        assert row["output_tokens"] == row["chunks"] == received[row["request_id"]]["max_tokens"]
+    assert failed["request_id"].null_count() == failed.height
+    assert (failed["t_sent_ns"] == failed["t_intended_ns"]).all()  # never sent: no queue delay, no lag
     assert all(m.startswith("the request could not be prepared: TargetError:") and "tokenizer crashed" in m
                for m in failed["error_message"])
     assert requests.filter(pl.col("error_kind") == "internal").is_empty()  # the server's fault, not loadgen's
