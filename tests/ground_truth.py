@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -29,14 +30,20 @@ class Score:
 
 
 def truth_pairs(run_dir: Path, long_prompt_tokens: int, min_step_ms: float) -> set[tuple[int, int, int]]:
+    """(victim seq, token index, culprit seq) from a real run's simulator trace (``truth_pairs_of``)."""
+    requests = pl.read_parquet(run_dir / "requests.parquet")
+    seq_of = dict(zip(requests["request_id"].to_list(), requests["seq"].to_list()))
+    return truth_pairs_of(read_trace(run_dir / "sim_trace.jsonl"), seq_of, long_prompt_tokens, min_step_ms)
+
+
+def truth_pairs_of(trace: list[dict[str, Any]], seq_of: dict[str, int], long_prompt_tokens: int,
+                   min_step_ms: float) -> set[tuple[int, int, int]]:
     """(victim seq, token index, culprit seq): the victim's gap before that token (from the step that emitted
     its previous token to the step that emitted this one) held steps prefilling the culprit's long prompt that
     together lasted longer than ``min_step_ms``. One rule for every scheduler: in a mixed batch (vLLM,
     llama.cpp) the gap is the prefill's own step; under prefill-only batches (SGLang, TGI) it is the prefill
-    batch plus the decode step after it."""
-    requests = pl.read_parquet(run_dir / "requests.parquet")
-    seq_of = dict(zip(requests["request_id"].to_list(), requests["seq"].to_list()))
-    trace = read_trace(run_dir / "sim_trace.jsonl")
+    batch plus the decode step after it. ``trace``: the simulator's events (local_target/sim/trace.py);
+    ``seq_of``: engine request id → loadgen seq."""
     prompt_of = {e["id"]: e["prompt_tokens"] for e in trace if e["type"] == "request"}
     steps = sorted((e for e in trace if e["type"] == "step"), key=lambda e: e["t_end_ns"])
     ends = [e["t_end_ns"] for e in steps]
@@ -60,17 +67,25 @@ def truth_pairs(run_dir: Path, long_prompt_tokens: int, min_step_ms: float) -> s
 
 
 def predicted_pairs(run_dir: Path) -> set[tuple[int, int, int]]:
-    chunks = pl.read_parquet(run_dir / "chunks.parquet").sort("seq", "t_ns").with_columns(
-        index=pl.int_range(pl.len()).over("seq"))
-    stalls = pl.read_parquet(run_dir / "stalls.parquet").filter(pl.col("prefill_induced"))
-    joined = stalls.join(chunks.select("seq", pl.col("t_ns").alias("t_end_ns"), "index"), on=["seq", "t_end_ns"])
+    return predicted_pairs_of(pl.read_parquet(run_dir / "chunks.parquet"), pl.read_parquet(run_dir / "stalls.parquet"))
+
+
+def predicted_pairs_of(chunks: pl.DataFrame, stalls: pl.DataFrame) -> set[tuple[int, int, int]]:
+    """(victim seq, token index, culprit seq) of every prefill-induced stall loadgen attributed."""
+    chunks = chunks.sort("seq", "t_ns").with_columns(index=pl.int_range(pl.len()).over("seq"))
+    induced = stalls.filter(pl.col("prefill_induced"))
+    joined = induced.join(chunks.select("seq", pl.col("t_ns").alias("t_end_ns"), "index"), on=["seq", "t_end_ns"])
     return {(s, i, c) for s, i, cs in joined.select("seq", "index", "culprits").iter_rows() for c in cs}
 
 
 def score(run_dir: Path, long_prompt_tokens: int, min_step_ms: float) -> Score:
     truth, pred = truth_pairs(run_dir, long_prompt_tokens, min_step_ms), predicted_pairs(run_dir)
-    # only judge victims loadgen measured (warm-up and failed requests are not analysed)
-    requests = pl.read_parquet(run_dir / "requests.parquet")
+    return score_pairs(truth, pred, pl.read_parquet(run_dir / "requests.parquet"))
+
+
+def score_pairs(truth: set[tuple[int, int, int]], pred: set[tuple[int, int, int]], requests: pl.DataFrame) -> Score:
+    """Precision and recall of ``pred`` against ``truth``, judged on the victims loadgen measured (warm-up and
+    failed requests are not analysed)."""
     measured = set(requests.filter(~pl.col("warmup") & pl.col("error_kind").is_null())["seq"].to_list())
     truth = {p for p in truth if p[0] in measured}
     hits = truth & pred

@@ -1,4 +1,6 @@
-"""Stall attribution scored against the simulator's ground truth (its trace of every engine step)."""
+"""Stall attribution scored against the simulator's ground truth (its trace of every engine step), in real time
+end to end: delivery jitter and the client's own timing are part of what is scored here. The same scoring on every
+engine personality runs in virtual time (tests/test_attribution_replay.py)."""
 
 from __future__ import annotations
 
@@ -29,37 +31,6 @@ def test_attribution_precision_and_recall_against_the_trace(unchunked):
     print(f"precision {sc.precision:.3f} recall {sc.recall:.3f} ({sc.hits} of {sc.truth} true pairs, "
           f"{sc.predicted} predicted)")
     assert sc.truth >= 50  # the run really had aggressors stalling victims
-    assert sc.precision >= 0.95 and sc.recall >= 0.90, (sc.missed, sc.wrong)
-
-
-# Each scheduler the simulator reproduces (local_target/sim/engine.py), with what makes it itself: llama.cpp's
-# 2048-token n_batch slices, vLLM's chunked prefill with a budget large enough that every chunk is a stall.
-ENGINES = {
-    "vllm": [],
-    "vllm-chunked-4096": ["--set", "target.simulator.chunked_prefill=true",
-                          "--set", "target.simulator.max_num_batched_tokens=4096"],
-    "sglang": ["--set", "target.simulator.engine=sglang"],
-    "llamacpp": ["--set", "target.simulator.engine=llamacpp", "--set", "target.simulator.max_num_batched_tokens=2048"],
-    "tgi": ["--set", "target.simulator.engine=tgi"],
-}
-RUNS = {"aggressor_victim": "scenarios/aggressor_victim.yaml", "mixed": "tests/data/mixed_engines.yaml"}
-
-
-# vLLM on aggressor/victim is scored by the module's 60 s run (test_attribution_precision_and_recall_...)
-CASES = [(engine, run) for engine in ENGINES for run in RUNS if (engine, run) != ("vllm", "aggressor_victim")]
-
-
-@pytest.mark.parametrize("engine, run", CASES)
-def test_attribution_holds_on_every_engine(engine, run, tmp_path):
-    out = tmp_path / "run"
-    res = run_cli("run", RUNS[run], "--out", str(out), "--no-progress", "--no-png", "--duration", "30",
-                  *ENGINES[engine], *SIM_TRACE)
-    assert res.returncode in (0, 1), res.stderr
-    st = summary(out)["stalls"]
-    sc = score(out, st["long_prompt_tokens"], st["min_gap_ms"])
-    print(f"{engine} {run}: precision {sc.precision:.3f} recall {sc.recall:.3f} ({sc.hits} of {sc.truth} true "
-          f"pairs, {sc.predicted} predicted)")
-    assert sc.truth >= 30  # long prefills really stalled running streams
     assert sc.precision >= 0.95 and sc.recall >= 0.90, (sc.missed, sc.wrong)
 
 

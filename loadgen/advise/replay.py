@@ -17,13 +17,17 @@ import heapq
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from local_target.sim.config import EngineConfig
-from local_target.sim.engine import Engine, SimRequest
+from local_target.sim.engine import Engine, SimRequest, Step
 from loadgen.core.records import ChunkRecord, RequestRecord
 
 NS_PER_MS = 1_000_000
 MAX_STEPS = 5_000_000
+# Called after each engine step with the step, its start and end (ns from the run's start) and the (request,
+# token index) pairs it emitted: the replay's ground truth, as the simulator's trace holds it for a real run.
+OnStep = Callable[[Step, int, int, list[tuple[SimRequest, int]]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +94,10 @@ class _Flight:
     tokens: list[int]
 
 
-def replay(cfg: EngineConfig, requests: list[ReplayRequest], load: ReplayLoad,
-           t0_ns: int = 0) -> tuple[list[RequestRecord], list[ChunkRecord]]:
-    """Replay ``requests`` through an engine configured by ``cfg``; records are stamped from ``t0_ns``."""
+def replay(cfg: EngineConfig, requests: list[ReplayRequest], load: ReplayLoad, t0_ns: int = 0,
+           on_step: OnStep | None = None) -> tuple[list[RequestRecord], list[ChunkRecord]]:
+    """Replay ``requests`` through an engine configured by ``cfg``; records are stamped from ``t0_ns``. A request's
+    engine id is ``"<worker>-<seq>"``."""
     engine, sends = Engine(cfg), _Sends(requests, load)
     delay_ns = int(load.arrival_delay_ms * NS_PER_MS)
     rng, noise = random.Random(load.seed), load.step_noise_ms
@@ -121,8 +126,11 @@ def replay(cfg: EngineConfig, requests: list[ReplayRequest], load: ReplayLoad,
         steps += 1
         model_ms = engine.step_duration_ms(step)
         step_ms = max(model_ms + noise[rng.randrange(len(noise))], model_ms / 2) if noise else model_ms
-        t_ns += max(int(step_ms * NS_PER_MS), 1)
-        for sim, _ in engine.finish_step(step, t_ns):
+        t_start_ns, t_ns = t_ns, t_ns + max(int(step_ms * NS_PER_MS), 1)
+        emitted = engine.finish_step(step, t_ns)
+        if on_step is not None:
+            on_step(step, t_start_ns, t_ns, emitted)
+        for sim, _ in emitted:
             live[id(sim)].tokens.append(t_ns)
             if sim.finish_reason is not None:
                 del live[id(sim)]
