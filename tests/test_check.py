@@ -226,8 +226,8 @@ workload:
 
 @pytest.mark.parametrize("kind", ["coalesce", "usage-lies", "clean"])
 def test_a_run_says_when_its_records_show_coalesced_tokens_or_lying_usage(servers, tmp_path, kind):
-    """The run's own records, judged by check's rule: in run.json, summary.json and summary.md; never the
-    verdict (both runs pass)."""
+    """The run's own records, judged by check's rule: in run.json, summary.json, summary.md and report.html;
+    never the verdict (both runs pass)."""
     path = tmp_path / "signs.yaml"
     path.write_text(RUN)
     out = tmp_path / kind
@@ -247,3 +247,5 @@ def test_a_run_says_when_its_records_show_coalesced_tokens_or_lying_usage(server
     assert names == ["coalescing"]
     assert result.findings[0]["evidence"]["tokens_per_chunk"] == COALESCE
     assert f"Finding: the server coalesces tokens ({COALESCE:.1f} per chunk)" in (out / "summary.md").read_text()
+    html = (out / "report.html").read_text()
+    assert f'<p class="finding">Finding: the server coalesces tokens ({COALESCE:.1f} per chunk)' in html
