@@ -32,6 +32,7 @@ the clock loadgen stamps with), so a test can hold each record to its own respon
 | ``echo-key`` | generation requests get 400 whose long message echoes the Authorization header (at ~300) |
 | ``echo-key-2k`` | the same, the key at ~2,000 characters into the message |
 | ``tokenize-fails`` | ``/tokenize`` answers ``TOKENIZE_OK`` calls after ``/v1/models``, then HTTP 500 |
+| ``tokenize-reshaped`` | ``/tokenize`` answers ``TOKENIZE_OK`` calls after ``/v1/models``, then 200 without a count |
 | ``fail`` | every generation request gets 500 with a message |
 """
 
@@ -135,6 +136,8 @@ class ShapeServer(LoopServer):
         self._tokenize_calls += 1
         if shape == "tokenize-fails" and self._tokenize_calls > TOKENIZE_OK:
             return _json(writer, 500, {"error": {"message": "tokenizer crashed"}})
+        if shape == "tokenize-reshaped" and self._tokenize_calls > TOKENIZE_OK:
+            return _json(writer, 200, {"tokens": [1, 2, 3]})  # 200, but no count
         req = json.loads(body)
         text = " ".join(str(m.get("content")) for m in req.get("messages", [])) or req.get("prompt", "")
         return _json(writer, 200, {"count": len(text.split()) + 3})

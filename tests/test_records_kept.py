@@ -215,6 +215,19 @@ def test_locust_records_a_request_whose_prompt_cannot_be_counted_and_ends(shapes
     assert requests.filter(pl.col("error_kind") == "internal").is_empty()  # the server's fault, not loadgen's
 
 
+@pytest.mark.parametrize("shape", ["tokenize-fails", "tokenize-reshaped"])
+def test_a_tokenize_endpoint_that_fails_while_the_prompts_are_built_is_exit_2(shapes, scenario, tmp_path, shape):
+    """The asyncio driver builds an open loop's prompts before the first send: /tokenize refusing (500) or
+    answering without its count there is the server's fault before any load — exit 2 in one line, nothing sent."""
+    before = len(shapes.log)
+    res = run_cli("run", str(scenario), "--base-url", shapes.url(shape), "--out", str(tmp_path / "r"),
+                  "--no-progress", "--no-png", timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "/tokenize" in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert len(shapes.log) == before  # no generation request was sent
+
+
 def test_a_tokenize_answer_without_its_count_is_the_servers_fault():
     """Mid-run, /tokenize answers 200 in another shape: a ServerFault (counted ``protocol``), not a KeyError that
     would read as loadgen's bug."""
@@ -227,7 +240,7 @@ def test_a_tokenize_answer_without_its_count_is_the_servers_fault():
         return {"tokens": [1, 2, 3]}  # no "count"
     with pytest.raises(ServerFault) as err:
         asyncio.run(TokenizeEndpointCounter(post, "m", "chat").count(None, "hello"))
-    assert "tokenize answer has no count (KeyError: 'count')" in str(err.value)
+    assert "/tokenize answered without what loadgen reads (KeyError: 'count')" in str(err.value)
     assert preparation_error(err.value)[0] == "protocol"
     assert preparation_error(KeyError("count"))[0] == "internal"
 

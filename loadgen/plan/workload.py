@@ -195,7 +195,14 @@ async def build_prompts(factory: PromptFactory, requests: list[PlannedRequest], 
             out[req.seq] = await factory.build(req)
             if progress:
                 progress(1)
-    await asyncio.gather(*(one(r) for r in requests))
+    tasks = [asyncio.ensure_future(one(r)) for r in requests]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:  # the first failure is the answer: the rest are cancelled and awaited, not left to
+        for task in tasks:  # fail unretrieved (asyncio printed their tracebacks under the one-line exit 2)
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return out
 
 
@@ -261,29 +268,33 @@ class TokenizeEndpointCounter:
         self.post, self.model, self.api, self.dialect = post, model, api, dialect
 
     async def count(self, system: str | None, user: str) -> int:
-        try:
-            return await self._count(system, user)
-        except (LookupError, TypeError, ValueError) as exc:  # the answer came in another shape: the server's
-            raise ServerFault(f"the {self.dialect} tokenize answer has no count ({type(exc).__name__}: "
-                              f"{str(exc)[:80]})") from None
-
-    async def _count(self, system: str | None, user: str) -> int:
         text = f"{system}\n{user}" if system else user
         if self.dialect == "llamacpp":
             if self.api in CHAT_LIKE:
-                text = (await self.post("/apply-template", {"messages": _messages(system, user)}))["prompt"]
+                answer = await self.post("/apply-template", {"messages": _messages(system, user)})
+                text = _read(answer, "/apply-template", lambda a: a["prompt"])
             answer = await self.post("/tokenize", {"content": text, "add_special": True, "parse_special": True})
-            return len(answer["tokens"])
+            return _read(answer, "/tokenize", lambda a: len(a["tokens"]))
         if self.dialect == "tgi":
             if self.api in CHAT_LIKE:
                 answer = await self.post("/chat_tokenize", {"model": self.model, "messages": _messages(system, user)})
-                return len(answer["tokenize_response"])
-            return len(await self.post("/tokenize", {"inputs": text}))
+                return _read(answer, "/chat_tokenize", lambda a: len(a["tokenize_response"]))
+            return _read(await self.post("/tokenize", {"inputs": text}), "/tokenize", len)
         path = "/v1/tokenize" if self.dialect == "vllm_v1" else "/tokenize"
         body: dict[str, Any] = {"model": self.model, "prompt": text}
         if self.api in CHAT_LIKE:
             body = {"model": self.model, "messages": _messages(system, user), "add_generation_prompt": True}
-        return int((await self.post(path, body))["count"])
+        return _read(await self.post(path, body), path, lambda a: int(a["count"]))
+
+
+def _read(answer: Any, path: str, read: Callable[[Any], Any]) -> Any:
+    """``read(answer)`` of a tokenize answer; ServerFault naming ``path`` when the answer has another shape (the
+    server's fault, never a KeyError that would read as loadgen's bug)."""
+    try:
+        return read(answer)
+    except (LookupError, TypeError, ValueError) as exc:
+        raise ServerFault(f"{path} answered without what loadgen reads ({type(exc).__name__}: "
+                          f"{str(exc)[:80]})") from None
 
 
 class LocalTokenizerCounter:

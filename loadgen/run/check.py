@@ -32,7 +32,7 @@ from loadgen.analysis.check_result import CheckResult
 from loadgen.core import engines, prom_text
 from loadgen.core.secrets import redact_url
 from loadgen.plan.scenario import Scenario, ScenarioError
-from loadgen.plan.workload import LinearFit, fit
+from loadgen.plan.workload import LinearFit, ServerFault, fit
 from loadgen.run.check_probes import PROMPT_CAP_TOKENS, Session, advertised_length, \
     confirm_advertised, open_counting_client, prompt_text, search_largest, stream_probe
 from loadgen.run.prepare import note_proxy, target_proxy
@@ -71,6 +71,10 @@ def run_check(scenario: Scenario) -> CheckResult:
     sim = start_embedded(scenario, None) if scenario.target.embedded else None
     try:
         return _event_loop_run(_check(scenario, sim.base_url if sim else scenario.target.base_url))
+    except TargetError:
+        raise
+    except ServerFault as exc:  # its tokenize endpoint answered a probe's count in another shape: unusable
+        raise TargetError(str(exc)) from None
     finally:
         if sim is not None:
             sim.stop()
@@ -181,6 +185,6 @@ async def _max_prompt_line(s: Session, fit_: LinearFit) -> Finding:
             tries, stopped = await confirm_advertised(s, s.counter, fit_, advertised, exact)
             return judge.max_prompt(advertised, tries, PROMPT_CAP_TOKENS, stopped)
         tries, stopped = await search_largest(s, s.counter, fit_, PROBE_PROMPT_TOKENS)
-    except (TargetError, asyncio.TimeoutError) as exc:  # the tokenize endpoint failed counting a long prompt
+    except (ServerFault, asyncio.TimeoutError) as exc:  # the tokenize endpoint failed counting a long prompt
         return judge.max_prompt(advertised, [], PROMPT_CAP_TOKENS, f"counting a long prompt: {exc}")
     return judge.max_prompt(None, tries, PROMPT_CAP_TOKENS, stopped)

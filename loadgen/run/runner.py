@@ -31,6 +31,7 @@ from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
+from loadgen.plan.workload import ServerFault
 from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.scrape import Scraper
 from loadgen.run.guards import Captures, FailFast
@@ -95,6 +96,9 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     except (TargetError, exits.Interrupted, KeyboardInterrupt):  # KeyboardInterrupt: before the loop's handlers
         discard_if_empty(run_dir, created)
         raise
+    except ServerFault as exc:  # the server failed a step before any load (counting the prompts): exit 2
+        discard_if_empty(run_dir, created)
+        raise TargetError(str(exc)) from None
     except Exception:
         run.close_sink()  # a bug: the records taken so far reach the disk before the crash report
         raise

@@ -287,7 +287,7 @@ async def token_counter(scenario: Scenario, client: httpx.AsyncClient, target: R
             status, text = resp.status_code, resp.content
         try:
             answer = json.loads(text) if status == 200 else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser goes
             answer = None
         if status != 200:
             raise TargetError(f"{target.root}{path}: HTTP {status}: "
