@@ -11,8 +11,8 @@ from local_target.sim import SimProcess, build_config, start_simulator
 from tests.misbehaving_server import MisbehavingServer
 from tests.shape_server import ShapeServer
 
-# The property tests (tests/test_properties*.py): about 3 s in all by default, 12 times the examples (about 40 s)
-# with HYPOTHESIS_PROFILE=ci (.ci/run). No deadline: the machine is shared, a slow example is no failure; a
+# The property tests (every @given test; hypothesis marks them `hypothesis`): about 6 s in all by default, 12 times
+# the examples (about 36 s) with HYPOTHESIS_PROFILE=ci (.ci/run: pytest -m hypothesis). No deadline: the machine is shared, a slow example is no failure; a
 # failure prints the blob that reproduces it (@reproduce_failure).
 settings.register_profile("default", max_examples=80, deadline=None, print_blob=True)
 settings.register_profile("ci", max_examples=1000, deadline=None, print_blob=True)

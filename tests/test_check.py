@@ -153,6 +153,7 @@ def test_a_stream_without_usage_is_a_finding_and_the_tokenizer_line_says_why_it_
     assert statuses(result) == all_ok_but(usage=FINDING, tokenizer=INFO, metrics_endpoint=INFO)
     assert result.exit_code == 1 and result.finding("usage").evidence["completion_tokens"] == [None] * 3
     assert "no usage in the stream" in result.finding("usage").summary
+    assert result.finding("tokenizer").summary == "no usage.prompt_tokens to check against the tokenizer"
 
 
 def test_http_1_0_gzip_and_close_delimited_answers_are_measured_and_said(servers):

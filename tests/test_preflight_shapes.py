@@ -111,7 +111,7 @@ def test_a_key_read_with_a_final_newline_is_sent_stripped_and_never_printed(tmp_
 
 def test_a_key_with_a_final_newline_reaches_the_server_stripped(shapes, tmp_path, scenario):
     """10: what the server receives is the key without its newline (RFC 9110 §5.5: no line break in a field
-    value), on the probe and on every request of the run."""
+    value), on every request of the run (the server logs those, not the preflight's probe)."""
     key = "sk-" + secrets.token_urlsafe(30)
     before = len(shapes.log)
     res = run_cli("run", str(scenario), "--base-url", shapes.url("ok"), "--out", str(tmp_path / "r"),

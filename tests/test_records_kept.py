@@ -174,8 +174,11 @@ def test_a_minute_long_run_against_a_failing_server_ends_within_seconds(shapes, 
     """A run planned for 60 s at 20 req/s (1,200 requests) against a server that fails every request: the
     records end within 5 s of the first send (the first 10 failures, ~0.5 s, plus what was in flight), with the
     server's message as the reason, not after the minute."""
+    assert "requests: 40, duration_s: 10" in SCENARIO
     path = scenario_file(tmp_path, SCENARIO.replace("requests: 40, duration_s: 10", "duration_s: 60"), "min.yaml")
-    result = api.run(api.load_scenario(path), base_url=shapes.url("fail"), out=tmp_path / "r", server_metrics=False)
+    sc = api.load_scenario(path)
+    assert build_plan(sc).size >= 1200  # 60 s at 20 req/s planned (constant arrivals: both ends included)
+    result = api.run(sc, base_url=shapes.url("fail"), out=tmp_path / "r", server_metrics=False)
     requests = pl.read_parquet(tmp_path / "r" / "requests.parquet")
     span_s = (requests["t_done_ns"].max() - requests["t_intended_ns"].min()) / 1e9  # type: ignore[operator]
     assert result.exit_code == 1 and requests.height < 100 and span_s < 5.0, (requests.height, span_s)

@@ -10,7 +10,6 @@ Selected alone with `pytest -m vllm_cpu` (about 6 minutes on 2 cores: each of it
 from __future__ import annotations
 
 import importlib.util
-import math
 from contextlib import AbstractContextManager
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from loadgen import api
 from loadgen.analysis.calibrate import with_bursts
 from loadgen.analysis.metrics import chunk_gaps, itl_samples
 from loadgen.report.advice_report import markdown
+from tests.counts import poisson_quantile
 from tests.real_targets import assert_check_is_clean, run_scenario, serving, worst_victim_gap_ms
 from tests.run_helpers import run_cli, summary
 
@@ -156,21 +156,6 @@ def engine_stalls(run_dir: Path, held: pl.DataFrame) -> tuple[int, int]:
     tokens = next(o["samples"] for o in summary(run_dir)["slo"] if o["objective"] == STALL_OBJECTIVE)
     print(f"prefill-induced stalls: {stalls.height}, of them held deliveries {stalls.height - engine.height}")
     return engine.height, int(tokens)
-
-
-def poisson_quantile(mean: float, q: float) -> int:
-    """The smallest count k with P(X <= k) >= q for X ~ Poisson(mean)."""
-    k, term = 0, math.exp(-mean)
-    cdf = term
-    while cdf < q:
-        k += 1
-        term *= mean / k
-        cdf += term
-    return k
-
-
-def test_poisson_quantile() -> None:
-    assert [poisson_quantile(m, 0.95) for m in (0.0, 1.0, 1.94, 10.0)] == [0, 3, 4, 15]
 
 
 SWEEP = {"name": "vllm-cpu-sweep", "target": {"base_url": BASE_URL, "model": "auto", "api": "chat"}, "seed": 2,

@@ -25,8 +25,9 @@ from loadgen.core.records import ChunkRecord, RequestRecord
 
 NS_PER_MS = 1_000_000
 MAX_STEPS = 5_000_000
-# Called after each engine step with the step, its start and end (ns from the run's start) and the (request,
-# token index) pairs it emitted: the replay's ground truth, as the simulator's trace holds it for a real run.
+# Called after each engine step with the step, its start and end (ns from the replay's start: ``t0_ns`` is not
+# added, unlike the records) and the (request, token index) pairs it emitted: the replay's ground truth, as the
+# simulator's trace holds it for a real run.
 OnStep = Callable[[Step, int, int, list[tuple[SimRequest, int]]], None]
 
 
