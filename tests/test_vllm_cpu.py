@@ -107,7 +107,8 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     # The engine's steps, like with like: a held delivery (vLLM's API server starved on 2 cores, then a burst of
     # chunks) is no engine step; CI once measured a 764 ms gap in a chunked-512 run whose steps the replay put
     # at 317 ms, against a 972 ms whole prefill with chunking off.
-    engine_off_ms, engine_on_ms = victim_engine_gap_ms(req, chunks), victim_engine_gap_ms(req_on, chunks_on)
+    engine_off_ms = worst_victim_gap_ms(req, chunks, engine_steps_only=True)
+    engine_on_ms = worst_victim_gap_ms(req_on, chunks_on, engine_steps_only=True)
     print(f"worst victim gap: chunked prefill off {worst_off_ms:.0f} ms, on ({budget}) {worst_on_ms:.0f} ms "
           f"(the engine's steps: {engine_off_ms:.0f} and {engine_on_ms:.0f} ms); "
           f"TTFT median victim {by_class['victim']:.0f} / aggressor {by_class['aggressor']:.0f} ms")
@@ -151,13 +152,6 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
 
 
 STALL_OBJECTIVE = "stalls.max_prefill_induced_per_1k_tokens"
-
-
-def victim_engine_gap_ms(requests: pl.DataFrame, chunks: pl.DataFrame) -> float:
-    """The worst gap a measured victim saw between two engine steps: held deliveries (a burst's first gap) out."""
-    gaps = chunk_gaps(requests, with_bursts(chunks)).filter(
-        ~pl.col("warmup") & (pl.col("class_name") == "victim") & ~pl.col("burst_start"))
-    return float(gaps["chunk_gap_ms"].max())  # type: ignore[arg-type]
 
 
 def engine_stalls(run_dir: Path, held: pl.DataFrame) -> tuple[int, int]:
