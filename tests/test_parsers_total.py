@@ -10,7 +10,7 @@ import pytest
 
 from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.apis import EVENT_PARSERS, parse_anthropic_event, parse_embeddings_body, parse_responses_event
-from loadgen.core.openai_stream import Parsed, _error
+from loadgen.core.openai_stream import Parsed, error_of
 from loadgen.core.secrets import CUT
 from loadgen.core.tracker import _error_text, _json_answer
 from loadgen.drivers.fast_parse import parse_chunk
@@ -49,7 +49,7 @@ def test_an_error_value_too_deep_to_print_is_named_not_raised():
     value: list = []
     for _ in range(5000):
         value = [value]
-    assert _error({"message": value, "code": 500}) == Parsed(
+    assert error_of({"message": value, "code": 500}) == Parsed(
         error="(an error value nested too deeply to print: list)", error_status=500)
 
 

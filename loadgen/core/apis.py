@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from loadgen.core.openai_stream import Parsed, _dict, _error, _int, _str, parse_event
+from loadgen.core.openai_stream import Parsed, as_dict, error_of, as_int, as_str, parse_event
 from loadgen.core.secrets import clip
 
 APIS = ("chat", "completions", "responses", "messages", "embeddings")
@@ -47,21 +47,21 @@ def _typed_events(parse: Callable[[Any, dict[str, Any]], Parsed]) -> Callable[[s
 def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of the OpenAI Responses API's stream."""
     if kind in ("response.output_text.delta", "response.refusal.delta"):
-        return Parsed(text=_str(obj.get("delta")))
+        return Parsed(text=as_str(obj.get("delta")))
     if kind == "response.function_call_arguments.delta":  # a tool call's arguments: generated tokens
-        return Parsed(text=_str(obj.get("delta")), tool=True)
+        return Parsed(text=as_str(obj.get("delta")), tool=True)
     if kind == "response.reasoning_text.delta" or kind == "response.reasoning_summary_text.delta":
-        return Parsed(text=_str(obj.get("delta")), reasoning=True)
+        return Parsed(text=as_str(obj.get("delta")), reasoning=True)
     if kind in ("error", "response.failed"):
-        return _error(obj.get("error") or _dict(obj.get("response")).get("error") or obj)
+        return error_of(obj.get("error") or as_dict(obj.get("response")).get("error") or obj)
     response = obj.get("response")
     if not isinstance(response, dict):
         return Parsed()
     out = Parsed(request_id=response.get("id") if isinstance(response.get("id"), str) else None)
     usage = response.get("usage")
     if isinstance(usage, dict):
-        out.prompt_tokens, out.completion_tokens = _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
-        out.cached_tokens = _int(_dict(usage.get("input_tokens_details")).get("cached_tokens"))
+        out.prompt_tokens, out.completion_tokens = as_int(usage.get("input_tokens")), as_int(usage.get("output_tokens"))
+        out.cached_tokens = as_int(as_dict(usage.get("input_tokens_details")).get("cached_tokens"))
     if kind == "response.completed":
         out.done, out.finish_reason = True, "stop"
     elif kind == "response.incomplete":
@@ -76,31 +76,31 @@ ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "le
 def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     """One event of Anthropic's Messages API stream."""
     if kind == "content_block_delta":
-        delta = _dict(obj.get("delta"))
+        delta = as_dict(obj.get("delta"))
         if delta.get("type") == "thinking_delta":
-            return Parsed(text=_str(delta.get("thinking")), reasoning=True)
+            return Parsed(text=as_str(delta.get("thinking")), reasoning=True)
         if delta.get("type") == "input_json_delta":  # a tool_use block's input: generated tokens
-            return Parsed(text=_str(delta.get("partial_json")), tool=True)
-        return Parsed(text=_str(delta.get("text")))
+            return Parsed(text=as_str(delta.get("partial_json")), tool=True)
+        return Parsed(text=as_str(delta.get("text")))
     if kind == "message_start":
-        message = _dict(obj.get("message"))
+        message = as_dict(obj.get("message"))
         out = Parsed(request_id=message.get("id") if isinstance(message.get("id"), str) else None)
         usage = message.get("usage")
         if isinstance(usage, dict):
-            fresh, read = _int(usage.get("input_tokens")), _int(usage.get("cache_read_input_tokens")) or 0
-            written = _int(usage.get("cache_creation_input_tokens")) or 0
+            fresh, read = as_int(usage.get("input_tokens")), as_int(usage.get("cache_read_input_tokens")) or 0
+            written = as_int(usage.get("cache_creation_input_tokens")) or 0
             out.prompt_tokens = None if fresh is None else fresh + read + written
             out.cached_tokens = read if "cache_read_input_tokens" in usage else None
         return out
     if kind == "message_delta":
-        reason = _dict(obj.get("delta")).get("stop_reason")
-        usage = _dict(obj.get("usage"))
+        reason = as_dict(obj.get("delta")).get("stop_reason")
+        usage = as_dict(obj.get("usage"))
         return Parsed(finish_reason=ANTHROPIC_STOP.get(reason, reason) if isinstance(reason, str) else None,
-                      completion_tokens=_int(usage.get("output_tokens")))
+                      completion_tokens=as_int(usage.get("output_tokens")))
     if kind == "message_stop":
         return Parsed(done=True)
     if kind == "error":
-        return _error(obj.get("error") or obj)
+        return error_of(obj.get("error") or obj)
     return Parsed()
 
 
@@ -113,12 +113,12 @@ def parse_embeddings_body(body: bytes) -> Parsed:
     if not isinstance(obj, dict):
         return Parsed(error="the answer is not a JSON object")
     if obj.get("error"):  # null or empty: no error
-        return _error(obj["error"])
+        return error_of(obj["error"])
     data = obj.get("data")
     if not isinstance(data, list) or not data or not isinstance(data[0], dict) or "embedding" not in data[0]:
         return Parsed(error="the answer has no data[].embedding")
-    usage = _dict(obj.get("usage"))
-    return Parsed(prompt_tokens=_int(usage.get("prompt_tokens")), completion_tokens=0, done=True,
+    usage = as_dict(obj.get("usage"))
+    return Parsed(prompt_tokens=as_int(usage.get("prompt_tokens")), completion_tokens=0, done=True,
                   finish_reason="stop", request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
 
 
@@ -152,10 +152,10 @@ def usage_prompt_tokens(api: str, answer: Any) -> int | None:
     if not isinstance(usage, dict):
         return None
     if api == "responses":
-        return _int(usage.get("input_tokens"))
+        return as_int(usage.get("input_tokens"))
     if api == "messages":
-        fresh = _int(usage.get("input_tokens"))
-        cached = (_int(usage.get("cache_read_input_tokens")) or 0) + (_int(usage.get("cache_creation_input_tokens"))
+        fresh = as_int(usage.get("input_tokens"))
+        cached = (as_int(usage.get("cache_read_input_tokens")) or 0) + (as_int(usage.get("cache_creation_input_tokens"))
                                                                        or 0)
         return None if fresh is None else fresh + cached
-    return _int(usage.get("prompt_tokens"))
+    return as_int(usage.get("prompt_tokens"))

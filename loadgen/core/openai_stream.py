@@ -49,25 +49,25 @@ def parse_event(data: str) -> Parsed:
     if not isinstance(obj, dict):
         return Parsed(error=f"chunk is not an object: {clip(data, 80)!r}")
     if obj.get("error"):  # "error": null (or empty) in every chunk is no error
-        return _error(obj["error"])
+        return error_of(obj["error"])
     out = Parsed(request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
     choices = obj.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         _choice(choices[0], out)
     usage = obj.get("usage")
     if isinstance(usage, dict):
-        out.prompt_tokens = _int(usage.get("prompt_tokens"))
-        out.completion_tokens = _int(usage.get("completion_tokens"))
+        out.prompt_tokens = as_int(usage.get("prompt_tokens"))
+        out.completion_tokens = as_int(usage.get("completion_tokens"))
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            out.cached_tokens = _int(details.get("cached_tokens"))
+            out.cached_tokens = as_int(details.get("cached_tokens"))
     return out
 
 
 def _choice(choice: dict[str, Any], out: Parsed) -> None:
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        content = content_text(delta.get("content")) + _str(delta.get("refusal"))
+        content = content_text(delta.get("content")) + as_str(delta.get("refusal"))
         tool = tool_text(delta.get("tool_calls")) + function_text(delta.get("function_call"))
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if content or tool:
@@ -80,12 +80,12 @@ def _choice(choice: dict[str, Any], out: Parsed) -> None:
     out.finish_reason = reason if isinstance(reason, str) else None
 
 
-def _str(value: Any) -> str:
+def as_str(value: Any) -> str:
     """A member of the server's data that should be a string: it, or "" when it is anything else."""
     return value if isinstance(value, str) else ""
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def as_dict(value: Any) -> dict[str, Any]:
     """A member of the server's data that should be an object: it, or {} when it is anything else."""
     return value if isinstance(value, dict) else {}
 
@@ -96,7 +96,7 @@ def content_text(content: Any) -> str:
         return content
     if not isinstance(content, list):
         return ""
-    return "".join(part if isinstance(part, str) else _str(part.get("text")) if isinstance(part, dict) else ""
+    return "".join(part if isinstance(part, str) else as_str(part.get("text")) if isinstance(part, dict) else ""
                    for part in content)
 
 
@@ -104,7 +104,7 @@ def function_text(function: Any) -> str:
     """A function call's generated tokens: its name (when given) and its arguments' text."""
     if not isinstance(function, dict):
         return ""
-    return _str(function.get("name")) + _str(function.get("arguments"))
+    return as_str(function.get("name")) + as_str(function.get("arguments"))
 
 
 def tool_text(tool_calls: Any) -> str:
@@ -114,7 +114,7 @@ def tool_text(tool_calls: Any) -> str:
     return "".join(function_text(call.get("function")) for call in tool_calls if isinstance(call, dict))
 
 
-def _error(err: Any) -> Parsed:
+def error_of(err: Any) -> Parsed:
     """A server's error (an object with ``message`` and ``code``, or any other JSON value) as a ``Parsed``."""
     status = None
     if isinstance(err, dict):
@@ -128,7 +128,7 @@ def _error(err: Any) -> Parsed:
     return Parsed(error=clip(text, ERROR_TEXT_CHARS), error_status=status)
 
 
-def _int(value: Any) -> int | None:
+def as_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

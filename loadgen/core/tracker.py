@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
-from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, _error, local_token_weight
+from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, error_of, local_token_weight
 from loadgen.core.secrets import CUT, clip
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
@@ -249,7 +249,7 @@ def _error_text(body: str) -> str:
     except (ValueError, RecursionError):  # not JSON, or nested deeper than the stack allows: the text itself
         return clip(body.strip(), ERROR_TEXT_CHARS) or "(empty body)"
     err = (obj.get("error") or obj) if isinstance(obj, dict) else obj
-    return _error(err).error or ""
+    return error_of(err).error or ""
 
 
 def _json_answer(body: str) -> tuple[str, str]:
@@ -261,7 +261,7 @@ def _json_answer(body: str) -> tuple[str, str]:
         obj = None
     err = obj.get("error") if isinstance(obj, dict) else None
     if err:
-        p = _error(err)
+        p = error_of(err)
         return error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error or ""
     return "protocol", ("the server answered one JSON body, not an event stream (does it stream? is "
                         f"\"stream\": true ignored?): {clip(body.strip(), 120)}")
