@@ -76,7 +76,7 @@ def test_workers_reach_the_master_and_both_run_the_same_scenario():
 def test_the_commands_use_flags_loadgen_accepts():
     import typer.main
 
-    from loadgen.cli.main import app
+    from loadgen.cli.app import app
 
     cli = typer.main.get_command(app)
     for name in ("loadgen-master", "loadgen-worker"):

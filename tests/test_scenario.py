@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loadgen.cli.main import app
+from loadgen.cli.app import app
 from loadgen.plan.scenario import ScenarioError, load_scenario
 from loadgen.plan.schedule import build_plan
 

@@ -1,6 +1,3 @@
-"""The command line (typer): ``loadgen run | sweep | report | compare | validate | history | ui | worker | target``.
-Commands parse flags and call ``loadgen.api``; exit codes are the verdict's."""
-
-from loadgen.cli.main import app, main
-
-__all__ = ["app", "main"]
+"""The command line (typer): ``loadgen run | sweep | report | compare | validate | check | history | ui | worker |
+advise | target | dataset``. cli/app.py registers every command; cli/main.py is the entry point; commands parse
+flags and call ``loadgen.api``; exit codes are the verdict's."""

@@ -10,11 +10,10 @@ import typer
 from loadgen import api
 from loadgen.advise.settings import SettingsError
 from loadgen.advise.whatif import AdviceError
-from loadgen.cli.main import _fail, app, console
+from loadgen.cli.common import console, fail
 from loadgen.report.advice_report import console_tables, headline
 
 
-@app.command()
 def advise(
     run_dir: Path = typer.Argument(..., help="a run directory (loadgen run's output)"),
     try_: Optional[list[str]] = typer.Option(None, "--try", help="candidate values of a server setting, "
@@ -39,7 +38,7 @@ def advise(
             result = api.advise(run_dir, tries=try_ or (), server=server or (), capacity=capacity, png=png,
                                 progress=lambda line: status.update(f"advise: {line}"))
     except (AdviceError, SettingsError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     for table in console_tables(result):
         console.print(table)
         console.print()

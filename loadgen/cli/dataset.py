@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from pydantic import ValidationError
 
-from loadgen.cli.main import _fail, console
+from loadgen.cli.common import console, fail
 from loadgen.core.secrets import write_text
 from loadgen.plan.datasets import format_of, rows_for
 from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
@@ -46,15 +46,15 @@ def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, p
             output_column: Optional[str] = typer.Option(None, "--output-column")) -> None:
     """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths."""
     if not path.exists():
-        raise _fail(f"{path}: no such file")
+        raise fail(f"{path}: no such file")
     try:
         spec = DatasetSpec(path=path, format=format, prompt_column=prompt_column,  # type: ignore[arg-type]
                            messages_column=messages_column, output_column=output_column)
         rows = rows_for(spec, need_answers=False)
     except ValidationError as exc:
-        raise _fail(f"--format {format!r}: {exc.errors()[0]['msg']}") from None
+        raise fail(f"--format {format!r}: {exc.errors()[0]['msg']}") from None
     except ScenarioError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     turns = [len(r.turns) for r in rows]
     prompts = sorted(r.prompt_estimate() for r in rows)
     answered = sum(1 for r in rows if r.answer_estimate(0))

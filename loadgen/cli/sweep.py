@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from loadgen import api
-from loadgen.cli.main import _check_out_dir, _fail, _load, _overrides, app, console
+from loadgen.cli.common import check_out_dir, console, fail, load, scenario_overrides
 from loadgen.plan.scenario import ScenarioError
 
 
@@ -18,9 +18,9 @@ def _numbers(text: str, flag: str) -> list[float]:
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise _fail(f"{flag} {text!r}: give numbers separated by commas, e.g. {flag} 1,2,4,8") from None
+        raise fail(f"{flag} {text!r}: give numbers separated by commas, e.g. {flag} 1,2,4,8") from None
     if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        raise _fail(f"{flag} {text!r}: every step must be a finite number above 0")
+        raise fail(f"{flag} {text!r}: every step must be a finite number above 0")
     return values
 
 
@@ -28,29 +28,28 @@ def _percent(text: str) -> float:
     try:
         value = float(text.rstrip("%")) / 100
     except ValueError:
-        raise _fail(f"--tolerance {text!r}: a percentage, e.g. 5%") from None
+        raise fail(f"--tolerance {text!r}: a percentage, e.g. 5%") from None
     if not 0.001 <= value <= 1:
-        raise _fail(f"--tolerance {text!r}: between 0.1% and 100%")
+        raise fail(f"--tolerance {text!r}: between 0.1% and 100%")
     return value
 
 
 def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Optional[str], engine: str,
                  workers: int, step_duration: Optional[float]) -> None:
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
-        raise _fail("give exactly one of --rates, --concurrency or --find-max rate|concurrency")
+        raise fail("give exactly one of --rates, --concurrency or --find-max rate|concurrency")
     if find_max is not None and find_max not in ("rate", "concurrency"):
-        raise _fail(f"--find-max {find_max!r}: choose rate or concurrency")
+        raise fail(f"--find-max {find_max!r}: choose rate or concurrency")
     if engine not in ("asyncio", "locust"):
-        raise _fail(f"--engine {engine!r}: choose asyncio or locust")
+        raise fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
-        raise _fail("--workers N needs --engine locust and N >= 0")
+        raise fail("--workers N needs --engine locust and N >= 0")
     if step_duration is not None and not (math.isfinite(step_duration) and step_duration > 0):
-        raise _fail(f"--step-duration-s {step_duration}: give a finite number of seconds above 0")
+        raise fail(f"--step-duration-s {step_duration}: give a finite number of seconds above 0")
     if concurrency is not None and any(x != int(x) for x in _numbers(concurrency, "--concurrency")):
-        raise _fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
+        raise fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
 
 
-@app.command()
 def sweep(
     scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
     rates: Optional[str] = typer.Option(None, "--rates", help="fixed steps of request rate, e.g. 1,2,4,8 "
@@ -90,11 +89,11 @@ def sweep(
     one, was bracketed); 1: below it or no load passed; 2: bad input; 3: undecided within the budget."""
     _check_flags(rates, concurrency, find_max, engine, workers, step_duration)
     if out is not None:
-        _check_out_dir(out)
+        check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
         importlib.import_module("loadgen.run.locust_run")
     try:
-        sc = _load(scenario, _overrides(set_, base_url, model, api_key_env))
+        sc = load(scenario, scenario_overrides(set_, base_url, model, api_key_env))
         result = api.sweep(sc, rates=_numbers(rates, "--rates") if rates else None,
                            concurrency=[int(x) for x in _numbers(concurrency, "--concurrency")] if concurrency
                            else None, find_max=find_max, require=require,  # type: ignore[arg-type]
@@ -103,5 +102,5 @@ def sweep(
                            engine=engine, workers=workers, png=png, progress=not no_progress,
                            console=console)  # type: ignore[arg-type]
     except (ScenarioError, api.TargetError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)

@@ -13,12 +13,10 @@ from types import FrameType
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+from loadgen.cli.common import console, fail
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Start a bundled target to test against.")
-console = Console()
-err = Console(stderr=True)
 
 
 class OnOff(str, enum.Enum):
@@ -29,11 +27,6 @@ class OnOff(str, enum.Enum):
 class DeviceChoice(str, enum.Enum):
     cuda = "cuda"
     cpu = "cpu"
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
-    return typer.Exit(code)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -77,7 +70,7 @@ def vllm(
     try:
         preflight(opts, installed_build())
     except LaunchError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     log_path = log or Path(tempfile.gettempdir()) / f"loadgen-vllm-{port}.log"
     server = VllmServer(opts, log_path)
     console.print(f"starting: {shown_command(opts)}\nvLLM's output: {log_path}", highlight=False, soft_wrap=True)
@@ -99,9 +92,9 @@ def _serve(server: Any, name: str, base_url: str, startup_timeout_s: float, what
         console.print(f"try: loadgen run scenarios/aggressor_victim.yaml --base-url {base_url}",
                       highlight=False, soft_wrap=True)
         code = server.process.wait() if server.process else 0
-        raise _fail(f"{server.name} exited by itself (code {code}):\n{server.log_tail()}", 1)
+        raise fail(f"{server.name} exited by itself (code {code}):\n{server.log_tail()}", 1)
     except LaunchError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), 1) from None
     except KeyboardInterrupt:
         console.print(f"stopping {name} …", highlight=False)
     finally:
@@ -127,9 +120,9 @@ def tiny_model(
     from local_target.vllm.tiny_model import MissingDependency, TinyShape, write_tiny_model
 
     if hidden % 64:
-        raise _fail("--hidden must be a multiple of 64 (8 heads of 64 / 4 KV heads)")
+        raise fail("--hidden must be a multiple of 64 (8 heads of 64 / 4 KV heads)")
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / "loadgen_tiny_model.json").exists():
-        raise _fail(f"{out_dir} exists and is not empty; choose a new directory")
+        raise fail(f"{out_dir} exists and is not empty; choose a new directory")
     shape = TinyShape(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128),
                       vocab_size=vocab, seed=seed)
@@ -138,7 +131,7 @@ def tiny_model(
         with console.status("training the tokenizer and writing random weights …"):
             info = write_tiny_model(out_dir, shape)
     except MissingDependency as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(f"{out_dir}: Llama, {info['parameters'] / 1e6:.1f} M parameters, {layers} layers, hidden "
                   f"{hidden}, vocab {vocab} ({time.monotonic() - t0:.1f} s)\nserve it: loadgen target vllm "
                   f"--model {out_dir} --device cpu", highlight=False, soft_wrap=True)
@@ -189,7 +182,7 @@ def llamacpp(
                 console.print(f"writing the tiny GGUF: {model}", highlight=False)
                 write_tiny_gguf(model)
     except (BuildError, MissingDependency) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if build_only:
         console.print(f"llama-server: {binary}\nmodel: {model}", highlight=False, soft_wrap=True)
         return
@@ -198,7 +191,7 @@ def llamacpp(
     try:
         preflight(opts)
     except LaunchError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     log_path = log or Path(tempfile.gettempdir()) / f"loadgen-llamacpp-{port}.log"
     console.print(f"starting: {' '.join(command_line(opts))}\nllama-server's output: {log_path}",
                   highlight=False, soft_wrap=True)
@@ -218,13 +211,13 @@ def tiny_gguf(
     from local_target.llamacpp.tiny_gguf import GgufShape, MissingDependency, write_tiny_gguf
 
     if hidden % 64:
-        raise _fail("--hidden must be a multiple of 64 (heads of 64)")
+        raise fail("--hidden must be a multiple of 64 (heads of 64)")
     shape = GgufShape(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
                       num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), seed=seed)
     try:
         info = write_tiny_gguf(path, shape)
     except MissingDependency as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(f"{path}: Llama, {info['parameters'] / 1e6:.1f} M parameters, {layers} layers, hidden {hidden}, "
                   f"vocab {info['vocab_size']}\nserve it: loadgen target llamacpp --model {path}",
                   highlight=False, soft_wrap=True)

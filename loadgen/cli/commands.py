@@ -1,0 +1,254 @@
+"""The top-level commands of the ``loadgen`` command line: run, ui, worker, validate, check, report, compare,
+history. Each parses its flags and calls ``loadgen.api``; cli/app.py registers them. Exit codes (run/exits.py): 0
+pass, 1 SLO failed, 2 usage/config error (nothing sent), 3 inconclusive or interrupted, 4 internal error."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from loadgen import api
+from loadgen.cli.common import check_out_dir, console, fail, load, scenario_overrides
+from loadgen.core.secrets import redact_url, write_text
+from loadgen.plan.scenario import ScenarioError
+
+
+def run(
+    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible base URL (…/v1); "
+                                           "default: the scenario's, 'embedded' starts the bundled simulator"),
+    model: Optional[str] = typer.Option(None, "--model", help="model name ('auto' = first of /v1/models)"),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the run here (default reports/<time>-<name>)"),
+    duration: Optional[float] = typer.Option(None, "--duration", help="measured seconds (load.duration_s)"),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="seconds from send to a "
+                                                    "request's last byte, at most (target.request_timeout_s, "
+                                                    "default 600)"),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="seconds in-flight requests get "
+                                                  "after the last send before the run ends (load.drain_timeout_s, "
+                                                  "default 30)"),
+    set_: list[str] = typer.Option([], "--set", help="override any field: --set load.rate_per_s=8 (repeatable)"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
+    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
+                                "from summary.md); report.html is written either way"),
+    no_server_metrics: bool = typer.Option(False, "--no-server-metrics", help="do not scrape the target's "
+                                           "/metrics (default: every --server-metrics-period-s into "
+                                           "server_metrics.parquet)"),
+    server_metrics_period_s: float = typer.Option(0.5, "--server-metrics-period-s", min=0.05,
+                                                  help="seconds between two scrapes of /metrics"),
+    engine: str = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front "
+                               "of the same streaming engine; with --workers, Locust's master/worker mode)"),
+    workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
+                                "process)"),
+    capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N failed responses as received "
+                                "(headers as sent, body de-chunked and decoded, redacted) in the run directory's "
+                                "captures/"),
+    no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
+                                      "requests all fail (default: stop after load.fail_fast_requests, 10)"),
+) -> None:
+    """Run a scenario, write the run directory and print the verdict."""
+    if engine not in ("asyncio", "locust"):
+        raise fail(f"--engine {engine!r}: choose asyncio or locust")
+    if workers < 0 or (workers and engine != "locust"):
+        raise fail("--workers N needs --engine locust and N >= 0")
+    if capture and workers:
+        raise fail("--capture keeps what this process received: it works without --workers")
+    if out is not None:
+        check_out_dir(out)
+    if engine == "locust":  # first: Locust monkey-patches the process when imported
+        importlib.import_module("loadgen.run.locust_run")
+
+    try:
+        overrides = scenario_overrides(set_, base_url, model, api_key_env, seconds={
+            "load.duration_s": duration, "target.request_timeout_s": request_timeout,
+            "load.drain_timeout_s": drain_timeout}) + (["load.fail_fast_requests=0"] if no_fail_fast else [])
+        sc = load(scenario, overrides)
+        result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
+                         png=not no_png, server_metrics=not no_server_metrics,
+                         server_metrics_period_s=server_metrics_period_s, capture=capture, console=console)
+    except (ScenarioError, api.TargetError) as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(result.exit_code)
+
+
+def ui(
+    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="the web UI's interface"),
+    port: int = typer.Option(8089, "--port", help="the web UI's port"),
+    web_login: bool = typer.Option(False, "--web-login", help="protect the web UI with Locust's login page"),
+    master: bool = typer.Option(False, "--master", help="run as a Locust master; start workers with "
+                                "`loadgen worker SCENARIO --master-host HOST`"),
+    master_port: int = typer.Option(5557, "--master-bind-port", help="the master's port for workers"),
+    master_bind_host: str = typer.Option("127.0.0.1", "--master-bind-host", help="the master's interface for "
+                                         "workers (default loopback only: Locust's worker protocol has no "
+                                         "authentication; give 0.0.0.0 or an address only on a trusted network)"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
+    set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
+    no_png: bool = typer.Option(False, "--no-png", help="as in run"),
+    reports_dir: Path = typer.Option(Path("reports"), "--reports-dir", help="each run goes to "
+                                     "REPORTS_DIR/<time>-<name>/"),
+) -> None:
+    """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
+    live). Start and stop from the browser; each run is written like `loadgen run`'s."""
+    importlib.import_module("loadgen.run.locust_ui")  # first: Locust monkey-patches the process when imported
+    try:
+        api.ui(load(scenario, scenario_overrides(set_, base_url)), host=host, port=port, web_login=web_login,
+               master=master, master_bind=(master_bind_host, master_port), reports_dir=reports_dir,
+               png=not no_png, console=console)
+    except (ScenarioError, api.TargetError) as exc:
+        raise fail(str(exc)) from None
+
+
+def worker(
+    scenario: Path = typer.Argument(..., help="the scenario file the master runs"),
+    master_host: str = typer.Option("127.0.0.1", "--master-host", help="the Locust master's address"),
+    master_port: int = typer.Option(5557, "--master-port", help="the Locust master's port"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="the target as this worker reaches it "
+                                           "(default: the scenario's; 'embedded' is not allowed here)"),
+    set_: list[str] = typer.Option([], "--set", help="the same overrides as the master's"),
+) -> None:
+    """A Locust worker: streams its slice of the scenario's plan and ships the raw records to the master."""
+    from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen.run.target import TargetError
+
+    try:
+        sc = load(scenario, scenario_overrides(set_, base_url))
+        if sc.target.embedded:
+            raise fail("a worker needs the target's URL (--base-url): the master's simulator is not shared")
+        raise typer.Exit(locust_run.run_worker(sc, master_host, master_port))
+    except (ScenarioError, TargetError) as exc:
+        raise fail(str(exc)) from None
+
+
+def validate(
+    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
+    set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
+) -> None:
+    """Validate a scenario file without sending anything: print its plan's size, or exit 2 naming the bad
+    field, value and line. (To audit the endpoint itself, use `loadgen check`.)"""
+    from loadgen.plan.schedule import build_plan
+
+    try:
+        sc = load(scenario, set_)
+        plan = build_plan(sc)
+    except ScenarioError as exc:
+        raise fail(str(exc)) from None
+    size = plan.size if plan.size is not None else f"closed loop × {sc.load.concurrency}"
+    end_s = plan.hard_end_s(sc.load.drain_timeout_s)
+    bound = (f"ends at most {end_s:.1f} s after its first send" if end_s is not None else
+             f"each request ends within {sc.target.request_timeout_s:g} s")
+    console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, {len(sc.workload.classes)} class(es), "
+                  f"target {redact_url(sc.target.base_url)}; {bound}", highlight=False)
+
+
+def check(
+    scenario: Optional[Path] = typer.Argument(None, help="scenario file (YAML), as run takes; without one, a "
+                                              "built-in minimal scenario for --base-url"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run ('embedded': the bundled "
+                                           "simulator)"),
+    model: Optional[str] = typer.Option(None, "--model", help="as in run"),
+    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object (findings, verdict, exit code)"),
+    set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
+) -> None:
+    """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
+    HTTP, largest prompt) in well under a minute. Exit 0 clean, 1 findings that limit what can be measured, 2
+    unreachable or not OpenAI-compatible."""
+    from loadgen.report.check_report import print_check
+    from loadgen.run.check import builtin_scenario
+
+    if scenario is None and base_url is None:
+        raise fail("give a scenario file or --base-url URL (loadgen check --help)")
+    try:
+        overrides = scenario_overrides(set_, base_url, model, api_key_env)
+        sc = load(scenario, overrides) if scenario else builtin_scenario(lambda p: load(p, overrides))
+        result = api.check(sc)
+    except (ScenarioError, api.TargetError) as exc:
+        if json_out:
+            said = "unusable" if isinstance(exc, api.TargetError) else "bad input"
+            typer.echo(json.dumps({"verdict": said, "exit_code": 2, "error": str(exc), "findings": []}))
+        raise fail(str(exc)) from None
+    if json_out:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        print_check(console, result)
+    raise typer.Exit(result.exit_code)
+
+
+def report(
+    run_dir: Path = typer.Argument(..., help="a run directory (reports/<run_id>)"),
+    window: Optional[str] = typer.Option(None, "--window", help="the request timeline's window, START:END in "
+                                         "seconds since the run's start (default: around the worst stall)"),
+    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts"),
+) -> None:
+    """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
+    the run's Parquet records."""
+    from loadgen.report.console import print_summary
+    from loadgen.report.timeline import parse_window
+
+    try:
+        span = parse_window(window) if window else None
+        result = api.report(run_dir, window=span, png=not no_png)
+    except (FileNotFoundError, ScenarioError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    print_summary(console, result, str(run_dir))
+    raise typer.Exit(result.exit_code)
+
+
+def compare(
+    base: Path = typer.Argument(..., help="the baseline run directory"),
+    new: Path = typer.Argument(..., help="the run directory to judge"),
+    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency, throughput or stall-rate "
+                                    "metric regressed when its whole confidence interval is worse by more"),
+    error_rate_pp: float = typer.Option(1.0, "--error-rate-pp", help="percentage points, the same for the "
+                                        "error rate"),
+    stall_rate_delta: float = typer.Option(0.5, "--stall-rate-delta", help="stalls per 1k output tokens: the "
+                                           "stall rate regressed when its interval is above by more"),
+    confidence: float = typer.Option(0.95, "--confidence", help="confidence level of the bootstrap intervals"),
+    replicates: int = typer.Option(1000, "--replicates", help="bootstrap replicates (requests resampled)"),
+    metric: list[str] = typer.Option([], "--metric", help="compare only these (repeatable), e.g. itl_ms.p99; "
+                                     "default: TTFT p50/p99, ITL p50/p99, TPOT p50, E2E p99, tokens/s, error "
+                                     "rate, stalls per 1k tokens"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where compare.md/compare.json go (default: NEW)"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap seed (results are reproducible)"),
+) -> None:
+    """Say per metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs'
+    raw records. Exit 1 when a metric regressed, 0 otherwise, 2 on bad input."""
+    from loadgen.report.compare_report import print_comparison
+
+    try:
+        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=threshold,
+                                 error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
+                                 confidence=confidence, replicates=replicates, seed=seed, out=out or new)
+    except (api.CompareError, ScenarioError) as exc:
+        raise fail(str(exc)) from None
+    print_comparison(console, comparison.doc, comparison.results)
+    raise typer.Exit(comparison.exit_code)
+
+
+def history(
+    reports_dir: Path = typer.Argument(Path("reports"), help="a directory of run directories"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the page to write (default REPORTS_DIR/history.html)"),
+    scenario: Optional[str] = typer.Option(None, "--scenario", help="only runs of this scenario"),
+) -> None:
+    """Draw the trends of the key percentiles and verdicts across runs (one self-contained HTML page)."""
+    import polars as pl
+
+    from loadgen.report.history import collect_runs, print_history, render_history
+
+    if not reports_dir.is_dir():
+        raise fail(f"{reports_dir}: not a directory")
+    runs = collect_runs(reports_dir)
+    if scenario:
+        runs = runs.filter(pl.col("scenario") == scenario)
+    if runs.is_empty():
+        raise fail(f"{reports_dir}: no run directories (summary.json + run.json)"
+                    + (f" of scenario {scenario!r}" if scenario else ""))
+    page = out or reports_dir / "history.html"
+    write_text(page, render_history(runs, page, reports_dir))
+    print_history(console, runs)
+    console.print(f"{runs.height} runs → {page}", highlight=False)
