@@ -31,7 +31,7 @@ from loadgen.analysis.result import RunResult
 from loadgen.analysis.sweep_result import SweepResult
 from loadgen.core.secrets import register
 from loadgen.plan.scenario import Scenario, ScenarioError
-from loadgen.plan.scenario import load_scenario as _load_file
+from loadgen.plan.scenario_file import load_scenario as _load_file
 from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
 from loadgen.run.target import TargetError, scenario_secrets
 

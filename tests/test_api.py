@@ -59,8 +59,7 @@ def test_bad_input_raises_one_clear_error_before_anything_is_sent(tmp_path: Path
     assert not (tmp_path / "never").exists() or not any((tmp_path / "never").glob("*.parquet"))
     with pytest.raises(api.ScenarioError, match="no run.json"):
         api.report(tmp_path)
-    built = sc.model_copy(deep=True)
-    built._source = None  # a scenario built in code cannot be handed to Locust workers
+    built = sc.with_source(None)  # a scenario built in code cannot be handed to Locust workers
     with pytest.raises(api.ScenarioError, match="workers need a scenario loaded from a file"):
         api.run(built, engine="locust", workers=1, out=tmp_path / "w")
 

@@ -14,7 +14,7 @@ from local_target.sim import read_trace
 from loadgen import api
 from loadgen.core import RequestMeta, StreamTracker
 from loadgen.core.apis import parse_anthropic_event, parse_responses_event
-from loadgen.plan.scenario import load_scenario
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.run.target import auth_headers
 from tests.run_helpers import records, trace_per_request
 

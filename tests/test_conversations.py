@@ -13,7 +13,8 @@ from local_target.sim import tokenizer
 from local_target.sim.engine import Engine, SimRequest
 from local_target.sim.prefix_cache import PrefixCache, block_hashes
 from loadgen.core import RequestMeta, StreamTracker
-from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
+from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.schedule import build_plan
 from loadgen.plan.workload import Prompt, request_body
 from tests.run_helpers import ROOT, SIM_TRACE, records, run_cli, summary, trace_per_request

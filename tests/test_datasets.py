@@ -15,7 +15,8 @@ from local_target.sim import tokenizer
 from loadgen import api
 from loadgen.plan.datasets import rows_for
 from loadgen.plan.sample_dataset import sample_json
-from loadgen.plan.scenario import DatasetSpec, ScenarioError, load_scenario
+from loadgen.plan.scenario import DatasetSpec, ScenarioError
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.schedule import build_plan
 from tests.run_helpers import ROOT, records, run_cli
 

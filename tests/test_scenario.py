@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from loadgen.cli.app import app
-from loadgen.plan.scenario import ScenarioError, load_scenario
+from loadgen.plan.scenario import ScenarioError
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.schedule import build_plan
 
 SCENARIOS = sorted(Path(__file__).resolve().parents[1].joinpath("scenarios").glob("*.yaml"))

@@ -12,7 +12,8 @@ import yaml
 from loadgen import api
 from loadgen.plan.arrivals import ramp_time_s
 from loadgen.plan.sample_dataset import mooncake_jsonl
-from loadgen.plan.scenario import Ramp, Scenario, load_scenario
+from loadgen.plan.scenario import Ramp, Scenario
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.schedule import build_plan
 from tests.run_helpers import ROOT, records, run_cli
 

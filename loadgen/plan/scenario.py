@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Sequence, Union
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -360,12 +360,12 @@ class Scenario(_Strict):
 
     @property
     def source(self) -> tuple[Path, list[str]] | None:
+        """The file and ``--set`` items this scenario was loaded from; None when it was built in code."""
         return self._source
 
-
-def load_scenario(path: Path | str, overrides: list[str] | None = None,
-                  flags: dict[str, str] | None = None) -> Scenario:
-    """Read, expand, override and validate a scenario file (scenario_file.py); ScenarioError with one line."""
-    from loadgen.plan.scenario_file import load_scenario as load
-
-    return load(path, overrides, flags)
+    def with_source(self, path: Path | None, overrides: Sequence[str] = ()) -> Scenario:
+        """A copy that says which file and ``--set`` items it came from (scenario_file.py's loader sets it;
+        Locust workers load the same file again); ``path=None``: a scenario built in code, with no file."""
+        copy = self.model_copy()
+        copy._source = None if path is None else (path, list(overrides))
+        return copy

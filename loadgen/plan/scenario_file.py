@@ -40,9 +40,7 @@ def load_scenario(path: Path | str, overrides: list[str] | None = None,
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_error(exc, str(path), root, blame)) from None
-    scenario = _resolve_paths(scenario, path.parent)
-    scenario._source = (path, list(overrides or []))
-    return scenario
+    return _resolve_paths(scenario, path.parent).with_source(path, overrides or [])
 
 
 def _read_yaml(path: Path) -> tuple[yaml.Node | None, dict[str, Any]]:

@@ -24,7 +24,8 @@ from loadgen.analysis.capacity import attainment_call, backlog, judge, samples_f
 from loadgen.analysis.metrics import measured, with_request_metrics
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.sweep_result import Step, SweepResult, final_steps, summarize_sweep
-from loadgen.plan.scenario import Scenario, ScenarioError, load_scenario
+from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.plan.scenario_file import load_scenario
 from loadgen.run.comparison import load_run_frames
 from loadgen.run.search import CapacitySearch, Probe
 from loadgen.run.target import TargetError
