@@ -177,8 +177,12 @@ class _RedactingStream(io.TextIOBase):
         return self._inner.fileno()
 
     @property
-    def encoding(self) -> str:  # type: ignore[override]
+    def encoding(self) -> str:
         return getattr(self._inner, "encoding", "utf-8")
+
+    @encoding.setter
+    def encoding(self, value: str) -> None:  # read-only, as on io's own streams (typeshed declares it writable)
+        raise AttributeError("readonly attribute")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -187,6 +191,6 @@ class _RedactingStream(io.TextIOBase):
 def install_output_redaction() -> None:
     """Route stdout and stderr through the redactor (once, before anything holds a reference to them)."""
     if not isinstance(sys.stdout, _RedactingStream):
-        sys.stdout = _RedactingStream(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = _RedactingStream(sys.stdout)
     if not isinstance(sys.stderr, _RedactingStream):
-        sys.stderr = _RedactingStream(sys.stderr)  # type: ignore[assignment]
+        sys.stderr = _RedactingStream(sys.stderr)

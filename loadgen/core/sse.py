@@ -41,7 +41,7 @@ class SseDecoder:
         if self.overflow is not None:
             return []
         if self._lead is not None:
-            chunk = self._past_bom(chunk)
+            chunk = self._past_bom(self._lead, chunk)
             if not chunk:
                 return []
         if self._cr:
@@ -49,9 +49,9 @@ class SseDecoder:
             if not chunk:
                 return []
         if not self._buf and not self._has_data and chunk.endswith(b"\n\n"):
-            events = self._whole_events(chunk, now_ns)
-            if events is not None:
-                return events
+            whole = self._whole_events(chunk, now_ns)
+            if whole is not None:
+                return whole
         buf = self._buf + chunk
         if b"\r" in buf:
             self._cr = buf.endswith(b"\r")
@@ -84,9 +84,10 @@ class SseDecoder:
             self._cr = False
         return chunk[1:] if chunk[:1] == b"\n" else chunk
 
-    def _past_bom(self, chunk: bytes) -> bytes:
-        """``chunk`` without the stream's leading BOM; b"" while the first bytes could still be one."""
-        lead = self._lead + chunk  # type: ignore[operator]
+    def _past_bom(self, held: bytes, chunk: bytes) -> bytes:
+        """``chunk`` without the stream's leading BOM (``held``: the first bytes kept while they could still be
+        one); b"" while they still could."""
+        lead = held + chunk
         if len(lead) < len(BOM) and BOM.startswith(lead):
             self._lead = lead
             return b""

@@ -90,11 +90,12 @@ class StreamTracker:
         self.last_read_ns = now_ns
         if len(self._head) < ERROR_BODY_BYTES:
             self._head += data[:ERROR_BODY_BYTES - len(self._head)]
-        if self._body is not None:
+        parse = self._parse
+        if parse is None:  # an answer that is one JSON body (embeddings), not events
             self._feed_body(data)
             return
         for t_event, event in self._decoder.feed(data, now_ns):
-            self._event(t_event, event)
+            self._event(t_event, parse(event), event)
 
     def _feed_body(self, data: bytes) -> None:
         assert self._body is not None
@@ -103,8 +104,9 @@ class StreamTracker:
         elif self._decoder.overflow is None:
             self._body += data
 
-    def _event(self, t_ns: int, data: str) -> None:
-        p, summary = self._parse(data), self._summary  # type: ignore[misc] - set whenever events are decoded
+    def _event(self, t_ns: int, p: Parsed, data: str) -> None:
+        """One event: ``data`` as received, ``p`` what the API's parser read in it."""
+        summary = self._summary
         if not self._events:
             self._events, self._first = True, data
         if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)

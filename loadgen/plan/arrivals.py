@@ -25,8 +25,8 @@ from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exp
 def sample_length(dist: object, rng: random.Random) -> int:
     value = _draw(dist, rng)
     fields = vars(dist)  # a model's values (getattr of an absent field goes through pydantic's slow __getattr__)
-    lo = fields.get("min", 1)
-    hi = fields.get("max") or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
+    lo: int = fields.get("min", 1)
+    hi: int = fields.get("max") or MAX_TOKENS  # unbounded tails (lognormal, exponential) stop here
     return min(max(lo, round(value)), hi)
 
 

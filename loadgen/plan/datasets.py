@@ -142,7 +142,8 @@ def _read_hf(spec: DatasetSpec) -> list[Any]:
         if spec.split not in loaded:
             raise ScenarioError(f"dataset {spec.path}: no split {spec.split!r} (has {', '.join(loaded)})")
         loaded = loaded[spec.split]
-    return loaded.to_list()
+    rows: list[Any] = loaded.to_list()  # the datasets library ships no types
+    return rows
 
 
 def _row(spec: DatasetSpec, fmt: str, rec: Any, n: int) -> Row | None:
@@ -204,7 +205,9 @@ def _messages_row(messages: Any, spec: DatasetSpec, n: int) -> Row | None:
     """system? (user, assistant?)*: consecutive user messages are joined; leading assistant ones dropped."""
     if not isinstance(messages, list):
         raise ScenarioError(f"dataset {spec.path}: record {n}: {spec.messages_column or 'messages'} must be a list")
-    system, turns, answers = None, [], []
+    system: str | None = None
+    turns: list[str] = []
+    answers: list[str | None] = []
     for m in messages:
         role, content = (m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
         if not isinstance(content, str) or not content.strip():

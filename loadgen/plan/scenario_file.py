@@ -190,11 +190,14 @@ def _format_error(exc: ValidationError, source: str, root: yaml.Node | None, bla
 
 def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:
     """Relative files (traces, empirical histograms, tokenizers, TLS files) are relative to the scenario file."""
+    def at(p: Path) -> Path:
+        return p if p.is_absolute() else base / p
+
     def resolve(p: Path | None) -> Path | None:
-        return base / p if p is not None and not p.is_absolute() else p
+        return None if p is None else at(p)
 
     if scenario.load.trace:
-        scenario.load.trace.path = resolve(scenario.load.trace.path)  # type: ignore[assignment]
+        scenario.load.trace.path = at(scenario.load.trace.path)
     for cls in scenario.workload.classes:
         dists = [cls.prompt_tokens, cls.output_tokens]
         if cls.conversation is not None:

@@ -19,7 +19,7 @@ import asyncio
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from loadgen.core.apis import CHAT_LIKE
 from loadgen.plan.datasets import class_rows
@@ -287,7 +287,10 @@ class TokenizeEndpointCounter:
         return _read(await self.post(path, body), path, lambda a: int(a["count"]))
 
 
-def _read(answer: Any, path: str, read: Callable[[Any], Any]) -> Any:
+_Read = TypeVar("_Read")
+
+
+def _read(answer: Any, path: str, read: Callable[[Any], _Read]) -> _Read:
     """``read(answer)`` of a tokenize answer; ServerFault naming ``path`` when the answer has another shape (the
     server's fault, never a KeyError that would read as loadgen's bug)."""
     try:
