@@ -31,12 +31,13 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
+from loadgen.core.tracker import StreamTracker, bare_record
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation_error, quiet_runtime, sleep_until
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
+from loadgen.drivers.sender import Outcome, request_meta
 from loadgen.drivers.fast_parse import FAST_PARSERS
 from loadgen.drivers.lean_transport import StreamContext, direct_post, send_post
 
@@ -58,18 +59,33 @@ class AsyncioEngine:
         self.stats = EngineStats()
         self._sem = asyncio.Semaphore(cfg.max_in_flight)
         self._timeouts: dict[int, tuple[str, str]] = {}
-        self._stopping = False
-        self._seqs = itertools.count()  # closed loop: the next plan index
+        self._stop_sending, self._seqs = False, itertools.count()  # closed loop: the next plan index
+        self.hard_end_ns: int | None = None  # the run's hard end (monotonic ns): what is in flight then is cut
+        self._owns_schedule = False  # True: at the hard end it also stops sending (Locust owns its schedule)
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
         self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
 
     def stop(self, reason: str | None = None) -> None:
         """Stop sending and cancel what is in flight (each is recorded as cancelled, with ``reason``)."""
-        self._stopping = True
+        self._stop_sending = True
         for seq, (task, _) in list(self.stats.in_flight.items()):
             if reason is not None:
                 self._timeouts.setdefault(seq, ("cancelled", reason))
             task.cancel()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_sending
+
+    def next_seq(self) -> int:
+        return next(self._seqs)
+
+    async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> Outcome:
+        """Send ``req`` now and stream it to its end (drivers/sender.py's port, for the schedulers)."""
+        task = self._spawn(req, t_intended_ns, body)
+        tracker = self.stats.in_flight[req.seq][1]
+        await asyncio.gather(task, return_exceptions=True)
+        return Outcome(tracker.record, self.answers.pop(req.seq, ""))
 
     async def run(self) -> EngineStats:
         with quiet_runtime():  # its collections before and after are not the run's: measured inside
@@ -83,7 +99,7 @@ class AsyncioEngine:
         self.stats.t0_ns = time.monotonic_ns() + int(START_LEAD_MS * 1e6)
         end_s = self.plan.hard_end_s(self.cfg.drain_timeout_s)
         self.hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
-        self._owns_schedule = True  # at the hard end it also stops sending (the Locust driver owns its own)
+        self._owns_schedule = True
         watchdog = asyncio.create_task(self._watchdog())
         try:
             if self.plan.closed_loop:
@@ -98,14 +114,13 @@ class AsyncioEngine:
             watchdog.cancel()
         return self.stats
 
-    # ---- one request at a time (the Locust driver's entry: it owns the schedule) -----------------------
-    def start_watchdog(self) -> asyncio.Task[None]:
+    def start_watchdog(self) -> asyncio.Task[None]:  # the Locust driver's entry: one request at a time
         return asyncio.create_task(self._watchdog())
 
     async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
         """Send ``req`` at ``t_intended_ns`` (held by the lean transport from ``send_ahead_ms`` before) and
         stream it to the end; the record goes to ``on_record`` like every other."""
-        await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
+        await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stop_sending)
         await self._spawn(req, t_intended_ns, body)
 
     # ---- sending --------------------------------------------------------------------------------------
@@ -118,8 +133,8 @@ class AsyncioEngine:
                     self.conversations.start(req, deadline)
                 continue
             body = await self._body(req, deadline)  # built before the deadline, not after it
-            await sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stopping)
-            if self._stopping:
+            await sleep_until(deadline - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stop_sending)
+            if self._stop_sending:
                 return
             if body is not None:
                 self._spawn(req, deadline, body)
@@ -134,24 +149,24 @@ class AsyncioEngine:
 
     def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
         """Record ``req`` as failed, never sent (its body could not be prepared; a bug unless a ServerFault)."""
-        tracker = StreamTracker(_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
+        tracker = StreamTracker(request_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
         self._record(tracker, 0, *preparation_error(exc))
 
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
                   if self.cfg.duration_s is not None else None)
-        await sleep_until(self.stats.t0_ns, lambda: self._stopping)
+        await sleep_until(self.stats.t0_ns, lambda: self._stop_sending)
         if self.conversations:  # the user is a conversation, then the next
             return await self.conversations.user(end_ns)
-        while not self._stopping:
-            seq = next(self._seqs)
+        while not self._stop_sending:
+            seq = self.next_seq()
             if self.plan.size is not None and seq >= self.plan.size:
                 return
             req = self.plan.request(seq)
             body = await self._body(req, time.monotonic_ns())  # a prompt may need /tokenize: not lag
             await self.ceiling.wait()
             now = time.monotonic_ns()  # the user is ready to send now: the intended time
-            if end_ns is not None and now >= end_ns or self._stopping:
+            if end_ns is not None and now >= end_ns or self._stop_sending:
                 return
             if body is None:
                 continue
@@ -160,7 +175,7 @@ class AsyncioEngine:
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
-        tracker = StreamTracker(_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api,
+        tracker = StreamTracker(request_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         self.stats.in_flight[req.seq] = (task, tracker)
@@ -202,20 +217,11 @@ class AsyncioEngine:
                                          f"{type(exc).__name__}: {exc}"), []
         if tracker.meta.keep_text:
             self.answers[record.seq] = tracker.answer
-        if record.error_kind == "cancelled":
-            self.stats.cancelled += 1
-        elif record.error_kind:
-            self.stats.failed += 1
-        else:
-            self.stats.completed += 1
-        self.stats.output_tokens += record.output_tokens
+        self.stats.count(record)
         self.on_record(record, chunks)
         return record
 
     # ---- timeouts -------------------------------------------------------------------------------------
-    hard_end_ns: int | None = None  # the run's hard end (monotonic ns): what is in flight then is cut
-    _owns_schedule = False
-
     async def _watchdog(self) -> None:
         while True:
             await asyncio.sleep(WATCHDOG_PERIOD_S)
@@ -240,10 +246,5 @@ class AsyncioEngine:
             self._timeouts.setdefault(seq, reason)
             task.cancel()
         if self._owns_schedule:
-            self._stopping = True
+            self._stop_sending = True
 
-
-def _meta(req: PlannedRequest, t_intended_ns: int) -> RequestMeta:
-    turn = req.turn if req.conversation is not None else None
-    return RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens, req.output_tokens,
-                       conversation=req.conversation, turn=turn, keep_text=req.conversation is not None)

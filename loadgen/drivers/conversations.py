@@ -1,5 +1,6 @@
 """Multi-turn conversations on the asyncio engine: each conversation is a task that sends its turns one after
-another through the engine (``AsyncioEngine._spawn``: same transport, tracker, timeouts and records).
+another through the driver's ``Sender`` port (drivers/sender.py: the same transport, tracker, timeouts and records as
+every other request).
 
 Turn 0 leaves at its planned time (open loop) or when its user is ready (closed loop). Every later turn is
 built when the previous one has ended: its body carries the history (each earlier message and the answer
@@ -16,20 +17,18 @@ import dataclasses
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
+from loadgen.drivers.sender import Sender
 from loadgen.drivers.timing import sleep_until
 from loadgen.plan.schedule import PlannedRequest
-
-if TYPE_CHECKING:
-    from loadgen.drivers.asyncio_engine import AsyncioEngine
 
 History = list[tuple[str, str]]
 TurnFor = Callable[[PlannedRequest, History], Awaitable[tuple[dict[str, Any], str]]]
 
 
 class Conversations:
-    def __init__(self, engine: "AsyncioEngine", turn_for: TurnFor) -> None:
+    def __init__(self, engine: Sender, turn_for: TurnFor) -> None:
         self.engine, self.turn_for = engine, turn_for
         self.tasks: set[asyncio.Task[None]] = set()
         self._turns: dict[int, list[PlannedRequest]] = {}
@@ -54,7 +53,7 @@ class Conversations:
     async def user(self, end_ns: int | None) -> None:
         """A closed-loop user: one conversation after another until the end or the plan's request count."""
         e = self.engine
-        while not e._stopping and (end_ns is None or time.monotonic_ns() < end_ns):
+        while not e.stopping and (end_ns is None or time.monotonic_ns() < end_ns):
             turns = e.plan.unit(next(self._arrivals))
             if not await self.converse(turns, None, end_ns):
                 return
@@ -71,17 +70,14 @@ class Conversations:
                 if req is None:
                     return False
             body, sent = await self._body(req, history, t_due_ns)
-            if body is None or e._stopping:
+            if body is None or e.stopping:
                 return True
             t_ns = await self._when(t_due_ns, end_ns)
             if t_ns is None:
                 return True
             if e.plan.closed_loop and req.turn == 0:
                 req = dataclasses.replace(req, warmup=t_ns - e.stats.t0_ns < e.cfg.warmup_s * 1e9)
-            task = e._spawn(req, t_ns, body)
-            tracker = e.stats.in_flight[req.seq][1]
-            await asyncio.gather(task, return_exceptions=True)
-            record, answer = tracker.record, e.answers.pop(req.seq, "")
+            record, answer = await e.send(req, t_ns, body)
             if record is None or record.error_kind is not None:
                 return True
             history.append((sent, answer))
@@ -89,7 +85,7 @@ class Conversations:
         return True
 
     def _numbered(self, req: PlannedRequest) -> PlannedRequest | None:
-        seq = next(self.engine._seqs)
+        seq = self.engine.next_seq()
         size = self.engine.plan.size
         return None if size is not None and seq >= size else dataclasses.replace(req, seq=seq)
 
@@ -110,8 +106,8 @@ class Conversations:
             await e.ceiling.wait()
             t_due_ns = time.monotonic_ns()
         else:
-            await sleep_until(t_due_ns - int(e.cfg.send_ahead_ms * 1e6), lambda: e._stopping)
-        if e._stopping or (end_ns is not None and t_due_ns >= end_ns):
+            await sleep_until(t_due_ns - int(e.cfg.send_ahead_ms * 1e6), lambda: e.stopping)
+        if e.stopping or (end_ns is not None and t_due_ns >= end_ns):
             return None
         return t_due_ns
 

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from loadgen.core import StreamTracker
+from loadgen.core.records import RequestRecord
 
 
 @dataclass
@@ -20,6 +21,16 @@ class EngineStats:
     cpu_s: float = 0.0  # this process's CPU time while the engine ran (generator saturation check)
     wall_s: float = 0.0
     in_flight: dict[int, tuple[asyncio.Task[None], StreamTracker]] = field(default_factory=dict)
+
+    def count(self, record: RequestRecord) -> None:
+        """Count a request's end: cancelled, failed or completed, and its output tokens."""
+        if record.error_kind == "cancelled":
+            self.cancelled += 1
+        elif record.error_kind:
+            self.failed += 1
+        else:
+            self.completed += 1
+        self.output_tokens += record.output_tokens
 
 
 @dataclass

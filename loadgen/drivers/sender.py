@@ -1,0 +1,48 @@
+"""The port a scheduler sends through: what the conversation scheduler (drivers/conversations.py) needs of the
+asyncio driver, and nothing of its internals. ``AsyncioEngine`` implements it; a scheduler never reaches into
+the engine's private members, and the engine's module is not imported here (no import circle)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from loadgen.core.records import RequestRecord
+from loadgen.core.tracker import RequestMeta
+from loadgen.drivers.engine_config import EngineConfig, EngineStats
+from loadgen.drivers.timing import RateCeiling
+from loadgen.plan.schedule import Plan, PlannedRequest
+
+
+class Outcome(NamedTuple):
+    """One sent request's end: its record (None only if the engine was torn down first) and the answer text
+    received (kept for conversation turns, whose next turn carries it; "" otherwise)."""
+    record: RequestRecord | None
+    answer: str
+
+
+class Sender(Protocol):
+    plan: Plan
+    cfg: EngineConfig
+    stats: EngineStats
+    ceiling: RateCeiling
+
+    @property
+    def stopping(self) -> bool:
+        """True once the run stops sending (end of plan, hard end, Ctrl-C)."""
+
+    def next_seq(self) -> int:
+        """Closed loop: the next index into the plan."""
+
+    async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> Outcome:
+        """Send ``req`` now (intended at ``t_intended_ns``) and stream it to its end; its record goes the
+        usual way (the run's sink) and comes back in the outcome."""
+
+    def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
+        """Record ``req`` as failed, never sent (its body could not be prepared)."""
+
+
+def request_meta(req: PlannedRequest, t_intended_ns: int) -> RequestMeta:
+    """What the core's tracker keeps of a planned request (a conversation turn keeps its answer's text)."""
+    turn = req.turn if req.conversation is not None else None
+    return RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens, req.output_tokens,
+                       conversation=req.conversation, turn=turn, keep_text=req.conversation is not None)
