@@ -17,27 +17,53 @@ one that cannot be advised on, ``SettingsError`` for a bad ``tries`` or ``server
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
-from rich.console import Console
-
-from loadgen.advise.settings import SettingsError
-from loadgen.advise.whatif import AdviceError
-from loadgen.analysis.advice_result import Advice
-from loadgen.analysis.check_result import CheckResult
-from loadgen.analysis.result import RunResult
-from loadgen.analysis.sweep_result import SweepResult
 from loadgen.core.secrets import register
 from loadgen.plan.scenario import Scenario, ScenarioError
 from loadgen.plan.scenario_file import load_scenario as _load_file
-from loadgen.run.comparison import CompareError, CompareOptions, Comparison, compare_runs
-from loadgen.run.target import TargetError, scenario_secrets
 
-__all__ = ["load_scenario", "run", "ui", "report", "compare", "sweep", "advise", "check", "RunResult",
-           "Comparison", "SweepResult", "Advice", "CheckResult", "Scenario", "ScenarioError", "TargetError",
-           "CompareError", "AdviceError", "SettingsError"]
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from loadgen.advise.settings import SettingsError
+    from loadgen.advise.whatif import AdviceError
+    from loadgen.analysis.advice_result import Advice
+    from loadgen.analysis.check_result import CheckResult
+    from loadgen.analysis.result import RunResult
+    from loadgen.analysis.sweep_result import SweepResult
+    from loadgen.run.comparison import CompareError, Comparison
+    from loadgen.run.runner import RunOptions
+    from loadgen.run.target import TargetError
+
+__all__ = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "RunResult", "Scenario",
+           "ScenarioError", "SettingsError", "SweepResult", "TargetError", "advise", "check", "compare",
+           "load_scenario", "report", "run", "sweep", "ui"]
+
+# Result and error types from the stages that are heavy to import (polars, altair, httpx, the advisor): each is
+# imported when first named (PEP 562), so that ``import loadgen.api`` stays light (tests/test_api_surface.py).
+_LAZY = {"Advice": "loadgen.analysis.advice_result", "AdviceError": "loadgen.advise.whatif",
+         "CheckResult": "loadgen.analysis.check_result", "CompareError": "loadgen.run.comparison",
+         "Comparison": "loadgen.run.comparison", "RunResult": "loadgen.analysis.result",
+         "SettingsError": "loadgen.advise.settings", "SweepResult": "loadgen.analysis.sweep_result",
+         "TargetError": "loadgen.run.target"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 Overrides = Sequence[str] | Mapping[str, Any]
 
@@ -45,6 +71,8 @@ Overrides = Sequence[str] | Mapping[str, Any]
 def load_scenario(path: str | Path, overrides: Overrides = (), flags: Mapping[str, str] | None = None) -> Scenario:
     """Read, expand (``${VAR:-default}``), override and validate a scenario file. ``overrides``: ``--set`` items
     (``"load.rate_per_s=8"``) or a mapping of dotted fields to values. ScenarioError names the bad field."""
+    from loadgen.run.target import scenario_secrets
+
     items = [f"{k}={json.dumps(v)}" for k, v in overrides.items()] if isinstance(overrides, Mapping) \
         else list(overrides)
     scenario = _load_file(Path(path), items, dict(flags or {}))
@@ -60,6 +88,8 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
     ``reports_dir/<time>-<name>/``); returns the result (``run_dir`` set). ``base_url`` overrides the target's.
     ``capture``: keep the first N failed responses as received (``captures/``: heads as sent, bodies de-chunked and decoded, redacted).
     ``console``: where the progress, warnings and summary go (default: nowhere)."""
+    from rich.console import Console
+
     from loadgen.run.runner import RunOptions, run_scenario
 
     if engine not in ("asyncio", "locust"):
@@ -85,12 +115,14 @@ def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
     """The scenario with its target's base URL replaced (None: as it is), its secrets registered."""
     if base_url is None:
         return sc
+    from loadgen.run.target import scenario_secrets
+
     sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
     register(*scenario_secrets(sc))
     return sc
 
 
-def _run_locust(sc: Scenario, opts: Any, console: Console, workers: int,
+def _run_locust(sc: Scenario, opts: RunOptions, console: Console, workers: int,
                 source: tuple[Path, list[str]] | None, base_url: str | None) -> RunResult:
     from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
 
@@ -108,6 +140,8 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
     """Locust's web UI with the scenario loaded and the LLM tab, until Ctrl-C (``loadgen ui``): each Start is
     one run, written like ``run``'s. Raises TargetError before serving when the target is unusable."""
     from loadgen.run import locust_ui  # first: Locust monkey-patches the process when imported
+    from rich.console import Console
+
     from loadgen.run.runner import RunOptions
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
@@ -132,6 +166,7 @@ def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None 
     """NEW against BASE, per metric, with bootstrap confidence intervals; ``out`` (if given) receives
     compare.md and compare.json."""
     from loadgen.report.compare_report import write_comparison
+    from loadgen.run.comparison import CompareOptions, Comparison, compare_runs
 
     opts = CompareOptions(threshold_pct=threshold_pct, error_rate_pp=error_rate_pp,
                           stall_rate_delta=stall_rate_delta, confidence=confidence, replicates=replicates, seed=seed)
@@ -156,6 +191,8 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     ``out/steps/``; sweep.json, summary.md, junit.xml and sweep.html go to ``out``. ``exit_code``: 0 capacity
     meets ``require`` (or, without one, was bracketed), 1 below it, 3 undecided. ``console``: where each step's
     line and the capacity go (default: nowhere); ``progress``: a progress bar per step on stderr."""
+    from rich.console import Console
+
     from loadgen.run.sweep import SweepOptions, run_sweep, sweep_dir
 
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
