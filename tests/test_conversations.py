@@ -183,8 +183,11 @@ def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_p
     assert proc.returncode in (0, 1, 3), proc.stderr
     by_turn = _ttft_by_turn(out)
     assert by_turn["turn"].to_list() == [0, 1, 2, 3, 4] and min(by_turn["n"]) >= 4
+    # 1 ms of loopback and parsing, plus the client's own lateness in this run: a loop late by X ms at its sends
+    # (queue_delay_ms p99, measured) reads up to X ms late too (a shared 2-core machine measured 1.32 ms once)
+    tolerance_ms = 1.0 + summary(out)["metrics"]["queue_delay_ms"]["p99"]
     for turn, measured, truth in by_turn.select("turn", "measured_ms", "truth_ms").iter_rows():
-        assert measured == pytest.approx(truth, abs=1.0), f"turn {turn}"
+        assert measured == pytest.approx(truth, abs=tolerance_ms), f"turn {turn}"
     first, later = by_turn["truth_ms"][0], by_turn["truth_ms"][1:]
     if caching:
         assert later.max() < 0.25 * first  # a follow-up prefills its new tokens only
