@@ -10,9 +10,11 @@
     advice = api.advise(result.run_dir)            # which server setting would meet the SLOs
     audit = api.check(scenario)                    # can this endpoint be measured honestly?
 
-Errors before anything is sent (a bad scenario, flag or target) raise ``ScenarioError`` or ``TargetError`` with
-the one line the CLI prints; ``CompareError`` for run directories that cannot be compared; ``AdviceError`` for
-one that cannot be advised on, ``SettingsError`` for a bad ``tries`` or ``server`` item.
+Errors are loadgen/errors.py's one tree under ``LoadgenError``. Bad input raises an ``InputError`` with the one
+line the CLI prints, before anything is sent: ``ScenarioError`` (a scenario, flag or override), ``CompareError``
+(run directories that cannot be compared), ``AdviceError`` (one that cannot be advised on), ``SettingsError`` (a
+bad ``tries`` or ``server`` item), ``RunDirError`` (an unreadable run directory); an unusable target raises
+``TargetError``, a ``ServerFault``.
 """
 
 from __future__ import annotations
@@ -23,33 +25,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from loadgen.core.secrets import register
-from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.errors import (AdviceError, CompareError, InputError, LoadgenError, RunDirError, ScenarioError,
+                            ServerFault, SettingsError, TargetError)
+from loadgen.plan.scenario import Scenario
 from loadgen.plan.scenario_file import load_scenario as _load_file
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loadgen.advise.settings import SettingsError
-    from loadgen.advise.whatif import AdviceError
     from loadgen.analysis.advice_result import Advice
     from loadgen.analysis.check_result import CheckResult
     from loadgen.analysis.result import RunResult
     from loadgen.analysis.sweep_result import SweepResult
-    from loadgen.run.comparison import CompareError, Comparison
+    from loadgen.run.comparison import Comparison
     from loadgen.run.runner import RunOptions
-    from loadgen.run.target import TargetError
 
-__all__ = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "RunResult", "Scenario",
-           "ScenarioError", "SettingsError", "SweepResult", "TargetError", "advise", "check", "compare",
-           "load_scenario", "report", "run", "sweep", "ui"]
+__all__ = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
+           "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError", "SweepResult",
+           "TargetError", "advise", "check", "compare", "load_scenario", "report", "run", "sweep", "ui"]
 
-# Result and error types from the stages that are heavy to import (polars, altair, httpx, the advisor): each is
-# imported when first named (PEP 562), so that ``import loadgen.api`` stays light (tests/test_api_surface.py).
-_LAZY = {"Advice": "loadgen.analysis.advice_result", "AdviceError": "loadgen.advise.whatif",
-         "CheckResult": "loadgen.analysis.check_result", "CompareError": "loadgen.run.comparison",
+# Result types from the stages that are heavy to import (polars, altair, httpx, the advisor): each is imported
+# when first named (PEP 562), so that ``import loadgen.api`` stays light (tests/test_api_surface.py). The errors
+# are loadgen/errors.py's one tree, light already.
+_LAZY = {"Advice": "loadgen.analysis.advice_result", "CheckResult": "loadgen.analysis.check_result",
          "Comparison": "loadgen.run.comparison", "RunResult": "loadgen.analysis.result",
-         "SettingsError": "loadgen.advise.settings", "SweepResult": "loadgen.analysis.sweep_result",
-         "TargetError": "loadgen.run.target"}
+         "SweepResult": "loadgen.analysis.sweep_result"}
 
 
 def __getattr__(name: str) -> Any:

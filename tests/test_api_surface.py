@@ -9,9 +9,9 @@ import sys
 
 from loadgen import api
 
-PUBLIC = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "RunResult", "Scenario",
-          "ScenarioError", "SettingsError", "SweepResult", "TargetError", "advise", "check", "compare",
-          "load_scenario", "report", "run", "sweep", "ui"]
+PUBLIC = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
+          "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError", "SweepResult",
+          "TargetError", "advise", "check", "compare", "load_scenario", "report", "run", "sweep", "ui"]
 
 
 def test_the_public_names_are_pinned_and_sorted() -> None:
@@ -30,6 +30,22 @@ def test_every_public_name_resolves_to_the_stage_that_defines_it() -> None:
     assert (api.RunResult, api.TargetError, api.CompareError, api.AdviceError) == (
         RunResult, TargetError, CompareError, AdviceError)
     assert issubclass(api.ScenarioError, ValueError)
+
+
+def test_every_error_is_one_tree_a_caller_can_catch_by_decision() -> None:
+    """Bad input (exit 2, nothing sent) under InputError, a ValueError; the server's faults under ServerFault;
+    all of them under LoadgenError; the old import paths name the same classes."""
+    from loadgen.advise.settings import SettingsError
+    from loadgen.plan.scenario import ScenarioError
+    from loadgen.plan.workload import ServerFault
+    from loadgen.run.reporting import RunDirError
+
+    for name in ("ScenarioError", "SettingsError", "AdviceError", "CompareError", "RunDirError"):
+        assert issubclass(getattr(api, name), api.InputError) and issubclass(getattr(api, name), ValueError), name
+    assert issubclass(api.TargetError, api.ServerFault) and issubclass(api.ServerFault, RuntimeError)
+    assert issubclass(api.InputError, api.LoadgenError) and issubclass(api.ServerFault, api.LoadgenError)
+    assert (ScenarioError, SettingsError, ServerFault, RunDirError) == (
+        api.ScenarioError, api.SettingsError, api.ServerFault, api.RunDirError)
 
 
 def test_importing_the_api_loads_no_heavy_stack() -> None:

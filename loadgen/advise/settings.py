@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from typing import Any
+from loadgen.errors import SettingsError as SettingsError
 
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
 MAX_CANDIDATES = 64
@@ -26,10 +27,6 @@ ENGINE_DEFAULTS: dict[str, dict[str, Any]] = {
     "tgi": {"chunked_prefill": False, "max_num_batched_tokens": 4096, "max_num_seqs": 256,
             "waiting_served_ratio": 1.2, "max_waiting_tokens": 20},
 }
-
-
-class SettingsError(ValueError):
-    """A --try or --server item that names no knob or has a bad value (exit 2)."""
 
 
 def parse_value(key: str, text: str) -> Any:

@@ -28,13 +28,10 @@ from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize
 from loadgen.plan.scenario import Scenario
 from loadgen.report.wording import with_headline
+from loadgen.errors import AdviceError as AdviceError
 
 UNBOUNDED_KV_TOKENS = 10**12
 MIN_COMPLETED = 20
-
-
-class AdviceError(ValueError):
-    """A run that cannot be advised on (exit 2): too few completed requests, nothing to fit."""
 
 
 @dataclass

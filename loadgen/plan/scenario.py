@@ -18,10 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from loadgen.plan.simulator_spec import SimulatorSpec
 from loadgen.plan.slo_spec import Slo
-
-
-class ScenarioError(ValueError):
-    """A bad scenario file or override; the message is one line a user can act on."""
+from loadgen.errors import ScenarioError as ScenarioError
 
 
 MAX_TOKENS = 1_048_576  # one prompt or output (the longest context windows served today)

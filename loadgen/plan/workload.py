@@ -25,6 +25,7 @@ from loadgen.core.apis import CHAT_LIKE
 from loadgen.plan.datasets import class_rows
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.plan.scenario import RequestClass, Scenario
+from loadgen.errors import ServerFault as ServerFault
 
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
          "problem hand part place case week company system program question work government number night point "
@@ -244,12 +245,6 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
 
 # ---- counters ------------------------------------------------------------------------------------------
 PostJson = Callable[[str, dict[str, Any]], Awaitable[Any]]
-
-
-class ServerFault(RuntimeError):
-    """A server's answer (or the way to it) failed a step loadgen needed, such as counting a prompt mid-run: the
-    server's fault, counted as the request's error. Any other exception while preparing a request is a bug in
-    loadgen (``internal``, exit 4). The target's ``TargetError`` is one."""
 
 
 def _messages(system: str | None, user: str) -> list[dict[str, str]]:

@@ -13,12 +13,9 @@ from loadgen.analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison,
 from loadgen.analysis.summary import summarize
 from loadgen.report.compare_report import comparison_dict
 from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records
+from loadgen.errors import CompareError as CompareError
 
 MIN_REQUESTS = 20
-
-
-class CompareError(ValueError):
-    """A run directory that cannot be compared (exit 2)."""
 
 
 @dataclass

@@ -18,10 +18,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_reports
 from loadgen.report.wording import with_headline
 from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be read: no run.json, a malformed one, or damaged records (one line)."""
+from loadgen.errors import RunDirError as RunDirError
 
 
 INFO_TYPES: dict[str, type] = {"target": dict, "generator": dict, "notes": list, "findings": list, "planned": int,

@@ -21,12 +21,9 @@ from loadgen.drivers.http_conn import REDIRECTS
 from loadgen.drivers.lean_transport import direct_post
 from loadgen.drivers.proxy import proxy_secrets
 from loadgen.drivers.redirects import MAX_REDIRECTS, RedirectError, next_hop
-from loadgen.plan.workload import (LocalTokenizerCounter, ServerFault, TokenCounter, TokenizeEndpointCounter,
+from loadgen.plan.workload import (LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter,
                                    calibrate)
-
-
-class TargetError(ServerFault):
-    """The target cannot be used; the message is one line naming what is wrong."""
+from loadgen.errors import TargetError as TargetError
 
 
 @dataclass
