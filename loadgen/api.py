@@ -52,13 +52,14 @@ _LAZY = {"Advice": "loadgen.analysis.advice_result", "CheckResult": "loadgen.ana
          "SweepResult": "loadgen.analysis.sweep_result"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups find it without coming here
-    return value
+if not TYPE_CHECKING:  # the type checker reads the imports above instead, and still flags a misspelt name
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # once: later lookups find it without coming here
+        return value
 
 
 def __dir__() -> list[str]:
