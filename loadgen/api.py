@@ -22,9 +22,9 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence, cast
 
-from loadgen.core.secrets import register
+from loadgen.core.secrets import RedactingStream, register
 from loadgen.errors import (AdviceError, CompareError, InputError, LoadgenError, RunDirError, ScenarioError,
                             ServerFault, SettingsError, TargetError)
 from loadgen.plan.scenario import Scenario
@@ -106,10 +106,24 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
     opts = RunOptions(out=Path(out) if out is not None else None, reports_dir=Path(reports_dir), progress=progress,
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
-    console = console or Console(quiet=True)
+    console = _redacting(console) if console is not None else Console(quiet=True)
     if engine == "locust":
         return _run_locust(sc, opts, console, workers, source, base_url)
     return run_scenario(sc, opts, console)
+
+
+def _redacting(console: Console) -> Console:
+    """A console like ``console`` whose every write passes the redactor first (the CLI wraps the process's
+    stdout and stderr; a Python caller's console gets the same guarantee here, its own object untouched)."""
+    from rich.console import Console
+
+    if isinstance(console.file, RedactingStream):
+        return console
+    systems: dict[str, Literal["standard", "256", "truecolor", "windows"]] = {
+        "standard": "standard", "256": "256", "truecolor": "truecolor", "windows": "windows"}
+    return Console(file=cast(IO[str], RedactingStream(console.file)), width=console.width, force_terminal=console.is_terminal,
+                   color_system=systems.get(console.color_system or ""), no_color=console.no_color,
+                   quiet=console.quiet, soft_wrap=console.soft_wrap)
 
 
 def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
@@ -147,7 +161,8 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     opts = RunOptions(reports_dir=Path(reports_dir), progress=False, png=png)
-    session = locust_ui.UiSession(sc, opts, console or Console(), host, port, web_login, master, master_bind)
+    session = locust_ui.UiSession(sc, opts, _redacting(console or Console()), host, port, web_login, master,
+                                  master_bind)
     session.serve()
 
 

@@ -83,3 +83,21 @@ def test_run_works_from_an_async_caller_and_from_a_thread(tmp_path: Path) -> Non
     for result in (in_loop, *results):
         assert result.requests["completed"] > 0 and (result.run_dir / "summary.json").exists()  # type: ignore
     assert len(results) == 1
+
+
+def test_a_python_callers_console_gets_the_redactors_guarantee(tmp_path: Path) -> None:
+    """What loadgen prints to a caller's console passes the redactor, as the CLI's stdout does (here a run
+    directory named with a header's secret value, which the run prints); the caller's console is untouched."""
+    import io
+
+    from rich.console import Console
+
+    secret = "hdr-api-secret-5b4a3c2d1e"
+    sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", {"load.duration_s": 2, "load.warmup_s": 0,
+                                                            "target.headers": {"X-Api-Key": secret}})
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200)
+    result = api.run(sc, out=tmp_path / f"run-{secret}", console=console)
+    printed = buffer.getvalue()
+    assert result.run_dir.name == f"run-{secret}" and "run-***" in printed and secret not in printed
+    assert console.file is buffer

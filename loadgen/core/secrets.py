@@ -24,7 +24,7 @@ import io
 import re
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 from urllib.parse import parse_qsl, urlsplit
 
 # a header (or query parameter) whose value is a secret: any authorization, an API key, a header named "key" as a
@@ -154,10 +154,10 @@ def write_bytes(path: Path, data: bytes) -> None:
     write_text(path, data.decode("utf-8"))
 
 
-class _RedactingStream(io.TextIOBase):
+class RedactingStream(io.TextIOBase):
     """A text stream that redacts every write before passing it on (stdout/stderr)."""
 
-    def __init__(self, inner: TextIO) -> None:
+    def __init__(self, inner: IO[str]) -> None:
         self._inner = inner
 
     def write(self, text: str | bytes) -> int:
@@ -190,7 +190,7 @@ class _RedactingStream(io.TextIOBase):
 
 def install_output_redaction() -> None:
     """Route stdout and stderr through the redactor (once, before anything holds a reference to them)."""
-    if not isinstance(sys.stdout, _RedactingStream):
-        sys.stdout = _RedactingStream(sys.stdout)
-    if not isinstance(sys.stderr, _RedactingStream):
-        sys.stderr = _RedactingStream(sys.stderr)
+    if not isinstance(sys.stdout, RedactingStream):
+        sys.stdout = RedactingStream(sys.stdout)
+    if not isinstance(sys.stderr, RedactingStream):
+        sys.stderr = RedactingStream(sys.stderr)
