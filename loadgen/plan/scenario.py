@@ -33,8 +33,9 @@ class _Strict(BaseModel):
 
 # ---- length distributions ------------------------------------------------------------------------------
 class _Clipped(_Strict):
-    min: int = Field(1, ge=0, description="clip samples below this")
-    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="clip samples above this")
+    min: int = Field(1, ge=0, description="tokens: a sample below this is raised to it (default 1)")
+    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="tokens: a sample above this is lowered to it "
+                            "(default none: only the 1,048,576-token limit)")
 
     @model_validator(mode="after")
     def _order(self) -> "_Clipped":
@@ -44,39 +45,42 @@ class _Clipped(_Strict):
 
 
 class Fixed(_Strict):
-    dist: Literal["fixed"]
-    value: int = Field(ge=1, le=MAX_TOKENS)
+    dist: Literal["fixed"] = Field(description="fixed: every sample is the same length")
+    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the length of every sample")
 
 
 class Uniform(_Clipped):
-    dist: Literal["uniform"]
-    min: int = Field(ge=1, le=MAX_TOKENS)
-    max: int = Field(ge=1, le=MAX_TOKENS)
+    dist: Literal["uniform"] = Field(description="uniform: every whole length from min to max equally likely")
+    min: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the shortest length drawn (inclusive)")
+    max: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the longest length drawn (inclusive)")
 
 
 class Normal(_Clipped):
-    dist: Literal["normal"]
-    mean: float = Field(gt=0, le=MAX_TOKENS)
-    std: float = Field(ge=0, le=MAX_TOKENS)
+    dist: Literal["normal"] = Field(description="normal: a Gaussian length, rounded, then clipped to min/max")
+    mean: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's mean")
+    std: float = Field(ge=0, le=MAX_TOKENS, description="tokens: its standard deviation (0: always the mean)")
 
 
 class LogNormal(_Clipped):
-    dist: Literal["lognormal"]
-    median: float = Field(gt=0, le=MAX_TOKENS)
-    sigma: float = Field(ge=0, le=10)
+    dist: Literal["lognormal"] = Field(description="lognormal: median × e^(sigma × a standard normal draw)")
+    median: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's median")
+    sigma: float = Field(ge=0, le=10, description="the standard deviation of the length's natural log "
+                         "(0: always the median)")
 
 
 class Exponential(_Clipped):
-    dist: Literal["exponential"]
-    mean: float = Field(gt=0, le=MAX_TOKENS)
+    dist: Literal["exponential"] = Field(description="exponential: a long-tailed length, rounded and clipped")
+    mean: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's mean")
 
 
 class Empirical(_Clipped):
     """``histogram: [[lo, hi, weight], ...]`` (uniform inside a bin) or ``file:`` (one length per line)."""
 
-    dist: Literal["empirical"]
-    histogram: list[tuple[int, int, float]] | None = None
-    file: Path | None = None
+    dist: Literal["empirical"] = Field(description="empirical: lengths from a histogram or a file")
+    histogram: list[tuple[int, int, float]] | None = Field(None, description="bins [lo, hi, weight]: a bin drawn "
+                                                           "by weight, then a length uniform in lo..hi")
+    file: Path | None = Field(None, description="a file of lengths, one a line (the first comma-separated field), "
+                              "each equally likely; relative to the scenario file")
 
     @model_validator(mode="after")
     def _one_source(self) -> "Empirical":
@@ -90,13 +94,13 @@ class Empirical(_Clipped):
 
 
 class Component(_Strict):
-    weight: float = Field(gt=0)
-    dist: "Distribution"
+    weight: float = Field(gt=0, description="this component's relative share of samples (any positive number)")
+    dist: "Distribution" = Field(description="the length distribution this component draws from")
 
 
 class Mixture(_Clipped):
-    dist: Literal["mixture"]
-    components: list[Component] = Field(min_length=1)
+    dist: Literal["mixture"] = Field(description="mixture: each sample drawn from one component picked by weight")
+    components: list[Component] = Field(min_length=1, description="the distributions mixed, with their weights")
 
 
 Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Exponential, Empirical, Mixture],
@@ -127,8 +131,10 @@ class Target(_Strict):
     api: Literal["chat", "completions", "responses", "messages", "embeddings"] = Field(
         "chat", description="chat, completions, responses (OpenAI Responses), messages (Anthropic), embeddings")
     api_key_env: str | None = Field(None, description="environment variable holding the API key")
-    headers: dict[str, str] = Field(default_factory=dict)
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers on every request "
+                                    "(sensitive values are masked in run.json and logs)")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request's JSON body "
+                                       "(temperature, say)")
     tokenizer: Path | None = Field(None, description="a local tokenizer.json for exact prompt lengths")
     continuous_usage_stats: bool = Field(True, description="ask vLLM-style per-chunk usage")
     ttft_timeout_s: float = Field(60.0, gt=0, description="no token this long after sending: timeout_ttft")
@@ -140,7 +146,7 @@ class Target(_Strict):
     follow_redirects: bool = Field(False, description="follow 307/308 redirects with the method and body kept "
                                    "(never sending credentials to another origin); off: a redirect is an error "
                                    "naming the URL to use")
-    tls: Tls = Field(default_factory=Tls)
+    tls: Tls = Field(default_factory=Tls, description="https: certificate checks and client certificates")
     simulator: SimulatorSpec = Field(default_factory=SimulatorSpec, description="preset + engine fields, when embedded")
 
     @property
@@ -161,8 +167,8 @@ class Target(_Strict):
 
 
 class Stage(_Strict):
-    duration_s: float = Field(gt=0, le=MAX_DURATION_S)
-    rate_per_s: float = Field(gt=0)
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S, description="seconds this stage lasts, after the one before")
+    rate_per_s: float = Field(gt=0, description="requests per second in this stage (Poisson arrivals)")
 
 
 class TraceFile(_Strict):
@@ -171,21 +177,24 @@ class TraceFile(_Strict):
     ``block_tokens`` prompt tokens, and requests that share leading hash ids get the same leading text, so the
     trace's prefix sharing reaches the server."""
 
-    path: Path
-    format: Literal["columns", "mooncake"] = "columns"
+    path: Path = Field(description="the trace: JSONL (a .jsonl suffix, or mooncake) or CSV with a header row; "
+                       "relative to the scenario file")
+    format: Literal["columns", "mooncake"] = Field("columns", description="columns: the *_column fields name "
+                                                   "the columns; mooncake: Mooncake's own fields")
     time_column: str = Field("timestamp_s", description="columns: send time in seconds from any origin")
-    prompt_column: str = "prompt_tokens"
-    output_column: str = "output_tokens"
+    prompt_column: str = Field("prompt_tokens", description="columns: the prompt's length in tokens")
+    output_column: str = Field("output_tokens", description="columns: the output's length in tokens")
     block_tokens: int = Field(512, ge=1, le=65536, description="mooncake: prompt tokens per hash id")
-    speedup: float = Field(1.0, gt=0)
+    speedup: float = Field(1.0, gt=0, description="divides every send time (2: the trace replayed twice as fast)")
 
 
 class Ramp(_Strict):
     """Arrivals whose rate goes from ``start_rate_per_s`` to ``end_rate_per_s`` over warm-up + duration."""
 
-    start_rate_per_s: float = Field(gt=0)
-    end_rate_per_s: float = Field(gt=0)
-    shape: Literal["linear", "exponential"] = "linear"
+    start_rate_per_s: float = Field(gt=0, description="requests per second at the start of the warm-up")
+    end_rate_per_s: float = Field(gt=0, description="requests per second at the end of the duration")
+    shape: Literal["linear", "exponential"] = Field("linear", description="linear: the rate changes by the same "
+                                                    "step each second; exponential: by the same factor")
     poisson: bool = Field(True, description="random arrivals at the ramp's rate (false: evenly spaced)")
 
     def mean_rate_per_s(self) -> float:
@@ -196,17 +205,24 @@ class Ramp(_Strict):
 
 
 class Load(_Strict):
-    arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace", "ramp"] = "poisson"
-    rate_per_s: float | None = Field(None, gt=0)
-    ramp: Ramp | None = None
+    arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace", "ramp"] = Field(
+        "poisson", description="constant, poisson, gamma: open loop at rate_per_s; concurrency: closed loop; "
+        "stages, trace, ramp: the block of that name")
+    rate_per_s: float | None = Field(None, gt=0, description="requests per second (constant, poisson, gamma)")
+    ramp: Ramp | None = Field(None, description="arrival ramp: the rate's start, end and shape")
     burstiness: float = Field(1.0, gt=0, description="gamma shape: 1 = Poisson, <1 burstier, >1 smoother")
-    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY)
-    stages: list[Stage] | None = None
-    trace: TraceFile | None = None
-    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S)
-    requests: int | None = Field(None, ge=1, le=MAX_PLAN_REQUESTS)
-    warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
-    max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY)
+    concurrency: int | None = Field(None, ge=1, le=MAX_CONCURRENCY, description="closed loop: N users, each "
+                                    "sending when its last request ends")
+    stages: list[Stage] | None = Field(None, description="arrival stages: Poisson stages run one after another")
+    trace: TraceFile | None = Field(None, description="arrival trace: the file whose send times and lengths replay")
+    duration_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, description="seconds of measured load after "
+                                     "the warm-up (give this or requests; stages and traces have their own)")
+    requests: int | None = Field(None, ge=1, le=MAX_PLAN_REQUESTS, description="at most this many arrivals, "
+                                 "warm-up included, unless the duration ends first (traces: every row)")
+    warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="seconds sent and recorded first, then "
+                            "excluded from every metric")
+    max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY, description="cap on concurrent requests; a send "
+                               "waiting for a slot shows as queue_delay_ms")
     max_rate_per_s: float | None = Field(None, gt=0, description="closed loop: the users together never send "
                                          "more than this many requests per second")
     drain_timeout_s: float = Field(30.0, ge=0, le=MAX_DURATION_S, description="after the last send, in-flight "
@@ -251,17 +267,21 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    path: Path
+    path: Path = Field(description="the dataset file (hf: the directory of save_to_disk); relative to the "
+                       "scenario file")
     format: Literal["auto", "jsonl", "csv", "parquet", "sharegpt", "hf"] = Field(
         "auto", description="auto: by the suffix (.jsonl .csv .parquet; .json is ShareGPT; a directory is hf)")
     prompt_column: str = Field("prompt", description="jsonl/csv/parquet/hf: the prompt text")
-    messages_column: str | None = Field(None, description="... or OpenAI chat messages (a list; JSON in CSV)")
+    messages_column: str | None = Field(None, description="... or OpenAI chat messages instead (a list; JSON in "
+                                        "CSV)")
     output_column: str | None = Field(None, description="the recorded answer (text) or its length (a number)")
     split: str = Field("train", description="hf: the split of a saved DatasetDict")
     sample: Literal["random", "sequential"] = Field("random", description="random: rows drawn by the seed; "
                                                     "sequential: in file order, wrapping around")
-    min_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="keep rows whose estimated prompt ...")
-    max_prompt_tokens: int = Field(MAX_TOKENS, ge=1, le=MAX_TOKENS, description="... is within these bounds")
+    min_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="keep rows whose estimated prompt has at "
+                                   "least this many tokens")
+    max_prompt_tokens: int = Field(MAX_TOKENS, ge=1, le=MAX_TOKENS, description="keep rows whose estimated prompt "
+                                   "has at most this many tokens")
     max_rows: int | None = Field(None, ge=1, description="use the first N rows that pass the filter")
 
 
@@ -291,8 +311,8 @@ class Conversation(_Strict):
 
 
 class RequestClass(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    weight: float = Field(1.0, gt=0)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique in the workload; names its records")
+    weight: float = Field(1.0, gt=0, description="this class's relative share of arrivals")
     prompt_tokens: Distribution | None = Field(None, description="synthetic prompts of these lengths (not with "
                                                "a dataset)")
     output_tokens: Distribution | None = Field(None, description="with a dataset: default the recorded answers'")
@@ -323,7 +343,8 @@ class RequestClass(_Strict):
 
 
 class Workload(_Strict):
-    classes: list[RequestClass] = Field(min_length=1)
+    classes: list[RequestClass] = Field(min_length=1, description="the request classes; each arrival's "
+                                        "class is drawn by weight")
 
     @field_validator("classes")
     @classmethod
@@ -335,13 +356,13 @@ class Workload(_Strict):
 
 
 class Scenario(_Strict):
-    name: str
-    description: str = ""
-    target: Target = Field(default_factory=Target)
-    seed: int = 0
-    load: Load
-    workload: Workload
-    slo: Slo = Field(default_factory=Slo)
+    name: str = Field(description="names the run and its directory (reports/<time>-<name>)")
+    description: str = Field("", description="free text about the scenario (kept in run.json)")
+    target: Target = Field(default_factory=Target, description="the endpoint, its API and the timeouts")
+    seed: int = Field(0, description="same seed, same plan: arrivals, classes, lengths and prompts")
+    load: Load = Field(description="how requests arrive and for how long")
+    workload: Workload = Field(description="what is sent: the request classes")
+    slo: Slo = Field(default_factory=Slo, description="the objectives the run is judged by")
     # the file and --set items it was loaded from (Locust workers load it again); None when built in code
     _source: tuple[Path, list[str]] | None = PrivateAttr(None)
 

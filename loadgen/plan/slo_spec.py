@@ -15,13 +15,14 @@ PERCENTILE_KEYS = ("p50", "p90", "p95", "p99", "p999", "max", "mean")
 class Thresholds(_Strict):
     """Upper limits (ms) on statistics of one metric."""
 
-    p50: float | None = Field(None, gt=0)
-    p90: float | None = Field(None, gt=0)
-    p95: float | None = Field(None, gt=0)
-    p99: float | None = Field(None, gt=0)
-    p999: float | None = Field(None, gt=0)
-    max: float | None = Field(None, gt=0)
-    mean: float | None = Field(None, gt=0)
+    p50: float | None = Field(None, gt=0, description="ms: upper limit on the median (unset: not judged)")
+    p90: float | None = Field(None, gt=0, description="ms: upper limit on the 90th percentile (unset: not judged)")
+    p95: float | None = Field(None, gt=0, description="ms: upper limit on the 95th percentile (unset: not judged)")
+    p99: float | None = Field(None, gt=0, description="ms: upper limit on the 99th percentile (unset: not judged)")
+    p999: float | None = Field(None, gt=0, description="ms: upper limit on the 99.9th percentile (unset: not "
+                               "judged)")
+    max: float | None = Field(None, gt=0, description="ms: upper limit on the largest value (unset: not judged)")
+    mean: float | None = Field(None, gt=0, description="ms: upper limit on the mean (unset: not judged)")
 
     def items(self) -> list[tuple[str, float]]:
         return [(k, v) for k in PERCENTILE_KEYS if (v := getattr(self, k)) is not None]
@@ -30,17 +31,20 @@ class Thresholds(_Strict):
 class TtftBucket(Thresholds):
     """Percentile limits for requests whose prompt is at most ``max_prompt_tokens`` (above the previous bucket)."""
 
-    max_prompt_tokens: int = Field(ge=1)
+    max_prompt_tokens: int = Field(ge=1, description="tokens: this bucket holds the requests whose prompt is at "
+                                   "most this long (and longer than the previous bucket's)")
 
 
 class TtftThresholds(Thresholds):
     """TTFT limits; long prompts can be judged fairly by a per-request limit ``base + per_prompt_token × P``
     (at most ``max_violation_ratio`` of requests may exceed theirs) or by prompt-length ``buckets``."""
 
-    base: float | None = Field(None, ge=0, description="ms allowed to any request")
-    per_prompt_token: float | None = Field(None, ge=0, description="ms allowed per prompt token")
-    max_violation_ratio: float = Field(0.01, ge=0, le=1)
-    buckets: list[TtftBucket] | None = None
+    base: float | None = Field(None, ge=0, description="ms allowed to any request (give with per_prompt_token)")
+    per_prompt_token: float | None = Field(None, ge=0, description="ms allowed per prompt token, on top of base")
+    max_violation_ratio: float = Field(0.01, ge=0, le=1, description="the largest share of requests whose TTFT "
+                                       "may exceed base + per_prompt_token × their prompt tokens")
+    buckets: list[TtftBucket] | None = Field(None, description="limits per prompt-length bucket, in increasing "
+                                             "max_prompt_tokens")
 
     @model_validator(mode="after")
     def _pair(self) -> "TtftThresholds":
@@ -54,28 +58,37 @@ class TtftThresholds(Thresholds):
 
 
 class ItlThresholds(Thresholds):
-    max_per_request: float | None = Field(None, gt=0, description="p99 over requests of each one's worst gap (ms)")
+    max_per_request: float | None = Field(None, gt=0, description="ms: upper limit on the p99 over requests of "
+                                            "each one's worst chunk gap")
 
 
 class StallSlo(_Strict):
     """How stalls are found (DESIGN §5) and the limits on them."""
 
-    spike_factor: float = Field(4.0, gt=1, description="a stall is a gap above spike_factor × baseline ITL ...")
-    min_gap_ms: float | None = Field(None, ge=0, description="... and above this (default: the itl_ms p99 limit)")
-    long_prompt_tokens: int | None = Field(None, ge=1, description="culprit prompts (default: the run's p90)")
-    overlap_share: float = Field(0.5, gt=0, le=1, description="a prefill window must cover this much of a gap")
-    group_ms: float = Field(5.0, gt=0, description="stalls ending this close are one spike event")
-    max_per_1k_tokens: float | None = Field(None, ge=0)
-    max_prefill_induced_per_1k_tokens: float | None = Field(None, ge=0)
+    spike_factor: float = Field(4.0, gt=1, description="a stall is a chunk gap above spike_factor × the "
+                                "class's median ITL (and above min_gap_ms)")
+    min_gap_ms: float | None = Field(None, ge=0, description="ms: a stall's gap is also above this (default: "
+                                      "the itl_ms p99 limit)")
+    long_prompt_tokens: int | None = Field(None, ge=1, description="tokens: prompts at least this long can be a "
+                                             "stall's culprit (default: the run's p90 prompt length)")
+    overlap_share: float = Field(0.5, gt=0, le=1, description="the share of a gap that culprits' prefill "
+                                 "windows must cover for the stall to be prefill-induced")
+    group_ms: float = Field(5.0, gt=0, description="ms: stalls ending this close together are one spike "
+                            "event")
+    max_per_1k_tokens: float | None = Field(None, ge=0, description="upper limit on stalls per 1,000 output "
+                                            "tokens (unset: not judged)")
+    max_prefill_induced_per_1k_tokens: float | None = Field(None, ge=0, description="upper limit on stalls a "
+                                                            "long prefill caused, per 1,000 output tokens")
 
 
 class FluiditySlo(_Strict):
     target_itl_ms: float = Field(gt=0, description="token i is due at t_first + i × target (Metron)")
-    min: float | None = Field(None, ge=0, le=1)
+    min: float | None = Field(None, ge=0, le=1, description="least fluidity index: the share of tokens on "
+                              "schedule (unset: reported, not judged)")
 
 
 class ErrorRate(_Strict):
-    max: float = Field(ge=0, le=1)
+    max: float = Field(ge=0, le=1, description="the largest share of measured requests that may fail (0: none)")
 
 
 class Goodput(_Strict):
@@ -83,24 +96,36 @@ class Goodput(_Strict):
     DistServe's SLO attainment (the share of requests that must be good); ``slo.attainment`` is another name for
     this block."""
 
-    ttft_ms: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
-    e2e_ms: float | None = Field(None, gt=0)
-    min_requests_per_s: float | None = Field(None, ge=0)
+    ttft_ms: float | None = Field(None, gt=0, description="ms: a good request's time to first token, at most")
+    tpot_ms: float | None = Field(None, gt=0, description="ms: a good request's time per output token, at most")
+    e2e_ms: float | None = Field(None, gt=0, description="ms: a good request's end-to-end latency, at most")
+    min_requests_per_s: float | None = Field(None, ge=0, description="least good requests per second of "
+                                             "measured time")
     min_ratio: float | None = Field(None, ge=0, le=1, description="least share of requests that must be good")
 
 
 class Slo(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    ttft_ms: TtftThresholds | None = None
-    ttft_service_ms: Thresholds | None = None
-    itl_ms: ItlThresholds | None = None
-    chunk_gap_ms: Thresholds | None = None
-    tpot_ms: Thresholds | None = None
-    e2e_ms: Thresholds | None = None
-    error_rate: ErrorRate | None = None
-    goodput: Goodput | None = Field(None, validation_alias=AliasChoices("goodput", "attainment"))
-    stalls: StallSlo = Field(default_factory=StallSlo, validation_alias=AliasChoices("stalls", "spikes"))
-    fluidity: FluiditySlo | None = None
-    max_generator_lag_ms: float = Field(10.0, gt=0, description="p99 queue_delay_ms above this: inconclusive")
+    ttft_ms: TtftThresholds | None = Field(None, description="time to first token from the intended send time "
+                                           "(queueing included): limits by percentile or prompt length")
+    ttft_service_ms: Thresholds | None = Field(None, description="time to first token from the actual send "
+                                               "(the server's share): percentile limits")
+    itl_ms: ItlThresholds | None = Field(None, description="inter-token latency, one sample per token: "
+                                         "percentile limits and each request's worst gap")
+    chunk_gap_ms: Thresholds | None = Field(None, description="gaps between consecutive streamed chunks: "
+                                            "percentile limits")
+    tpot_ms: Thresholds | None = Field(None, description="time per output token after the first: percentile "
+                                       "limits")
+    e2e_ms: Thresholds | None = Field(None, description="intended send time to last byte: percentile limits")
+    error_rate: ErrorRate | None = Field(None, description="the share of failed requests (unset: max 0, any "
+                                         "failure fails the run)")
+    goodput: Goodput | None = Field(None, validation_alias=AliasChoices("goodput", "attainment"),
+                                    description="per-request limits that make a request good, and the least "
+                                    "goodput (also accepted as attainment)")
+    stalls: StallSlo = Field(default_factory=StallSlo, validation_alias=AliasChoices("stalls", "spikes"),
+                             description="how stalls are found and the limits on them (also accepted as spikes)")
+    fluidity: FluiditySlo | None = Field(None, description="Metron's fluidity index: tokens due on a schedule "
+                                         "(unset: not computed)")
+    max_generator_lag_ms: float = Field(10.0, gt=0, description="ms: a p99 queue_delay_ms above this makes the "
+                                         "run inconclusive (the generator lagged)")
