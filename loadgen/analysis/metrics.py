@@ -66,13 +66,18 @@ def measured(requests: pl.DataFrame) -> pl.DataFrame:
     return requests.filter(~pl.col("warmup"))
 
 
-def metric_table(requests: pl.DataFrame, gaps: pl.DataFrame) -> dict[str, dict[str, Any]]:
+def metric_table(requests: pl.DataFrame, gaps: pl.DataFrame | None = None,
+                 token_stats: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Every metric's statistics; the per-token ones from ``gaps`` (its successful requests' rows), or given
+    already described (``token_stats``: itl_ms and chunk_gap_ms, as ``RunAnalysis.token_stats`` makes them)."""
     ok = requests.filter(pl.col("ok"))
     out = {name: describe(ok[name]) for name in REQUEST_METRICS if name != "queue_delay_ms"}
     out["queue_delay_ms"] = describe(requests["queue_delay_ms"])  # the generator's lag, whatever the outcome
-    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
-    out["itl_ms"] = describe(itl_samples(ok_gaps))
-    out["chunk_gap_ms"] = describe(ok_gaps["chunk_gap_ms"])
+    if token_stats is None:
+        assert gaps is not None
+        ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
+        token_stats = {"itl_ms": describe(itl_samples(ok_gaps)), "chunk_gap_ms": describe(ok_gaps["chunk_gap_ms"])}
+    out.update(token_stats)
     return {k: out[k] for k in ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms",
                                 "queue_delay_ms")}
 
@@ -117,12 +122,12 @@ def throughput(requests: pl.DataFrame, good: pl.Series) -> dict[str, float]:
             "prompt_tokens_per_s": float(ok["prompt_tokens"].sum()) / window}
 
 
-def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame, target_itl_ms: float) -> dict[str, Any]:
+def fluidity(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, target_itl_ms: float) -> dict[str, Any]:
     """Metron's fluidity index: the share of tokens after the first that met ``t_first + i·target`` deadlines,
     slack carried forward; after a miss the schedule restarts from that token (one stall, one miss)."""
     ok = requests.filter(pl.col("ok")).select("worker", "seq")
-    by_req = (chunks.join(ok, on=["worker", "seq"], how="semi").sort("worker", "seq", "t_ns")
-              .group_by("worker", "seq", maintain_order=True).agg("t_ns", "tokens"))
+    by_req = (chunks.lazy().join(ok.lazy(), on=["worker", "seq"], how="semi").collect()
+              .sort("worker", "seq", "t_ns").group_by("worker", "seq", maintain_order=True).agg("t_ns", "tokens"))
     step = int(target_itl_ms * 1_000_000)
     met = total = 0
     for times, tokens in by_req.select("t_ns", "tokens").iter_rows():

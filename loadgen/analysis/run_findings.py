@@ -20,7 +20,7 @@ SAMPLE_REQUESTS = 200
 KEY = ["worker", "seq"]
 
 
-def run_findings(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[dict[str, Any]]:
+def run_findings(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> list[dict[str, Any]]:
     """The findings (``Finding.to_json()``: name, status, summary, evidence) the run's records show."""
     answers = _answers(requests, chunks)
     if not answers:
@@ -29,14 +29,14 @@ def run_findings(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[dict[str,
     return [f.to_json() for f in (coalescing(times), buffering(times), usage(answers)) if f.status == FINDING]
 
 
-def _answers(requests: pl.DataFrame, chunks: pl.DataFrame) -> list[Probe]:
+def _answers(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> list[Probe]:
     """Each sampled request as check's probe would have read it: its chunk stamps, the output tokens the server
     reported (None without usage), what it asked for and why it stopped."""
     ok = requests.filter(~pl.col("warmup") & pl.col("error_kind").is_null() & (pl.col("chunks") > 0)).sort(KEY)
     if ok.height == 0:
         return []
     sample = ok.gather_every(max(1, ok.height // SAMPLE_REQUESTS)).head(SAMPLE_REQUESTS)
-    times = (chunks.join(sample.select(KEY), on=KEY, how="semi").sort([*KEY, "t_ns"])
+    times = (chunks.lazy().join(sample.select(KEY).lazy(), on=KEY, how="semi").collect().sort([*KEY, "t_ns"])
              .group_by(KEY, maintain_order=True).agg(pl.col("t_ns")))
     rows = sample.join(times, on=KEY, how="inner").select(
         "t_ns", "t_sent_ns", "t_done_ns", "output_tokens_asked", "finish_reason",

@@ -131,14 +131,14 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame,
+def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame | pl.LazyFrame,
                      stalls: dict[str, Any]) -> list[Objective]:
     """Objectives that see stalls: worst gap per request, stall rates, fluidity, prompt-aware TTFT."""
     ok = measured.filter(pl.col("ok"))
     out = _ttft_prompt_aware(slo, ok)
     if slo.itl_ms is not None and slo.itl_ms.max_per_request is not None:
-        worst = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi").group_by(
-            "worker", "seq").agg(pl.col("chunk_gap_ms").max())["chunk_gap_ms"]
+        worst = gaps.lazy().join(ok.select("worker", "seq").lazy(), on=["worker", "seq"], how="semi").group_by(
+            "worker", "seq").agg(pl.col("chunk_gap_ms").max()).collect()["chunk_gap_ms"]
         stats = describe(worst)
         out.append(_upper("itl_ms.max_per_request", stats["p99"], slo.itl_ms.max_per_request, stats["count"],
                           min_samples("p99")))

@@ -28,17 +28,20 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
 from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
+from loadgen.analysis.lift import covered, culprit_pairs, lift, lift_narrow
+from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, itl_per_token
 
 # Every label is something that can pause a stream that is already running. Server side: a long prefill
 # (named culprits), several prefills admitted at once, an arrival burst (the new requests' prefills), a
 # preemption (the server's counter). Client side: loadgen itself fell behind (its sends ran late while the
 # in-flight cap was not full), so it read late too. ``unknown``: none of these coincided.
+Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
 CAUSES = ("prefill", "prefill_burst", "burst", "preemption", "client_lag", "unknown")
 
 
@@ -69,7 +72,7 @@ def baselines(gaps: pl.DataFrame) -> dict[str, float]:
     return dict(sorted(out.items()))  # group_by's order varies: keep summary.json byte-stable
 
 
-def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig) -> pl.DataFrame:
+def find_stalls(gaps: Frame, baseline: dict[str, float], cfg: SpikeConfig) -> Frame:
     base = pl.col("class_name").replace_strict(baseline, default=0.0, return_dtype=pl.Float64)
     threshold = pl.max_horizontal(cfg.spike_factor * base, pl.lit(cfg.min_gap_ms))
     return (gaps.with_columns(baseline_itl_ms=base, threshold_ms=threshold,
@@ -79,35 +82,6 @@ def find_stalls(gaps: pl.DataFrame, baseline: dict[str, float], cfg: SpikeConfig
             .with_columns(t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS).cast(pl.Int64))
             .select("worker", "seq", "class_name", "t_start_ns", pl.col("t_ns").alias("t_end_ns"), "tokens",
                     "chunk_gap_ms", "excess_ms", "baseline_itl_ms", "threshold_ms"))
-
-
-def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, tol_ms: float,
-                  min_inside_ms: float = 0.0) -> pl.DataFrame:
-    """(interval, window of another request) pairs where that prefill finished with the interval (within
-    ``tol_ms``, one engine step), or its window alone covers ``share`` of it, or lies inside it and is itself
-    as long as a stall (``min_inside_ms``: several short prefill batches in a row are a burst, not culprits)."""
-    w = windows.select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
-                       pl.col("prompt_tokens").alias("c_prompt_tokens"), "w_start_ns", "w_end_ns")
-    pairs = intervals.join_where(w, pl.col("w_start_ns") < pl.col("t_end_ns"),
-                                 pl.col("w_end_ns") > pl.col("t_start_ns"))
-    overlap_ms = (pl.min_horizontal("t_end_ns", "w_end_ns") - pl.max_horizontal("t_start_ns", "w_start_ns")) / 1e6
-    gap_ms = (pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6
-    tol_ns = int(tol_ms * NS_PER_MS)
-    ends_with_gap = (pl.col("w_end_ns") - pl.col("t_end_ns")).abs() <= tol_ns
-    inside = ((pl.col("w_start_ns") >= pl.col("t_start_ns") - tol_ns) & (pl.col("w_end_ns") <= pl.col("t_end_ns"))
-              & (pl.col("w_end_ns") - pl.col("w_start_ns") >= int(min_inside_ms * NS_PER_MS)))
-    return (pairs.with_columns(overlap_ms=overlap_ms)
-            .filter(~((pl.col("c_seq") == pl.col("seq")) & (pl.col("c_worker") == pl.col("worker"))))
-            .filter(ends_with_gap | (pl.col("overlap_ms") >= share * gap_ms) | inside))
-
-
-def covered(pairs: pl.DataFrame, keys: list[str], share: float) -> pl.DataFrame:
-    """Per interval: do its culprits' windows together cover ``share`` of it? (Their hull: they reach the
-    gap's end, or run back to back inside it.)"""
-    hull_ms = (pl.min_horizontal(pl.col("t_end_ns").first(), pl.col("w_end_ns").max())
-               - pl.max_horizontal(pl.col("t_start_ns").first(), pl.col("w_start_ns").min())) / 1e6
-    gap_ms = (pl.col("t_end_ns").first() - pl.col("t_start_ns").first()) / 1e6
-    return pairs.group_by(keys).agg(covered=hull_ms >= share * gap_ms)
 
 
 def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFrame,
@@ -180,33 +154,18 @@ def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
 
 
 # ---- figures ---------------------------------------------------------------------------------------------
-def lift(gaps: pl.DataFrame, stalls: pl.DataFrame, windows: pl.DataFrame, share: float,
-         tol_ms: float, min_inside_ms: float = 0.0) -> float | None:
-    """P(stall | a long prefill covers the gap) / P(stall | none): ``math.inf`` when no gap stalled without a
-    long prefill; None when no gap had one, or none of those stalled."""
-    intervals = gaps.select("worker", "seq", t_start_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS)
-                            .cast(pl.Int64), t_end_ns=pl.col("t_ns"))
-    keys = ["worker", "seq", "t_end_ns"]
-    hit = covered(culprit_pairs(intervals, windows, share, tol_ms, min_inside_ms), keys, share).filter(
-        pl.col("covered"))
-    flagged = intervals.join(hit, on=keys, how="left").join(
-        stalls.select(*keys, stall=pl.lit(True)), on=keys, how="left")
-    flagged = flagged.with_columns(pl.col("covered").fill_null(False), pl.col("stall").fill_null(False))
-    p = flagged.group_by("covered").agg(rate=pl.col("stall").mean())
-    rates = dict(zip(p["covered"].to_list(), p["rate"].to_list()))
-    with_, without = rates.get(True), rates.get(False)
-    if not with_:
-        return None
-    return with_ / without if without else math.inf
-
-
-def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requests: pl.DataFrame,
-            windows: pl.DataFrame, cfg: SpikeConfig) -> dict[str, Any]:
+def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame | pl.LazyFrame, requests: pl.DataFrame,
+            windows: pl.DataFrame, cfg: SpikeConfig, run: RunAnalysis | None = None,
+            narrow: pl.DataFrame | None = None) -> dict[str, Any]:
+    """The stall figures of one set of gaps (a frame, or a lazy one: only the tail is materialised; with
+    ``run`` and its ``narrow`` rows of these gaps, the lift is counted on those)."""
     ok = requests.filter(pl.col("ok"))
     ktok = max(float(ok["output_tokens"].sum()) / 1000, 1e-9)
     induced = stalls.filter(pl.col("prefill_induced"))
-    p99 = gaps["chunk_gap_ms"].quantile(0.99) if gaps.height else None
-    tail = gaps.filter(pl.col("chunk_gap_ms") >= p99) if p99 is not None else gaps.head(0)
+    lazy = gaps.lazy()
+    p99 = lazy.select(pl.col("chunk_gap_ms").quantile(0.99)).collect().item()
+    tail = (lazy.filter(pl.col("chunk_gap_ms") >= p99) if p99 is not None else lazy.head(0)).select(
+        "worker", "seq", "t_ns").collect(engine="streaming")
     tail_induced = tail.join(induced.select("worker", "seq", pl.col("t_end_ns").alias("t_ns")),
                              on=["worker", "seq", "t_ns"], how="semi").height
     stalled = stalls.group_by("worker", "seq").agg(ms=pl.col("excess_ms").sum())
@@ -216,7 +175,9 @@ def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame, requ
         "per_1k_tokens": stalls.height / ktok, "prefill_induced_per_1k_tokens": induced.height / ktok,
         "events": events.height, "events_per_1k_tokens": events.height / ktok,
         "prefill_induced_events_per_1k_tokens": events.filter(pl.col("prefill_induced")).height / ktok,
-        **_lift_fields(lift(gaps, stalls, windows, cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms)),
+        **_lift_fields(lift(gaps, stalls, windows, cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms) if run is None
+                       else lift_narrow(run, narrow if narrow is not None else run.gaps, stalls, windows,
+                                        cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms)),
         "tail_gaps": tail.height, "tail_prefill_induced_share": tail_induced / tail.height if tail.height else None,
         "stalled_ms_per_request": {"mean": float(per_req.mean()) if len(per_req) else 0.0,  # type: ignore[arg-type]
                                    "max": float(per_req.max()) if len(per_req) else 0.0},  # type: ignore[arg-type]
@@ -245,41 +206,57 @@ def config_from(slo: Any, max_in_flight: int | None) -> SpikeConfig:
                        fluidity_target_itl_ms=slo.fluidity.target_itl_ms if slo.fluidity else None)
 
 
-def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, gaps: pl.DataFrame, chunks: pl.DataFrame,
-            cfg: SpikeConfig, preemptions: list[tuple[int, int]] | None = None) -> SpikeAnalysis:
-    """``all_requests`` (warm-up included: its prefills can stall measured streams), the ``measured`` ones, and
-    the measured requests' chunk ``gaps``; all with metric columns (analysis.metrics)."""
+def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis, cfg: SpikeConfig,
+            preemptions: list[tuple[int, int]] | None = None) -> SpikeAnalysis:
+    """``all_requests`` (warm-up included: its prefills can stall measured streams) and the ``measured`` ones,
+    with metric columns (analysis.metrics); ``run``'s gaps are the measured, successful requests'."""
     ok = measured.filter(pl.col("ok"))
-    ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
-    base = baselines(ok_gaps)
-    cfg = with_step_tolerance(cfg, ok_gaps)
-    found = find_stalls(ok_gaps, base, cfg)
+    ok_gaps = run.wide()
+    base = {name: _median(itl_per_token(run.class_gaps(name))) for name in run.classes}
+    if cfg.step_tol_ms is None:
+        median = _median(run.gaps.select(ITL_MS).to_series()) if run.gaps.height else None
+        cfg = replace(cfg, step_tol_ms=max(cfg.group_ms, 3 * float(median or 0.0)))
+    found = _collect_stalls(run, base, cfg)
     prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
     long_tokens = cfg.long_prompt_tokens or int(prompt_p90 or 1)
     longs = all_requests.filter((pl.col("prompt_tokens") >= long_tokens) & pl.col("t_first_token_ns").is_not_null())
     # the evidence of prefill work is every step far longer than a decode step, whether or not it is long
     # enough to count as a stall against the SLO's floor (the first slice of a sliced prompt often is not)
-    slow = find_stalls(ok_gaps, base, replace(cfg, min_gap_ms=0.0)) if cfg.min_gap_ms else found
+    slow = _collect_stalls(run, base, replace(cfg, min_gap_ms=0.0)) if cfg.min_gap_ms else found
     episodes = stall_episodes(all_requests, slow, cfg.tol_ms, cuts=longs)
     fit = fit_prefill(ok, episodes)
     windows = prefill_windows(all_requests, fit, long_tokens, episodes)
     stalls = confirm_preemptions(attribute(found, windows, all_requests, cfg), preemptions or [])
     events = group_events(stalls, cfg.group_ms)
     stalls = _with_event_ids(stalls, cfg.group_ms)
-    summary = figures(stalls, events, ok_gaps, ok, windows, cfg)
-    summary.update(baseline_itl_ms=base, long_prompt_tokens=long_tokens, spike_factor=cfg.spike_factor,
-                   min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms, prefill_fit=fit.as_dict(),
-                   top_culprits=top_culprits(stalls, all_requests), worst=worst_stall(stalls, all_requests),
-                   worst_events=worst_events(events, all_requests, ok))
+    summary = figures(stalls, events, ok_gaps, ok, windows, cfg, run)
+    names = sorted(set(ok["class_name"].to_list()))
+    per_class = {names[0]: dict(summary)} if len(names) == 1 else {}  # one class: its figures are the run's
+    summary.update(baseline_itl_ms=dict(sorted(base.items())), long_prompt_tokens=long_tokens,
+                   spike_factor=cfg.spike_factor, min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms,
+                   prefill_fit=fit.as_dict(), top_culprits=top_culprits(stalls, all_requests),
+                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok))
     if cfg.fluidity_target_itl_ms:
-        summary["fluidity"] = m.fluidity(ok, chunks, cfg.fluidity_target_itl_ms)
-    per_class = {}
-    for name in sorted(set(ok["class_name"].to_list())):
+        summary["fluidity"] = m.fluidity(ok, run.chunks, cfg.fluidity_target_itl_ms)
+    for name in names if len(names) > 1 else []:
         c_ok = ok.filter(pl.col("class_name") == name)
         c_stalls = stalls.filter(pl.col("class_name") == name)
-        per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms),
-                                  ok_gaps.filter(pl.col("class_name") == name), c_ok, windows, cfg)
+        c_gaps = run.class_gaps(name)
+        per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms), run.wide(c_gaps), c_ok, windows,
+                                  cfg, run, c_gaps)
     return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def _median(values: pl.Series) -> float:
+    return float(values.median()) if len(values) else 0.0  # type: ignore[arg-type]
+
+
+def _collect_stalls(run: RunAnalysis, baseline: dict[str, float], cfg: SpikeConfig) -> pl.DataFrame:
+    """``find_stalls`` over the run's gaps: the narrow rows it can keep first, then its own columns for those;
+    in stream then time order."""
+    subset = run.stall_candidates(baseline, cfg.spike_factor, cfg.min_gap_ms)
+    return find_stalls(run.wide(subset).collect(), baseline, cfg).sort("worker", "seq", "t_end_ns",
+                                                                         maintain_order=True)
 
 
 def with_step_tolerance(cfg: SpikeConfig, gaps: pl.DataFrame) -> SpikeConfig:

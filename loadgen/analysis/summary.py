@@ -11,29 +11,29 @@ from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
 from loadgen.analysis.conversations import conversation_figures
+from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.slo import evaluate, evidence, stall_objectives, verdict
 
 
-def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
-              extra: dict[str, Any] | None = None,
-              server: pl.DataFrame | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, planned: int | None,
+              extra: dict[str, Any] | None = None, server: pl.DataFrame | None = None,
+              run: RunAnalysis | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
     """The summary (summary.json) and the derived tables written beside it (``stalls``). ``server``: the
-    scraped server metrics (server_metrics.parquet), whose preemptions confirm stall causes."""
-    req = m.with_request_metrics(requests)
-    gaps = m.chunk_gaps(req, chunks)
-    measured = m.measured(req)
-    measured_gaps = gaps.filter(~pl.col("warmup"))
+    scraped server metrics (server_metrics.parquet), whose preemptions confirm stall causes. ``run``: these
+    records' analysis, when the caller keeps it for the report's views (else made here)."""
+    run = run or RunAnalysis(requests, chunks)
+    req, measured = run.req, run.measured
     good = _good(measured, scenario)
     counts = m.request_counts(measured)
-    metric_table = m.metric_table(measured, measured_gaps)
+    metric_table = m.metric_table(measured, token_stats=run.token_stats())
     tput = m.throughput(measured, good)
-    spike = spikes.analyze(prefilled(req), prefilled(measured), measured_gaps, chunks,
+    spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"])
-    objectives += stall_objectives(scenario.slo, measured, measured_gaps, spike.summary)
+    objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
     result, reasons = evidence(result, reasons, counts, extra or {})
@@ -46,12 +46,12 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, 
         "throughput": tput,
         "slo": [o.as_dict() for o in objectives],
         "stalls": spike.summary,
-        "classes": _per_class(measured, measured_gaps, scenario, spike.per_class),
+        "classes": _per_class(measured, run, scenario, spike.per_class),
         "lengths": _lengths(measured, [c.name for c in scenario.workload.classes if c.dataset is not None]),
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
         "conversations": conversation_figures(measured),
-        "findings": run_findings(requests, chunks),  # what limits the measurement (loadgen check's signs)
+        "findings": run_findings(requests, run.chunks),  # what limits the measurement (loadgen check's signs)
         **(extra or {}),
     }, {"stalls": spike.stalls}
 
@@ -71,14 +71,14 @@ def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:
     return m.is_good(requests, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
 
 
-def _per_class(measured: pl.DataFrame, gaps: pl.DataFrame, scenario: Scenario,
+def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario,
                stalls: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
-        g = gaps.filter(pl.col("class_name") == cls.name)
         good = _good(req, scenario)
-        out[cls.name] = {"requests": m.request_counts(req), "metrics": m.metric_table(req, g),
+        out[cls.name] = {"requests": m.request_counts(req),
+                         "metrics": m.metric_table(req, token_stats=run.token_stats(cls.name)),
                          "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {})}
     return out
 

@@ -9,6 +9,7 @@ import polars as pl
 
 from loadgen.core.secrets import write_text
 from loadgen.analysis.advice_result import Advice
+from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.report.advice_report import html_section
 from loadgen.report.charts import build_charts
 from loadgen.report.html import render_page, write_pngs
@@ -19,9 +20,11 @@ from loadgen.analysis.result import RunResult
 
 
 def write_reports(run_dir: Path, result: RunResult, name: str, tables: dict[str, pl.DataFrame],
-                  requests: pl.DataFrame, chunks: pl.DataFrame, window: tuple[float, float] | None = None,
-                  png: bool = True, server: pl.DataFrame | None = None, advice: Advice | None = None) -> None:
-    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), result, server)
+                  requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame,
+                  window: tuple[float, float] | None = None, png: bool = True, server: pl.DataFrame | None = None,
+                  advice: Advice | None = None, run: RunAnalysis | None = None) -> None:
+    """``run``: the records' analysis the summary was made from (its gaps are not computed again)."""
+    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), result, server, run)
     charts = build_charts(views, choose_window(views, window))
     images = []
     if png:

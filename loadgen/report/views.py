@@ -14,8 +14,8 @@ import numpy as np
 import polars as pl
 
 from loadgen.analysis import server_frames as sm
-from loadgen.analysis import metrics as m
 from loadgen.analysis.result import RunResult
+from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, itl_per_token
 
 NS_PER_S = 1e9
 MAX_POINTS = 4000  # scatter points per chart; above it a seeded sample (stalls and culprits always kept)
@@ -28,36 +28,35 @@ class RunViews:
     """A run's records with metric columns, its chunk gaps and stalls, and the time origin."""
 
     requests: pl.DataFrame  # every request (warm-up included), analysis.metrics columns, + t_*_s
-    gaps: pl.DataFrame  # measured, successful requests' chunk gaps, + t_s
-    chunks: pl.DataFrame  # the same requests' chunks (t_s, tokens): every token, first chunks included
+    gaps: pl.LazyFrame  # measured, successful requests' chunk gaps, + t_s (lazy: charts keep bins of them)
+    chunks: pl.LazyFrame  # the same requests' chunks (t_s, tokens): every token, first chunks included
     stalls: pl.DataFrame  # stalls.parquet, + t_start_s / t_end_s
     result: RunResult
     t0_ns: int
     server: pl.DataFrame | None = None  # server_metrics.parquet, wide (one row per scrape), + t_s
+    run: RunAnalysis | None = None  # the records' analysis (the gaps, once)
 
     @classmethod
-    def build(cls, requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame,
-              result: RunResult, server: pl.DataFrame | None = None) -> "RunViews":
-        req = m.with_request_metrics(requests)
-        measured = m.measured(req)
+    def build(cls, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, stalls: pl.DataFrame,
+              result: RunResult, server: pl.DataFrame | None = None, run: RunAnalysis | None = None) -> "RunViews":
+        run = run or RunAnalysis(requests, chunks)
+        req, measured = run.req, run.measured
         t0 = int(measured["t_intended_ns"].min() if measured.height else (req["t_intended_ns"].min() or 0))
         sec = [((pl.col(c) - t0) / NS_PER_S).alias(c.replace("_ns", "_s"))
                for c in ("t_intended_ns", "t_sent_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns")]
         req = req.with_columns(sec)
         ok_keys = measured.filter(pl.col("ok")).select("worker", "seq")
-        gaps = (m.chunk_gaps(req, chunks).filter(~pl.col("warmup"))
-                .join(ok_keys, on=["worker", "seq"], how="semi")
-                .with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S))
+        gaps = run.wide().with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S)
         if stalls.height:
             stalls = stalls.with_columns(t_start_s=(pl.col("t_start_ns") - t0) / NS_PER_S,
                                          t_end_s=(pl.col("t_end_ns") - t0) / NS_PER_S)
-        ok_chunks = (chunks.join(ok_keys, on=["worker", "seq"], how="semi")
+        ok_chunks = (run.chunks.join(ok_keys.lazy(), on=["worker", "seq"], how="semi")
                      .select(t_s=(pl.col("t_ns") - t0) / NS_PER_S, tokens="tokens"))
         if server is not None and not server.is_empty():
             server = sm.wide(server).with_columns(t_s=(pl.col("t_ns") - t0) / NS_PER_S)
         else:
             server = None
-        return cls(req, gaps, ok_chunks, stalls, result, t0, server)
+        return cls(req, gaps, ok_chunks, stalls, result, t0, server, run)
 
     @property
     def measured_ok(self) -> pl.DataFrame:
@@ -105,8 +104,9 @@ def itl_cdf(v: RunViews) -> pl.DataFrame:
     """Per class, the per-token ITL at ~260 probabilities (dense in the tail)."""
     rows = []
     probs = _cdf_probabilities()
-    for (name,), g in v.gaps.group_by("class_name"):
-        samples = m.itl_samples(g)
+    assert v.run is not None
+    for name in v.run.classes:
+        samples = itl_per_token(v.run.class_gaps(name))
         if len(samples) < 2:
             continue
         qs = pl.DataFrame({"p": probs, "itl_ms": np.quantile(samples.to_numpy(), probs)})  # linear, as summary
@@ -129,10 +129,10 @@ def bin_width_s(span_s: float, bins: int = 300) -> float:
 
 def itl_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
     """Per time bin: the median per-token ITL and the worst chunk gap that ended in it."""
-    if v.gaps.is_empty():
+    if v.run is not None and v.run.gaps.is_empty():
         return pl.DataFrame(schema={"t_s": pl.Float64, "series": pl.String, "ms": pl.Float64})
-    per_bin = (v.gaps.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64))
-               .agg(median_itl_ms=pl.col("itl_ms").median(), max_gap_ms=pl.col("chunk_gap_ms").max()))
+    assert v.run is not None
+    per_bin = _itl_per_bin(v.run.gaps, v.t0_ns, bw_s)
     lo, hi = per_bin["b"].min(), per_bin["b"].max()
     # every bin present, empty ones null: a line breaks there instead of drawing across a stall
     grid = pl.DataFrame({"b": pl.int_range(lo, hi + 1, eager=True)})  # type: ignore[arg-type]
@@ -141,6 +141,21 @@ def itl_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
     return binned.rename({"b": "t_s"}).unpivot(index="t_s", variable_name="series", value_name="ms").with_columns(
         series=pl.col("series").replace({"median_itl_ms": "median ITL", "max_gap_ms": "worst chunk gap"}),
         ms=pl.col("ms").clip(lower_bound=ITL_FLOOR_MS))
+
+
+def _itl_per_bin(gaps: pl.DataFrame, t0_ns: int, bw_s: float, passes: int = 8) -> pl.DataFrame:
+    """Per bin ``b``: the median ITL and the worst chunk gap, on the narrow gaps, a range of bins a pass (a
+    median holds its bin's values: a pass holds an eighth of the run's). The worst gap_ns in ms is the worst
+    chunk_gap_ms (one division, monotone)."""
+    b = (((pl.col("t_ns") - t0_ns) / NS_PER_S) / bw_s).floor().cast(pl.Int64)
+    lo, hi = gaps.select(b.min().alias("lo"), b.max().alias("hi")).row(0)
+    step = max(1, (hi - lo + passes) // passes)
+    out = []
+    for first in range(lo, hi + 1, step):
+        part = gaps.lazy().with_columns(b=b).filter((pl.col("b") >= first) & (pl.col("b") < first + step))
+        out.append(part.group_by("b").agg(median_itl_ms=ITL_MS.median(), max_gap_ms=pl.col("gap_ns").max() / 1e6)
+                   .collect())
+    return pl.concat(out)
 
 
 def prefill_tokens_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
@@ -162,7 +177,8 @@ def throughput_over_time(v: RunViews, bw_s: float) -> pl.DataFrame:
     chunks_t = v.chunks
     n_bins = int(v.span_s / bw_s) + 1
     grid = pl.DataFrame({"b": list(range(n_bins))})
-    tokens = chunks_t.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64)).agg(tok=pl.col("tokens").sum())
+    tokens = (chunks_t.group_by(b=(pl.col("t_s") / bw_s).floor().cast(pl.Int64)).agg(tok=pl.col("tokens").sum())
+              .collect(engine="streaming"))
     done = (v.requests.filter(pl.col("ok")).group_by(b=(pl.col("t_done_s") / bw_s).floor().cast(pl.Int64))
             .agg(done=pl.len()))
     sends = sorted(v.requests["t_sent_s"].to_list())

@@ -12,12 +12,13 @@ from pydantic import ValidationError
 
 from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
+from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
 from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_reports
 from loadgen.report.wording import with_headline
-from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged
+from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
 from loadgen.errors import RunDirError as RunDirError
 
 
@@ -76,7 +77,9 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
     info, stored = read_run_info(run_dir)
     scenario = scenario or stored
     broken: list[str] = []
-    requests, chunks = load_records(run_dir, broken)
+    if not (run_dir / "requests.parquet").exists() and not any(run_dir.glob("requests.part-*.parquet")):
+        raise FileNotFoundError(f"{run_dir}: no requests.parquet (is this a loadgen run directory?)")
+    requests, chunks = scan_records(run_dir, broken)  # the chunks as a lazy scan: read in slices, once
     if again and merged_pair_damaged(broken):
         raise RunDirError(damaged(run_dir, broken))
     if broken:
@@ -85,7 +88,7 @@ def rebuild_reports(run_dir: Path, scenario: Scenario | None = None, window: tup
 
 
 def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requests: pl.DataFrame,
-                   chunks: pl.DataFrame, window: tuple[float, float] | None, png: bool) -> RunResult:
+                   chunks: pl.DataFrame | pl.LazyFrame, window: tuple[float, float] | None, png: bool) -> RunResult:
     """The summary of these records and run.json's ``info``; the report files written as far as the disk
     allows (a full disk is a note, the summary is still returned)."""
     extra = {"interrupted": info.get("interrupted", False), "notes": list(info.get("notes", [])),
@@ -94,11 +97,12 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
              "disk_error": info.get("disk_error"), "stopped_early": info.get("stopped_early")}
     server = load_server_metrics(run_dir)
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server)
+    run = RunAnalysis(requests, chunks)  # one analysis: the summary and the report's views read it
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run)
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
-                      load_advice(run_dir))
+                      load_advice(run_dir), run)
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result

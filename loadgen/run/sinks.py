@@ -143,21 +143,25 @@ def as_os_error(exc: Exception) -> OSError:
     return OSError(str(exc))
 
 
-def _read_pairs(run_dir: Path, broken: list[str]) -> tuple[list[pl.DataFrame], list[pl.DataFrame], list[Path]]:
+def _read_pairs(run_dir: Path, broken: list[str],
+                eager: bool = True) -> tuple[list[pl.DataFrame], list[pl.DataFrame | Path], list[Path]]:
     """The readable (requests, chunks) pairs: the merged files, then each part; a pair with an unreadable file
-    (cut short by a full disk or a kill) is skipped and named in ``broken``. Returns the parts read too."""
+    (cut short by a full disk or a kill) is skipped and named in ``broken``. Returns the parts read too. Not
+    ``eager``: each chunks file is checked (its footer and columns) but not read, and given as its path."""
     pairs = [(run_dir / "requests.parquet", run_dir / "chunks.parquet")]
     pairs += [(p.requests, p.chunks) for p in pt.list_parts(run_dir)]
-    requests, chunks, parts = [], [], []
+    requests: list[pl.DataFrame] = []
+    chunks: list[pl.DataFrame | Path] = []
+    parts: list[Path] = []
     for req_path, chunk_path in pairs:
         if req_path.name == "requests.parquet" and not req_path.exists():
             continue
-        pair, why = _read_pair(req_path, chunk_path)
+        pair, why = _read_pair(req_path, chunk_path, eager)
         if pair is None:
             broken.append(f"{req_path.name} + {chunk_path.name}: unreadable ({why}), skipped")
             continue
         requests.append(_with_new_columns(pair[0], REQUEST_SCHEMA))
-        chunks.append(pair[1])
+        chunks.append(pair[1] if eager else chunk_path)
         if ".part-" in req_path.name:
             parts += [req_path, chunk_path]
     return requests, chunks, parts
@@ -171,13 +175,15 @@ def merged_pair_damaged(broken: list[str]) -> bool:
     return any(b.startswith(MERGED_PAIR + ":") for b in broken)
 
 
-def _read_pair(req_path: Path, chunk_path: Path) -> tuple[tuple[pl.DataFrame, pl.DataFrame] | None, str]:
+def _read_pair(req_path: Path, chunk_path: Path,
+               eager: bool = True) -> tuple[tuple[pl.DataFrame, pl.DataFrame] | None, str]:
     """Both files of a pair, or None and which file is damaged and how (one line, e.g. "chunks.parquet: The
-    file must end with PAR1 or PARE")."""
+    file must end with PAR1 or PARE"). Not ``eager``: the chunks file's schema only (an empty frame of it)."""
     frames = []
     for path in (req_path, chunk_path):
         try:
-            frames.append(pl.read_parquet(path))
+            frames.append(pl.read_parquet(path) if eager or path is req_path
+                          else pl.DataFrame(schema=pl.read_parquet_schema(path)))
         except Exception as exc:  # noqa: BLE001 - polars raises several kinds for a damaged file
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             reason = reason.removeprefix("parquet: ").removeprefix("File out of specification: ")
@@ -195,24 +201,71 @@ def _with_new_columns(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl
     return frame.with_columns(missing).select(list(schema)) if missing else frame
 
 
-def merge_parts(run_dir: Path, broken: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Merge the readable parts into requests.parquet / chunks.parquet and remove them; return the records.
-    Damaged parts are left in place and named in ``broken``."""
-    return _read_all(run_dir, broken if broken is not None else [], merge=True)
+def merge_parts(run_dir: Path, broken: list[str] | None = None) -> None:
+    """Merge the readable parts into requests.parquet / chunks.parquet (streamed) and remove them. Damaged
+    parts are left in place and named in ``broken``."""
+    scan_records(run_dir, broken if broken is not None else [], merge=True, quiet=False)
 
 
 def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
-    before = len(broken)
-    req_frames, chunk_frames, parts = _read_pairs(run_dir, broken)
+    if merge:
+        scan_records(run_dir, broken, merge=True)
+        broken_now: list[str] = []
+        requests, chunks = _read_all(run_dir, broken_now, merge=False)
+        return requests, chunks
+    req_frames, chunk_frames, _ = _read_pairs(run_dir, broken)
     requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
-    chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
+    chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)  # type: ignore[type-var]
+    return requests, chunks
+
+
+def scan_records(run_dir: Path, broken: list[str], merge: bool = True,
+                 quiet: bool = True) -> tuple[pl.DataFrame, pl.LazyFrame]:
+    """The run's requests (read) and a lazy scan of its chunk files (never read whole: an hour is ≈19 M rows).
+    ``merge``: the readable parts are merged into requests.parquet / chunks.parquet first, the chunks streamed
+    to a file aside and renamed (as ``parts.merge`` does); a merge the disk refuses leaves the parts as they
+    are (``quiet``) or raises OSError. Damaged parts are skipped and named in ``broken``."""
+    before = len(broken)
+    req_frames, chunk_paths, parts = _read_pairs(run_dir, broken, eager=False)
+    requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
     # a damaged requests.parquet / chunks.parquet is never replaced by the parts alone (its records would be lost)
     merged_damaged = merged_pair_damaged(broken[before:])
     if merge and not merged_damaged and (parts or not (run_dir / "requests.parquet").exists()):
-        _write_atomic({run_dir / "requests.parquet": requests, run_dir / "chunks.parquet": chunks})
-        for p in parts + [q for c in pt.covered_parts(run_dir) for q in (c.requests, c.chunks)]:
-            p.unlink(missing_ok=True)
-    return requests, chunks
+        try:
+            _merge_streaming(run_dir, requests, [p for p in chunk_paths if isinstance(p, Path)])
+        except OSError:
+            if not quiet:
+                raise
+        else:
+            chunk_paths = [run_dir / "chunks.parquet"]
+            for p in parts + [q for c in pt.covered_parts(run_dir) for q in (c.requests, c.chunks)]:
+                p.unlink(missing_ok=True)
+    paths = [p for p in chunk_paths if isinstance(p, Path)]
+    return requests, (pl.scan_parquet(paths) if paths else pl.DataFrame(schema=CHUNK_SCHEMA).lazy())
+
+
+def _merge_streaming(run_dir: Path, requests: pl.DataFrame, chunk_paths: list[Path]) -> None:
+    """requests.parquet (encoded whole) and chunks.parquet (streamed from ``chunk_paths``: memory is bounded by
+    a row group), both written aside, then renamed together; a failure (a full disk) is an OSError and leaves
+    nothing behind."""
+    targets = [run_dir / "chunks.parquet", run_dir / "requests.parquet"]
+    tmps = [t.with_name(f".{t.name}.tmp") for t in targets]
+    try:
+        if chunk_paths:
+            pl.scan_parquet(chunk_paths).sink_parquet(tmps[0])
+        else:
+            pl.DataFrame(schema=CHUNK_SCHEMA).write_parquet(tmps[0])
+        encoded = io.BytesIO()
+        requests.write_parquet(encoded)
+        tmps[1].write_bytes(encoded.getbuffer())
+    except BaseException as exc:
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, Exception) and not isinstance(exc, OSError):
+            raise as_os_error(exc) from exc
+        raise
+    for target, tmp in zip(targets, tmps):
+        tmp.replace(target)
 
 
 def load_records(run_dir: Path, broken: list[str] | None = None,
