@@ -136,18 +136,21 @@ class Target(_Strict):
     extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request's JSON body "
                                        "(temperature, say)")
     tokenizer: Path | None = Field(None, description="a local tokenizer.json for exact prompt lengths")
-    continuous_usage_stats: bool = Field(True, description="ask vLLM-style per-chunk usage")
-    ttft_timeout_s: float = Field(60.0, gt=0, description="no token this long after sending: timeout_ttft")
-    idle_timeout_s: float = Field(30.0, gt=0, description="no bytes this long mid-stream: timeout_idle")
-    request_timeout_s: float = Field(600.0, gt=0, description="send to last byte, at most: timeout_request")
-    connect_timeout_s: float = Field(10.0, gt=0, description="a TCP (and TLS) connection, at most")
-    preflight_timeout_s: float = Field(30.0, gt=0, description="each check before the run (/models, probes)")
-    max_event_bytes: int = Field(1 << 20, ge=1024, description="one SSE line or event, at most: protocol error")
+    continuous_usage_stats: bool = Field(True, description="ask vLLM-style per-chunk usage (off when refused)")
+    ttft_timeout_s: float = Field(60.0, gt=0, description="seconds with no token after sending: timeout_ttft")
+    idle_timeout_s: float = Field(30.0, gt=0, description="seconds with no bytes mid-stream: timeout_idle")
+    request_timeout_s: float = Field(600.0, gt=0, description="seconds from send to last byte, at "
+                                     "most: timeout_request")
+    connect_timeout_s: float = Field(10.0, gt=0, description="seconds for a TCP (and TLS) connection, at most")
+    preflight_timeout_s: float = Field(30.0, gt=0, description="seconds per check before the run")
+    max_event_bytes: int = Field(1 << 20, ge=1024, description="bytes in one SSE line or event, at "
+                                   "most: protocol error")
     follow_redirects: bool = Field(False, description="follow 307/308 redirects with the method and body kept "
                                    "(never sending credentials to another origin); off: a redirect is an error "
                                    "naming the URL to use")
     tls: Tls = Field(default_factory=Tls, description="https: certificate checks and client certificates")
-    simulator: SimulatorSpec = Field(default_factory=SimulatorSpec, description="preset + engine fields, when embedded")
+    simulator: SimulatorSpec = Field(default_factory=SimulatorSpec,
+                                     description="embedded: the simulator's preset and engine fields")
 
     @property
     def embedded(self) -> bool:
@@ -272,8 +275,8 @@ class DatasetSpec(BaseModel):
     format: Literal["auto", "jsonl", "csv", "parquet", "sharegpt", "hf"] = Field(
         "auto", description="auto: by the suffix (.jsonl .csv .parquet; .json is ShareGPT; a directory is hf)")
     prompt_column: str = Field("prompt", description="jsonl/csv/parquet/hf: the prompt text")
-    messages_column: str | None = Field(None, description="... or OpenAI chat messages instead (a list; JSON in "
-                                        "CSV)")
+    messages_column: str | None = Field(None, description="jsonl/csv/parquet/hf: OpenAI chat "
+                                        "messages instead of a prompt (a list; JSON text in CSV)")
     output_column: str | None = Field(None, description="the recorded answer (text) or its length (a number)")
     split: str = Field("train", description="hf: the split of a saved DatasetDict")
     sample: Literal["random", "sequential"] = Field("random", description="random: rows drawn by the seed; "
@@ -295,7 +298,7 @@ class Conversation(_Strict):
                                        "many of each row's turns; default all of them)")
     first_prompt_tokens: Distribution | None = Field(None, description="the first turn's prompt (a document, "
                                                      "say); default: prompt_tokens like every turn")
-    think_time_s: float = Field(0.0, ge=0, le=3600, description="between an answer's end and the next turn")
+    think_time_s: float = Field(0.0, ge=0, le=3600, description="seconds from an answer's end to the next turn")
     think_time_dist: Literal["fixed", "exponential"] = Field("fixed", description="exponential: think_time_s "
                                                             "is the mean")
 
@@ -315,7 +318,8 @@ class RequestClass(_Strict):
     weight: float = Field(1.0, gt=0, description="this class's relative share of arrivals")
     prompt_tokens: Distribution | None = Field(None, description="synthetic prompts of these lengths (not with "
                                                "a dataset)")
-    output_tokens: Distribution | None = Field(None, description="with a dataset: default the recorded answers'")
+    output_tokens: Distribution | None = Field(None, description="output lengths (with a dataset: default "
+                                               "the recorded answers'; embeddings need none)")
     dataset: DatasetSpec | None = Field(None, description="prompts (and output lengths) from a file")
     shared_prefix_tokens: int = Field(0, ge=0, le=MAX_TOKENS,
                                       description="tokens of a system prompt shared by the class")
