@@ -1,4 +1,4 @@
-"""The top-level commands of the ``loadgen`` command line: run, ui, worker, validate, check, report, compare,
+"""The top-level commands of the ``loadgen`` command line: run, ui, worker, validate, schema, check, report, compare,
 history. Each parses its flags and calls ``loadgen.api``; cli/app.py registers them. Exit codes (run/exits.py): 0
 pass, 1 SLO failed, 2 usage/config error (nothing sent), 3 inconclusive or interrupted, 4 internal error."""
 
@@ -143,6 +143,26 @@ def validate(
              f"each request ends within {sc.target.request_timeout_s:g} s")
     console.print(f"{scenario}: ok — {sc.name}, {size} requests planned, {len(sc.workload.classes)} class(es), "
                   f"target {redact_url(sc.target.base_url)}; {bound}", highlight=False)
+
+
+def schema(
+    out: Optional[Path] = typer.Option(None, "--out", help="write it to this file (default: print it)"),
+    markdown: bool = typer.Option(False, "--markdown", help="the scenario reference (docs/scenario.md) generated "
+                                  "from the schema, instead of the schema"),
+) -> None:
+    """Print the scenario file's JSON Schema (editors validate and complete scenarios with it:
+    scenarios/scenario.schema.json), or with --markdown the scenario reference generated from it."""
+    from loadgen.plan.schema_doc import scenario_schema, schema_json, schema_markdown
+
+    text = (schema_markdown if markdown else schema_json)(scenario_schema())
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    try:
+        write_text(out, text)
+    except OSError as exc:
+        raise fail(f"{out}: cannot write: {exc.strerror}") from None
+    typer.echo(f"wrote {out}", err=True)
 
 
 def check(
