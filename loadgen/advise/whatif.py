@@ -44,6 +44,7 @@ class RunData:
     chunks: pl.DataFrame
     server: pl.DataFrame | None
     run_dir: str = ""
+    summary: dict[str, Any] | None = None  # summary.json, where the run wrote one (read, not recomputed)
 
 
 @dataclass
@@ -132,7 +133,8 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
         raise AdviceError(f"{data.run_dir}: {completed} completed requests; the fit needs at least {MIN_COMPLETED}")
     engine = (data.info.get("target") or {}).get("engine") or "vllm"
     current, source = current_settings(data, engine, opts.server)
-    measured = result_of(data.scenario, data.requests, data.chunks, data.info.get("planned"), data.server)
+    measured = (RunResult.from_dict(data.summary) if data.summary is not None
+                else result_of(data.scenario, data.requests, data.chunks, data.info.get("planned"), data.server))
     cal = calibrate(req, data.chunks, dict(measured.stalls.get("prefill_fit") or {}), data.server)
     reqs, t0 = replay_requests(data.requests)
     if cal.kv_cache_tokens is not None:  # the server held the run's largest request, whatever the estimate

@@ -21,13 +21,14 @@ fails the comparison (exit 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import polars as pl
 
 from loadgen.analysis import metrics as m
+from loadgen.analysis.run_analysis import RunAnalysis, itl_per_token
 
 
 @dataclass(frozen=True)
@@ -69,17 +70,25 @@ class RunSamples:
     itl_request: np.ndarray  # index of each token's request
     window_s: float
     seq: np.ndarray  # each request's plan sequence number (pairs requests of two runs of one plan)
+    figures: dict[str, float | None] = field(default_factory=dict)  # the summary's values (point_figures)
 
     @property
     def n(self) -> int:
         return len(self.ok)
 
 
-def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFrame) -> RunSamples:
-    req = m.measured(m.with_request_metrics(requests)).with_row_index("i")
-    gaps = m.chunk_gaps(req, chunks).join(req.filter(pl.col("ok")).select("worker", "seq", "i"),
-                                          on=["worker", "seq"], how="inner")
-    tokens = gaps.select(pl.col("itl_ms").repeat_by("tokens").explode(), pl.col("i").repeat_by("tokens").explode())
+def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, stalls: pl.DataFrame,
+                run: RunAnalysis | None = None, figures: dict[str, float | None] | None = None) -> RunSamples:
+    """The measured requests' samples; ``run``: the records' analysis, when the caller has it (its gaps are
+    not computed again); ``figures``: the run's own point values (``point_figures`` of its summary)."""
+    run = run or RunAnalysis(requests, chunks)
+    req = run.measured.with_row_index("i")
+    # each gap's request row ``i`` (among every request) to its row among the measured ones
+    position = (~run.req["warmup"]).cast(pl.Int64).cum_sum() - 1
+    owner = position.gather(run.gaps["i"])
+    tokens = run.gaps["tokens"].cast(pl.Int64)
+    itl = itl_per_token(run.gaps)
+    owners = owner if bool((tokens == 1).all()) else pl.select(owner.repeat_by(tokens).explode()).to_series()
     per_req = (stalls.group_by("worker", "seq").len() if stalls.height
                else pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "len": pl.UInt32}))
     n_stalls = req.join(per_req, on=["worker", "seq"], how="left")["len"].fill_null(0)
@@ -90,8 +99,22 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame, stalls: pl.DataFra
     return RunSamples(col("ttft_ms"), col("tpot_ms"), col("e2e_ms"), req["ok"].to_numpy(),
                       (~req["ok"] & ~cancelled).to_numpy(), (~cancelled).to_numpy(),
                       req["output_tokens"].fill_null(0).to_numpy().astype(float), n_stalls.to_numpy().astype(float),
-                      tokens["itl_ms"].to_numpy(), tokens["i"].to_numpy().astype(np.int64), m.window_s(req),
-                      req["seq"].to_numpy())
+                      itl.to_numpy(), owners.to_numpy().astype(np.int64), m.window_s(req), req["seq"].to_numpy(),
+                      dict(figures or {}))
+
+
+def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Each comparable metric's value as the run's summary states it (one value per statistic: compare's point
+    estimate is the summary's figure, its interval the bootstrap's)."""
+    out: dict[str, float | None] = {}
+    for name in METRICS:
+        if "." in name:
+            metric, stat = name.split(".")
+            out[name] = (summary.get("metrics", {}).get(metric) or {}).get(stat)
+    out["output_tokens_per_s"] = (summary.get("throughput") or {}).get("output_tokens_per_s")
+    out["error_rate"] = (summary.get("requests") or {}).get("error_rate")
+    out["stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("per_1k_tokens")
+    return out
 
 
 # ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------
@@ -172,11 +195,16 @@ def _finite(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
+def _point(name: str, s: RunSamples) -> float:
+    """The run's value of ``name``: its summary's figure where it has one, else computed from the samples."""
+    stated = s.figures.get(name)
+    return float(stated) if stated is not None else float(statistic(name, s, np.ones((1, s.n)))[0])
+
+
 def compare_metric(name: str, base: RunSamples, new: RunSamples, w_base: np.ndarray, w_new: np.ndarray,
                    threshold: float, confidence: float) -> MetricComparison:
     spec = METRICS[name]
-    point_b = statistic(name, base, np.ones((1, base.n)))[0]
-    point_n = statistic(name, new, np.ones((1, new.n)))[0]
+    point_b, point_n = _point(name, base), _point(name, new)
     change = _change(spec, statistic(name, base, w_base), statistic(name, new, w_new))
     change = change[np.isfinite(change)]
     point = float(_change(spec, np.array([point_b]), np.array([point_n]))[0])

@@ -4,6 +4,7 @@ stalls.parquet, report.html and charts/*.png."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -24,12 +25,33 @@ def write_reports(run_dir: Path, result: RunResult, name: str, tables: dict[str,
                   window: tuple[float, float] | None = None, png: bool = True, server: pl.DataFrame | None = None,
                   advice: Advice | None = None, run: RunAnalysis | None = None) -> None:
     """``run``: the records' analysis the summary was made from (its gaps are not computed again)."""
-    views = RunViews.build(requests, chunks, tables.get("stalls", pl.DataFrame()), result, server, run)
+    charts, images = _charts(run_dir, result, tables.get("stalls", pl.DataFrame()), requests, chunks, window, png,
+                             server, run)
+    write_all(run_dir, result, name, tables, images)
+    _write_page(run_dir, result, name, charts, advice)
+
+
+def write_report_page(run_dir: Path, result: RunResult, name: str, stalls: pl.DataFrame, requests: pl.DataFrame,
+                      chunks: pl.DataFrame | pl.LazyFrame, png: bool = True, server: pl.DataFrame | None = None,
+                      advice: Advice | None = None) -> None:
+    """report.html (and its PNGs) alone, for a summary already written (``result``, ``stalls``: summary.json and
+    stalls.parquet read back): ``loadgen advise`` adds its section without the run analysed again."""
+    charts, _ = _charts(run_dir, result, stalls, requests, chunks, None, png, server, None)
+    _write_page(run_dir, result, name, charts, advice)
+
+
+def _charts(run_dir: Path, result: RunResult, stalls: pl.DataFrame, requests: pl.DataFrame,
+            chunks: pl.DataFrame | pl.LazyFrame, window: tuple[float, float] | None, png: bool,
+            server: pl.DataFrame | None, run: RunAnalysis | None) -> tuple[list[Any], list[tuple[str, str]]]:
+    views = RunViews.build(requests, chunks, stalls, result, server, run)
     charts = build_charts(views, choose_window(views, window))
     images = []
     if png:
         images = [(c.title, p.relative_to(run_dir).as_posix())
                   for c, p in zip(charts, write_pngs(charts, run_dir / "charts"))]
-    write_all(run_dir, result, name, tables, images)
+    return charts, images
+
+
+def _write_page(run_dir: Path, result: RunResult, name: str, charts: list[Any], advice: Advice | None) -> None:
     advice_html = html_section(advice) if advice is not None else ""
     write_text(run_dir / "report.html", render_page(result, name, run_dir.name, charts, advice_html))

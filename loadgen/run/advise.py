@@ -11,7 +11,7 @@ from loadgen.advise.whatif import AdviceError, AdviseOptions, RunData, advise
 from loadgen.analysis.advice_result import Advice
 from loadgen.core.secrets import write_text
 from loadgen.report.advice_report import markdown
-from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records, rebuild_reports
+from loadgen.run.reporting import RunDirError, add_advice_section, read_run_info, read_whole_records, stored_summary
 from loadgen.run.sinks import load_server_metrics
 
 
@@ -22,7 +22,9 @@ def read_run(run_dir: Path) -> RunData:
         requests, chunks = read_whole_records(run_dir)
     except RunDirError as exc:
         raise AdviceError(str(exc)) from None
-    return RunData(info, scenario, requests, chunks, load_server_metrics(run_dir), str(run_dir))
+    stored = stored_summary(run_dir)  # the measured run's own summary: not analysed again
+    return RunData(info, scenario, requests, chunks, load_server_metrics(run_dir), str(run_dir),
+                   stored[0] if stored is not None else None)
 
 
 def advise_run(run_dir: Path, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None,
@@ -31,5 +33,5 @@ def advise_run(run_dir: Path, opts: AdviseOptions, progress: Callable[[str], Non
     write_text(run_dir / "advice.json", json.dumps(advice.to_dict(), indent=2) + "\n")
     write_text(run_dir / "advice.md", markdown(advice))
     progress("report.html: adding the advice section")
-    rebuild_reports(run_dir, png=png and (run_dir / "charts").is_dir())
+    add_advice_section(run_dir, png=png and (run_dir / "charts").is_dir())
     return advice

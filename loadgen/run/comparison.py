@@ -9,10 +9,13 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.analysis.compare import DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, run_samples
+from loadgen.analysis.compare import (DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, point_figures,
+                                      run_samples)
+from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
 from loadgen.report.compare_report import comparison_dict
-from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records
+from loadgen.plan.scenario import Scenario
+from loadgen.run.reporting import RunDirError, read_run_info, scan_whole_records, stored_summary
 from loadgen.errors import CompareError as CompareError
 
 MIN_REQUESTS = 20
@@ -47,14 +50,23 @@ def load_run(run_dir: Path) -> tuple[dict[str, Any], RunSamples]:
 
 
 def load_run_frames(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame, RunSamples]:
-    """run.json, the request records and the bootstrap's samples of one run directory (records read once)."""
+    """run.json, the request records and the bootstrap's samples of one run directory (records read once;
+    the run's summary.json and stalls.parquet read back where it wrote them, else the records analysed)."""
     try:
         info, scenario = read_run_info(run_dir)
-        requests, chunks = read_whole_records(run_dir)
+        requests, chunks = scan_whole_records(run_dir)
     except RunDirError as exc:
         raise CompareError(str(exc)) from None
-    _, tables = summarize(scenario, requests, chunks, info.get("planned"))
-    return info, requests, run_samples(requests, chunks, tables["stalls"])
+    run = RunAnalysis(requests, chunks)
+    stored = stored_summary(run_dir)
+    summary, stalls = stored if stored is not None else _summarized(scenario, requests, chunks, info, run)
+    return info, requests, run_samples(requests, chunks, stalls, run, point_figures(summary))
+
+
+def _summarized(scenario: Scenario, requests: pl.DataFrame, chunks: pl.LazyFrame, info: dict[str, Any],
+                run: RunAnalysis) -> tuple[dict[str, Any], pl.DataFrame]:
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), run=run)
+    return summary, tables["stalls"]
 
 
 def same_plan(base: dict[str, Any], new: dict[str, Any]) -> bool:

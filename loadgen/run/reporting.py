@@ -16,7 +16,7 @@ from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
 from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
-from loadgen.report.build import write_reports
+from loadgen.report.build import write_report_page, write_reports
 from loadgen.report.wording import with_headline
 from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
 from loadgen.errors import RunDirError as RunDirError
@@ -57,6 +57,17 @@ def read_whole_records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
         requests, chunks = load_records(run_dir, broken, merge=False)
     except FileNotFoundError as exc:
         raise RunDirError(str(exc)) from None
+    if broken:
+        raise RunDirError(damaged(run_dir, broken))
+    return requests, chunks
+
+
+def scan_whole_records(run_dir: Path) -> tuple[pl.DataFrame, pl.LazyFrame]:
+    """``read_whole_records`` with the chunks as a lazy scan of their files (read later, in slices)."""
+    if not (run_dir / "requests.parquet").exists() and not any(run_dir.glob("requests.part-*.parquet")):
+        raise RunDirError(f"{run_dir}: no requests.parquet (is this a loadgen run directory?)")
+    broken: list[str] = []
+    requests, chunks = scan_records(run_dir, broken, merge=False)
     if broken:
         raise RunDirError(damaged(run_dir, broken))
     return requests, chunks
@@ -117,3 +128,35 @@ def load_advice(run_dir: Path) -> Advice | None:
         return Advice.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def stored_summary(run_dir: Path) -> tuple[dict[str, Any], pl.DataFrame] | None:
+    """summary.json and stalls.parquet as the run (or its last ``loadgen report``) wrote them, or None when
+    either is missing or unreadable: what ``compare``, ``advise`` and a sweep's judging read instead of
+    analysing the records again (one value per statistic: the summary's)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        stalls = pl.read_parquet(run_dir / "stalls.parquet")
+    except (OSError, ValueError, pl.exceptions.PolarsError):
+        return None
+    if not isinstance(summary, dict) or not {"metrics", "stalls", "slo", "verdict"} <= set(summary):
+        return None
+    return summary, stalls
+
+
+def add_advice_section(run_dir: Path, png: bool) -> None:
+    """report.html again, with advice.json's section, from the summary on disk (the whole report is rebuilt
+    only where none is stored)."""
+    stored = stored_summary(run_dir)
+    if stored is None:
+        rebuild_reports(run_dir, png=png)
+        return
+    summary, stalls = stored
+    _, scenario = read_run_info(run_dir)
+    requests, chunks = scan_records(run_dir, [], merge=False)
+    try:
+        write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
+                          png, load_server_metrics(run_dir), load_advice(run_dir))
+    except ValueError:  # not a summary this loadgen reads back
+        rebuild_reports(run_dir, png=png)
+

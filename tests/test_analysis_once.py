@@ -1,0 +1,87 @@
+"""A run is analysed once, at its end: ``compare``, ``advise`` and a sweep step's judging read the summary.json
+and stalls.parquet the run wrote instead of summarising its records again (an hour's analysis is the costly
+part), and ``compare`` states the summary's own value of a statistic (one value per statistic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from loadgen.advise import whatif
+from loadgen.analysis import summary as summary_module
+from loadgen.analysis.result import RunResult
+from loadgen.plan.scenario import Scenario
+from loadgen.run import advise as advise_run, comparison, reporting, sweep
+from tests.run_helpers import run_cli
+
+SHORT = ["--no-progress", "--no-png", "--set", "load.duration_s=5", "--set", "load.rate_per_s=8",
+         "--set", "load.warmup_s=1"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two runs of one seeded plan on the embedded simulator, each summarised at its end."""
+    root = tmp_path_factory.mktemp("once")
+    out = {}
+    for name in ("base", "new"):
+        out[name] = root / name
+        res = run_cli("run", "tests/data/advise_sim.yaml", "--out", str(out[name]), *SHORT)
+        assert res.returncode in (0, 1), res.stdout + res.stderr
+        assert (out[name] / "summary.json").exists() and (out[name] / "stalls.parquet").exists()
+    return out
+
+
+@pytest.fixture
+def summaries(monkeypatch: pytest.MonkeyPatch) -> list[pl.DataFrame]:
+    """Every call to the summary computation, wherever it is called from: the requests it summarised."""
+    calls: list[pl.DataFrame] = []
+    real = summary_module.summarize
+
+    def counted(scenario: Scenario, requests: pl.DataFrame, *args: Any, **kwargs: Any) -> Any:
+        calls.append(requests)
+        return real(scenario, requests, *args, **kwargs)
+    for module in (summary_module, comparison, whatif, reporting):
+        monkeypatch.setattr(module, "summarize", counted)
+    return calls
+
+
+def _is_run(requests: pl.DataFrame, run_dir: Path) -> bool:
+    recorded = pl.read_parquet(run_dir / "requests.parquet").select("seq", "t_sent_ns").sort("seq")
+    return requests.select("seq", "t_sent_ns").sort("seq").equals(recorded)
+
+
+def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Path],
+                                                              summaries: list[pl.DataFrame]) -> None:
+    doc, _ = comparison.compare_runs(runs["base"], runs["new"], comparison.CompareOptions(replicates=200))
+    assert summaries == []
+    stated = {name: json.loads((runs[name] / "summary.json").read_text()) for name in ("base", "new")}
+    by = {m["metric"]: m for m in doc["metrics"]}
+    for label in ("base", "new"):
+        assert by["ttft_ms.p99"][label] == stated[label]["metrics"]["ttft_ms"]["p99"]
+        assert by["itl_ms.p50"][label] == stated[label]["metrics"]["itl_ms"]["p50"]
+        assert by["output_tokens_per_s"][label] == stated[label]["throughput"]["output_tokens_per_s"]
+
+
+def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Path],
+                                                             summaries: list[pl.DataFrame]) -> None:
+    run_dir = runs["base"]
+    result = RunResult.from_dict(json.loads((run_dir / "summary.json").read_text()), run_dir)
+    _, scenario = reporting.read_run_info(run_dir)
+    step = sweep.judge_step(result, scenario, sweep.SweepOptions(mode="rate", replicates=200), 8.0, 5.0, 1, 6.0)
+    assert summaries == []
+    assert step.load == 8.0
+
+
+def test_advise_replays_the_settings_but_reads_the_measured_run_s_summary(runs: dict[str, Path],
+                                                                          summaries: list[pl.DataFrame]) -> None:
+    run_dir = runs["new"]
+    before = (run_dir / "summary.json").read_text()
+    advice = advise_run.advise_run(run_dir, whatif.AdviseOptions(tries={"max_num_seqs": [64]}), png=False)
+    assert advice.candidates and summaries, "the replays are analysed"
+    assert not any(_is_run(requests, run_dir) for requests in summaries), "the measured run is not summarised"
+    assert (run_dir / "summary.json").read_text() == before
+    assert "advice" in (run_dir / "report.html").read_text().lower()
