@@ -199,16 +199,19 @@ def tiny_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(server, scenario, tiny_disk):
+@pytest.mark.parametrize("engine", ["asyncio", "locust"])
+def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(server, scenario, tiny_disk, engine):
+    """Either driver (one RunSession owns the flush and its disk-full stop): the run stops, exit 3, records kept."""
     (tiny_disk / "filler").write_bytes(b"\0" * (1024 * 1024 - 96 * 1024))  # leave ~96 KiB
     out = tiny_disk / "run"
     res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--base-url", server.url("ok"),
-                  "--set", "load.rate_per_s=40", "--set", "load.duration_s=20", "--set",
+                  "--engine", engine, "--set", "load.rate_per_s=40", "--set", "load.duration_s=20", "--set",
                   "workload.classes.0.output_tokens={dist: fixed, value: 200}", *SECRET_ARGS, env=SECRET_ENV,
                   timeout=120)
     assert res.returncode == 3, res.stdout + res.stderr
     assert "INCONCLUSIVE" in res.stdout and "records could not be written: No space left on device" in res.stdout
     assert_clean(res, out)
+    assert json.loads((out / "run.json").read_text())["engine"] == engine
     (tiny_disk / "filler").unlink()
     (out / "requests.part-09998.parquet").write_bytes(b"")  # what the old code left behind on a full disk
     (out / "chunks.part-09998.parquet").write_bytes(b"")

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.run_helpers import ROOT, SIM_TRACE, read_until, records, run_cli, summary, trace_per_request
+from tests.run_helpers import ROOT, SIM_TRACE, read_until, records, run_cli, summary, trace_per_request, wait_for
 
 SHORT = ["--no-progress", "--no-png", "--set", "load.arrival=constant", "--set", "load.rate_per_s=6",
          "--set", "load.warmup_s=0"]
@@ -174,3 +174,68 @@ print('ok', lr.WORKER_GRACE_S)
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0 and res.stdout.split() == ["ok", "15.0"], res.stderr[-2000:]
+
+
+def _worker_of(master_pid: int) -> int | None:
+    for pid in _children(master_pid):
+        try:
+            if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _finished(out: Path) -> bool:
+    import json
+
+    try:
+        return json.loads((out / "run.json").read_text())["finished"] is True
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+@pytest.mark.parametrize("how", ["stall", "death"])
+def test_a_run_ends_by_itself_within_its_bound_when_its_worker_stalls_or_dies(tmp_path, how):
+    """Issue 36: a worker stopped mid-step (SIGSTOP: silent, its socket open; SIGKILL: gone) must not hold the
+    run open. The run ends by itself within the bound it states (plan/deadlines.py: the hard end, the grace and
+    each step of the shutdown), cut short — inconclusive, exit 3, as a run whose requests its hard end cut — with
+    the records the worker had shipped before it stopped kept."""
+    from loadgen import api
+    from loadgen.plan.deadlines import run_bound_s
+    from loadgen.plan.schedule import build_plan
+
+    sets = {"load.arrival": "constant", "load.rate_per_s": 6, "load.warmup_s": 0, "load.duration_s": 12,
+            "load.drain_timeout_s": 5}
+    sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", overrides=sets)
+    bound_s = run_bound_s(build_plan(sc), sc)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress",
+           "--no-png", "--engine", "locust", "--workers", "1",
+           *(x for k, v in sets.items() for x in ("--set", f"{k}={v}"))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    worker = None
+    try:
+        wait_for(lambda: any(out.glob("requests.part-*.parquet")), 90, "the worker's first records on disk")
+        worker = _worker_of(proc.pid)
+        assert worker is not None, "the worker process should be a child of the run"
+        kept = pl.read_parquet(list(out.glob("requests.part-*.parquet"))).height
+        os.kill(worker, signal.SIGSTOP if how == "stall" else signal.SIGKILL)
+        import time
+
+        stopped_at = time.monotonic()
+        wait_for(lambda: _finished(out), bound_s, f"the run's end within its bound ({bound_s:g} s)")
+        ended_s = time.monotonic() - stopped_at
+        stdout, stderr = proc.communicate(timeout=120)  # the reports, after the run's end
+    finally:
+        if worker is not None and Path(f"/proc/{worker}").exists():
+            os.kill(worker, signal.SIGKILL)  # ours (started by the run under test); SIGKILL ends a stopped one too
+        if proc.poll() is None:
+            proc.kill()
+    assert ended_s <= bound_s and proc.returncode == 3, (ended_s, bound_s, proc.returncode, stderr[-2000:])
+    requests, _ = records(out)
+    assert kept <= requests.height < summary(out)["requests"]["planned"]  # what it shipped is kept; no more
+    notes = " ".join(summary(out)["notes"])
+    assert "left before their plan ended" in notes, (notes, stdout[-2000:])
+    assert summary(out)["verdict"] == "inconclusive"

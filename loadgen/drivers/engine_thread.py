@@ -108,6 +108,11 @@ class EngineThread:
 
     _ceiling_per_s: float | None = None
 
+    @property
+    def cut_at_end(self) -> int:
+        """Requests this thread's engine cancelled at the run's hard end (0 before it is ready)."""
+        return self.engine.stats.cut_at_end if self.ready else 0
+
     def cancel_in_flight(self) -> None:
         """Cancel every request in flight (each is recorded as cancelled); later submits still go."""
         loop = self.loop
@@ -185,9 +190,12 @@ class EngineThread:
             self.ready = True
             await self._stop.wait()
             self.engine.stop()
+            self._cancel_all()  # what waits for its time, and what is in flight (recorded as cancelled)
+            await asyncio.gather(*self._pending, return_exceptions=True)
             while self.engine.stats.in_flight:
                 await asyncio.sleep(0.01)
             watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)  # none left pending when the loop closes
 
     def _engine(self, client: httpx.AsyncClient) -> AsyncioEngine:
         target = self.target

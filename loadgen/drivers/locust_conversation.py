@@ -12,15 +12,29 @@ numbers their turns ``arrival × MAX_TURNS + turn``, so seqs never collide acros
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+import time
+from typing import Any, Callable, Protocol
 
-from loadgen.core.records import RequestRecord
+from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.conversations import next_think_ns
-from loadgen.plan.scenario import MAX_TURNS
+from loadgen.plan.scenario import MAX_TURNS, Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.plan.slicing import PlanSlice
 
-if TYPE_CHECKING:
-    from loadgen.drivers.locust_user import ProcessState
+
+class ConversingState(Protocol):
+    """What a conversation needs of its process (``drivers/locust_user.py``'s ``ProcessState``)."""
+
+    scenario: Scenario
+    plan: Plan
+    slice: PlanSlice
+    sent: int
+    in_flight: int
+    arrivals: list[list[PlannedRequest]] | None
+    engine: Any  # the engine thread: ``turns`` holds each turn's (message, answer) once it ends
+
+    def execute(self, req: PlannedRequest, t_due_ns: int | None = None,
+                history: list[tuple[str, str]] | None = None) -> tuple[RequestRecord, list[ChunkRecord]]: ...
 
 
 def arrivals_of(plan: Plan) -> list[list[PlannedRequest]]:
@@ -33,13 +47,12 @@ def arrivals_of(plan: Plan) -> list[list[PlannedRequest]]:
     return out
 
 
-def next_arrival(state: "ProcessState") -> list[PlannedRequest] | None:
+def next_arrival(state: ConversingState) -> list[PlannedRequest] | None:
     """This process's next arrival (None: its slice is done or the run's time is up)."""
-    index = state.index + state._next * state.workers
-    state._next += 1
+    index = state.slice.take_position()
     plan = state.plan
     if plan.closed_loop:
-        if state._past_end() or (plan.size is not None and state.sent >= plan.size):
+        if state.slice.sending_over(time.monotonic_ns()) or (plan.size is not None and state.sent >= plan.size):
             return None
         return [dataclasses.replace(r, seq=index * MAX_TURNS + r.turn) for r in plan.unit(index)]
     if state.arrivals is None:
@@ -47,12 +60,12 @@ def next_arrival(state: "ProcessState") -> list[PlannedRequest] | None:
     return state.arrivals[index] if index < len(state.arrivals) else None
 
 
-def converse(state: "ProcessState", turns: list[PlannedRequest], fire: Callable[[RequestRecord], None]) -> None:
+def converse(state: ConversingState, turns: list[PlannedRequest], fire: Callable[[RequestRecord], None]) -> None:
     """Send ``turns`` in order; each record also goes to ``fire`` (Locust's request event)."""
     history: list[tuple[str, str]] = []
     t_due_ns: int | None = None
     for req in turns:
-        if t_due_ns is not None and stopping_at(state, t_due_ns):
+        if t_due_ns is not None and state.slice.turn_too_late(t_due_ns):
             return
         state.in_flight += 1  # claimed: the run is not over until it is recorded
         record, _ = state.execute(req, t_due_ns, history if req.conversation is not None else None)
@@ -61,12 +74,3 @@ def converse(state: "ProcessState", turns: list[PlannedRequest], fire: Callable[
             return
         history.append(state.engine.turns.pop(req.seq, ("", "")))
         t_due_ns = record.t_done_ns + next_think_ns(turns, req)
-
-
-def stopping_at(state: "ProcessState", t_ns: int) -> bool:
-    """Whether a conversation's turn due at ``t_ns`` comes after the run stops sending."""
-    load, t0 = state.scenario.load, state.t0_ns or 0
-    if state.plan.closed_loop:
-        return load.duration_s is not None and t_ns >= t0 + int((load.warmup_s + load.duration_s) * 1e9)
-    end_s = state.plan.hard_end_s(load.drain_timeout_s)
-    return end_s is not None and t_ns >= t0 + int(end_s * 1e9)

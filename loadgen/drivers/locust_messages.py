@@ -1,13 +1,16 @@
 """Records over Locust's messaging (distributed runs): a worker packs its finished records columnar and
-msgpack-friendly, the master unpacks them. Pure: no locust or gevent here."""
+msgpack-friendly and sends them in batches (``Outbox``), the master unpacks them; and a record as Locust's
+``request`` event. Pure: no locust or gevent here (the caller's runner sends, its greenlet flushes)."""
 
 from __future__ import annotations
 
 import collections
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from loadgen.core.records import ChunkRecord, RequestRecord
+
+RECORDS_MESSAGE, SLICE_MESSAGE, DONE_MESSAGE = "loadgen_records", "loadgen_slice", "loadgen_done"
 
 
 def pack(records: list[tuple[RequestRecord, list[ChunkRecord]]], worker: int) -> dict[str, Any]:
@@ -33,3 +36,29 @@ def unpack(data: dict[str, Any]) -> list[tuple[RequestRecord, list[ChunkRecord]]
         w = workers.get(seq, 0)
         by_seq[(w, seq)].append(ChunkRecord(seq, t_ns, tokens, reasoning, w))
     return out
+
+
+class Outbox:
+    """A worker's finished records, sent to the master in batches (``flush``: every half second, from a greenlet
+    the worker runs, and when the worker stops)."""
+
+    def __init__(self, send: Callable[[str, Any], None], worker: int) -> None:
+        self.send, self.worker = send, worker
+        self.pending: list[tuple[RequestRecord, list[ChunkRecord]]] = []
+
+    def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+        self.pending.append((record, chunks))
+
+    def flush(self) -> None:
+        if self.pending:
+            batch, self.pending = self.pending, []
+            self.send(RECORDS_MESSAGE, pack(batch, self.worker))
+
+
+def fire_request_event(environment: Any, record: RequestRecord) -> None:
+    """Locust's tables, charts and CSV: response time = TTFT (ms; E2E when no token came), length = tokens."""
+    end_ns = record.t_first_token_ns or record.t_done_ns
+    exception = RuntimeError(f"{record.error_kind}: {record.error_message}") if record.error_kind else None
+    environment.events.request.fire(request_type="POST", name=record.class_name,
+                                    response_time=(end_ns - record.t_intended_ns) / 1e6,
+                                    response_length=record.output_tokens, exception=exception, context={})

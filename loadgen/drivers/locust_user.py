@@ -10,6 +10,7 @@ transport holds it), and waits for the record. Lateness — no free user, a slow
 Finished records come back to the gevent hub through one ``async_`` watcher (thread-safe), then go to the
 run's sink (one process) or, batched, to the master over Locust's messaging (distributed). Each request also
 fires Locust's ``request`` event: response time = TTFT (ms), length = output tokens.
+No wait here lacks a deadline (plan/deadlines.py): a user waits for its answer until its slice's give-up point.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import signal
 import time
 from typing import Any, Callable
 
@@ -34,10 +36,11 @@ from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.drivers.engine_thread import EngineThread, Preparation
 from loadgen.drivers.locust_conversation import converse, next_arrival
-from loadgen.drivers.locust_messages import pack
+from loadgen.drivers.locust_messages import fire_request_event
+from loadgen.plan.deadlines import ORPHAN_S
+from loadgen.plan.slicing import PlanSlice
 
 LEAD_MS = 50.0  # a request is handed to the engine thread this early (prompt building, hand-off)
-RECORDS_MESSAGE, SLICE_MESSAGE, DONE_MESSAGE = "loadgen_records", "loadgen_slice", "loadgen_done"
 
 
 class Handoff:
@@ -70,40 +73,39 @@ class ProcessState:
         self.scenario, self.plan, self.on_record = scenario, preparation.plan, on_record
         self.engine = EngineThread(preparation, monkey.get_original("_thread", "start_new_thread"))
         self.handoff = Handoff()
-        self.index, self.workers = 0, 1
-        self.t0_ns: int | None = None
-        self._next = 0  # position in this process's slice
-        self.in_flight = 0
-        self.sent = 0
-        self.exhausted = False
+        self.slice = PlanSlice(self.plan, scenario)
+        self.abandoned = 0  # answers not waited for past the give-up point (an engine thread that never said)
+        self.in_flight, self.sent, self.exhausted = 0, 0, False
         self.counts = collections.Counter()
         self.arrivals: list[list[PlannedRequest]] | None = None  # open loop, conversational: by arrival
         self.conversing = 0  # users inside a conversation (between turns nothing is in flight)
 
     def set_slice(self, index: int, workers: int, t0_ns: int) -> None:
-        self.index, self.workers, self.t0_ns = index, workers, t0_ns
-        end_s = self.plan.hard_end_s(self.scenario.load.drain_timeout_s)
-        self.engine.set_hard_end(t0_ns + int(end_s * 1e9) if end_s is not None else None)
+        self.slice.start(index, workers, t0_ns)
+        self.engine.set_hard_end(self.slice.hard_end_ns())
         ceiling = self.scenario.load.max_rate_per_s
         self.engine.set_rate_ceiling(ceiling / workers if ceiling is not None else None)
 
     def next_request(self) -> PlannedRequest | None:
-        while self.t0_ns is None:
-            gevent.sleep(0.01)
-        seq = self.index + self._next * self.workers
-        self._next += 1
+        if not self.wait_for_slice():
+            return None
+        seq = self.slice.take_position()
         size = self.plan.size
-        if (size is not None and seq >= size) or self._past_end():
+        if (size is not None and seq >= size) or self.slice.sending_over(time.monotonic_ns()):
             self.exhausted = True
             return None
         self.in_flight += 1  # claimed: the run is not over until it is recorded
         return self.plan.request(seq)
 
-    def _past_end(self) -> bool:
-        load = self.scenario.load
-        if not self.plan.closed_loop or load.duration_s is None or self.t0_ns is None:
-            return False
-        return time.monotonic_ns() >= self.t0_ns + int((load.warmup_s + load.duration_s) * 1e9)
+    def wait_for_slice(self) -> bool:
+        """Until this process has its slice (False: none came within ``ORPHAN_S``; the slice is then over)."""
+        deadline = time.monotonic() + ORPHAN_S
+        while self.slice.t0_ns is None:
+            if time.monotonic() > deadline:
+                self.exhausted = True
+                return False
+            gevent.sleep(0.01)
+        return True
 
     @property
     def finished(self) -> bool:
@@ -113,21 +115,28 @@ class ProcessState:
                 history: list[tuple[str, str]] | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
         """Send ``req`` at its intended time (open loop; a later turn: ``t_due_ns``) or now (closed loop, turn
         0); block this greenlet until done."""
-        assert self.t0_ns is not None
+        t0_ns = self.slice.t0_ns
+        assert t0_ns is not None
         if t_due_ns is not None:
             intended = t_due_ns
             gevent.sleep(max(0.0, (intended - time.monotonic_ns()) / 1e9 - LEAD_MS / 1e3))
         elif self.plan.closed_loop:
             intended = 0  # the engine thread stamps when the body is ready
-            req = _with_warmup(req, time.monotonic_ns() - self.t0_ns < self.scenario.load.warmup_s * 1e9)
+            req = _with_warmup(req, time.monotonic_ns() - t0_ns < self.scenario.load.warmup_s * 1e9)
         else:
-            intended = self.t0_ns + req.t_intended_offset_ns
+            intended = t0_ns + req.t_intended_offset_ns
             gevent.sleep(max(0.0, (intended - time.monotonic_ns()) / 1e9 - LEAD_MS / 1e3))
         result: AsyncResult = AsyncResult()
         self.sent += 1
         self.engine.submit(req, intended, lambda rec, chunks: self.handoff.put(self._finish, rec, chunks, result),
                            history)
-        return result.get()
+        give_up_ns = self.slice.give_up_ns()
+        wait_s = None if give_up_ns is None else max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)
+        try:
+            return result.get(timeout=wait_s)
+        except gevent.Timeout:  # the engine thread never answered by the give-up point: this user stops
+            self.abandoned += 1
+            raise StopUser() from None
 
     def _finish(self, record: RequestRecord, chunks: list[ChunkRecord], result: AsyncResult) -> None:
         """On the hub: record it even if the user that sent it was stopped meanwhile (the web UI's Stop)."""
@@ -138,7 +147,8 @@ class ProcessState:
 
     def reset(self) -> None:
         """For the next run of the same process (the web UI's next Start)."""
-        self._next, self.exhausted, self.t0_ns, self.sent, self.conversing = 0, False, None, 0, 0
+        self.exhausted, self.sent, self.conversing, self.abandoned = False, 0, 0, 0
+        self.slice.reset()
         self.counts.clear()
 
     def close(self) -> None:
@@ -168,7 +178,6 @@ class LLMUser(User):
         record, _ = state.execute(req)
         fire_request_event(self.environment, record)
 
-
     def _conversation(self, state: ProcessState) -> None:
         turns = next_arrival(state)
         if turns is None:
@@ -181,41 +190,6 @@ class LLMUser(User):
             state.conversing -= 1
 
 
-def fire_request_event(environment: Any, record: RequestRecord) -> None:
-    """Locust's tables, charts and CSV: response time = TTFT (ms; E2E when no token came), length = tokens."""
-    end_ns = record.t_first_token_ns or record.t_done_ns
-    exception = RuntimeError(f"{record.error_kind}: {record.error_message}") if record.error_kind else None
-    environment.events.request.fire(request_type="POST", name=record.class_name,
-                                    response_time=(end_ns - record.t_intended_ns) / 1e6,
-                                    response_length=record.output_tokens, exception=exception, context={})
-
-
-class Outbox:
-    """A worker's finished records, sent to the master every ``period_s`` and when the worker stops."""
-
-    def __init__(self, runner: Any, worker: int, period_s: float = 0.5) -> None:
-        self.runner, self.worker, self.period_s = runner, worker, period_s
-        self.pending: list[tuple[RequestRecord, list[ChunkRecord]]] = []
-        self._loop = gevent.spawn(self._run)
-
-    def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
-        self.pending.append((record, chunks))
-
-    def flush(self) -> None:
-        if self.pending:
-            batch, self.pending = self.pending, []
-            self.runner.send_message(RECORDS_MESSAGE, pack(batch, self.worker))
-
-    def _run(self) -> None:
-        while True:
-            gevent.sleep(self.period_s)
-            self.flush()
-
-    def close(self) -> None:
-        self._loop.kill()
-        self.flush()
-
-
 def sleep(seconds: float) -> None:
     gevent.sleep(seconds)
 
@@ -224,10 +198,38 @@ def spawn(fn: Callable[..., Any], *args: Any) -> Any:
     return gevent.spawn(fn, *args)
 
 
+def joined(group: Any, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for a greenlet group (a Locust runner's) to end; True when it has."""
+    group.join(timeout=timeout_s)
+    return len(group) == 0
+
+
+def every(period_s: float, fn: Callable[[], None]) -> Callable[[], None]:
+    """Call ``fn`` every ``period_s`` on a greenlet of its own; returns what stops it."""
+    def loop() -> None:
+        while True:
+            gevent.sleep(period_s)
+            fn()
+    return gevent.spawn(loop).kill
+
+
+def within(timeout_s: float, fn: Callable[..., Any], *args: Any) -> bool:
+    """Call ``fn`` on this greenlet, abandoned after ``timeout_s`` (a Locust runner's quit, say, whose waits
+    have no deadline of their own); True when it returned in time."""
+    timer = gevent.Timeout.start_new(timeout_s)
+    try:
+        fn(*args)
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+        return False
+    finally:
+        timer.cancel()
+    return True
+
+
 def on_sigterm(callback: Callable[[], None]) -> None:
     """Run ``callback`` in a greenlet on SIGTERM (``kill PID``), so cleanup runs as it does on Ctrl-C."""
-    import signal
-
     gevent.signal_handler(signal.SIGTERM, callback)
 
 

@@ -63,14 +63,14 @@ def builtin_scenario(load: Callable[[Path], Scenario]) -> Scenario:
 def run_check(scenario: Scenario) -> CheckResult:
     """Audit the scenario's target (the embedded simulator started and stopped here). TargetError (exit 2):
     unreachable, or not OpenAI-compatible; ScenarioError: an API that is not streamed."""
-    from loadgen.run.runner import _event_loop_run
+    from loadgen.run.runner import event_loop_run
 
     if scenario.target.api == "embeddings":
         raise ScenarioError("check audits streamed generation; target.api embeddings is not streamed")
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything starts
     sim = start_embedded(scenario, None) if scenario.target.embedded else None
     try:
-        return _event_loop_run(_check(scenario, sim.base_url if sim else scenario.target.base_url))
+        return event_loop_run(_check(scenario, sim.base_url if sim else scenario.target.base_url))
     except TargetError:
         raise
     except ServerFault as exc:  # its tokenize endpoint answered a probe's count in another shape: unusable

@@ -1,6 +1,15 @@
 """``loadgen run --engine locust [--workers N]``, ``loadgen worker`` and ``loadgen ui``: Locust runners around
-the LLM users of ``drivers/locust_user.py``. The master (or the single process) owns the run directory: workers
-ship their raw records to it in batches, so what a worker sent before it stopped is kept.
+the LLM users of ``drivers/locust_user.py``. The master (or the single process) owns the run directory, through
+the same ``RunSession`` as the asyncio driver (run/session.py: directory, phase, flush and disk-full policy):
+workers ship their raw records to it in batches, so what a worker sent before it stopped is kept.
+
+Every wait has a deadline derived from the run's stated bound (plan/deadlines.py): the plan's hard end plus
+``WORKER_GRACE_S``, then ``SHUTDOWN_S`` for the runners and the worker processes. A worker that dies or stalls
+(Locust marks it missing after three silent heartbeats), or that has not said its slice is done by the give-up
+point, is *left*: its records up to its last batch are kept, the run ends on its own and is cut short as one
+whose requests the hard end cut is (a would-be pass is inconclusive, exit 3; a failed objective still fails). A
+worker whose master is gone gives up by itself. Worker processes write their stderr to a file, never to a pipe
+nobody reads.
 
 Import this module before anything imports ``ssl`` or ``socket`` users: through ``drivers/locust_user.py`` (the
 one module that imports locust or gevent) it monkey-patches the process for gevent.
@@ -11,30 +20,32 @@ from __future__ import annotations
 from loadgen.drivers import locust_user as lu  # first: Locust monkey-patches the process on import
 
 import os  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import IO, Any  # noqa: E402
 
 from rich.console import Console  # noqa: E402
 
 from loadgen.analysis.result import RunResult  # noqa: E402
-from loadgen.report.console import print_summary  # noqa: E402
-from loadgen.run.runner import RunOptions, Run, make_run_dir  # noqa: E402
+from loadgen.drivers.locust_messages import DONE_MESSAGE, RECORDS_MESSAGE, SLICE_MESSAGE, Outbox, unpack  # noqa: E402
+from loadgen.drivers.scrape import Scraper  # noqa: E402
+from loadgen.plan.deadlines import (ORPHAN_S, SHUTDOWN_S, START_LEAD_S, WORKER_CONNECT_TIMEOUT_S,  # noqa: E402
+                                    WORKER_GRACE_S, give_up_s)
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.report.console import print_summary  # noqa: E402
+from loadgen.run import exits  # noqa: E402
 from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
-from loadgen.drivers.scrape import Scraper  # noqa: E402
-from loadgen.drivers.locust_messages import unpack  # noqa: E402
+from loadgen.run.runner import Run, RunOptions  # noqa: E402
+from loadgen.run.session import RunSession, generator_figures  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
-START_LEAD_S = 1.0  # the plan's t0 is this far after the slices are sent
-WORKER_GRACE_S = 15.0  # after the plan's hard end, the master waits this long for a worker's last records
-WORKER_CONNECT_TIMEOUT_S = 60.0
+__all__ = ["LocustRun", "RunOptions", "WORKER_GRACE_S", "WorkerLaunch", "run_worker", "send_slices", "start_scraper",
+           "users_for", "workers_left"]
 
 
 @dataclass
@@ -49,12 +60,6 @@ def users_for(scenario: Scenario) -> int:
     """Closed loop: one user per concurrent request. Open loop: enough users never to hold a request back
     (``max_in_flight``); fewer would show up as queue delay, which is recorded."""
     return scenario.load.concurrency or scenario.load.max_in_flight
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scraper | None:
@@ -73,7 +78,7 @@ def send_slices(runner: Any) -> list[str]:
     clients = sorted(runner.clients.keys())
     t0_wall_ns = time.time_ns() + int(START_LEAD_S * 1e9)
     for i, client_id in enumerate(clients):
-        runner.send_message(lu.SLICE_MESSAGE, {"index": i, "workers": len(clients), "t0_wall_ns": t0_wall_ns},
+        runner.send_message(SLICE_MESSAGE, {"index": i, "workers": len(clients), "t0_wall_ns": t0_wall_ns},
                             client_id=client_id)
     return clients
 
@@ -94,62 +99,77 @@ class LocustRun:
         self.done_workers: set[str] = set()
         self.left_workers: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[IO[bytes]] = []  # each worker's stderr (a file: a pipe nobody reads would stall it)
         self.recorded = 0
-        self.stopped = False  # the fail-fast guard stopped the run
+        self.stopped = False  # the fail-fast guard or a full disk stopped the run
+        self.gave_up = False  # this process stopped waiting for its own slice at the give-up point
 
     def execute(self) -> RunResult:
         auth_headers(self.scenario)  # may raise TargetError before anything starts
-        run_dir = make_run_dir(self.scenario, self.opts)
-        sim = start_embedded(self.scenario, run_dir) if self.scenario.target.embedded else None
-        self.sim = sim
-        self.base_url = sim.base_url if sim else self.scenario.target.base_url
-        self.run = Run(self.scenario, self.plan, run_dir, self.console, self.opts, engine_name="locust")
+        session = RunSession(self.scenario.name, self.opts, self.console)
+        self.sim = None
         try:
-            result = self._drive()
-        except TargetError:
-            if self.opts.out is None and not any(run_dir.glob("*.parquet")):
-                shutil.rmtree(run_dir, ignore_errors=True)  # nothing was sent: leave no empty run behind
+            self.sim = start_embedded(self.scenario, session.run_dir) if self.scenario.target.embedded else None
+            self.base_url = self.sim.base_url if self.sim else self.scenario.target.base_url
+            self.run = Run(self.scenario, self.plan, session, self.console, self.opts, engine_name="locust")
+            target, generator = self._drive()
+        except (TargetError, exits.Interrupted, KeyboardInterrupt):
+            session.discard_if_empty()  # nothing was sent: leave no empty run behind (as the asyncio driver)
+            raise
+        except Exception:
+            session.close()  # a bug: the records taken so far reach the disk before the crash report
             raise
         finally:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.terminate()
-                    p.wait(10)
-            if sim is not None:
-                sim.stop()
-        print_summary(self.console, result, str(run_dir))
+            self._end_workers()
+            if self.sim is not None:
+                self.sim.stop()
+        session.phase("writing the reports")
+        result = self.run.finish(target, generator)
+        print_summary(self.console, result, str(session.run_dir))
         return result
 
-    def _drive(self) -> RunResult:
+    def _drive(self) -> tuple[Any, dict[str, Any]]:
         prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures)
         state = lu.ProcessState(self.scenario, prep, on_record=self._record)
         self.run.stopper = lambda reason: self._stop_early(state)
         try:
             target = state.engine.wait_ready(lu.sleep)  # the master probes the target too: exit 2 early
             target.sim = self.sim
+            self.run.write_run_json(target, finished=False)  # as the asyncio driver: a run cut short is reportable
             scraper = start_scraper(state, target, self.opts)
             env = lu.new_environment()
             cpu0, wall0 = time.process_time(), time.monotonic()
+            self.run.session.phase("running")
             if self.workers:
                 self._distributed(env)
             else:
                 self._local(env, state)
             cpu_s, wall_s = time.process_time() - cpu0, time.monotonic() - wall0
-            self.run.note_cut_at_end(target, state.engine.engine.stats.cut_at_end)  # this process's engine
+            self.run.note_cut_at_end(target, state.engine.cut_at_end)  # this process's engine
             if scraper is not None:
                 state.engine.stop_scraper(lu.sleep)
                 self.run.keep_server_metrics(scraper, target)
         finally:
             state.close()
-        generator: dict[str, Any] = {"engine": "locust", "workers": self.workers, "left": self.left_workers}
-        if not self.workers:  # one process: its CPU is the generator's (with workers, it is theirs)
-            generator.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
-                             cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
-        if self.left_workers:
-            target.notes.append(f"{len(self.left_workers)} worker(s) left before their plan ended, or did not say "
-                                f"so within {WORKER_GRACE_S:g} s of its hard end: their records up to then are kept")
+        self._note_cut_short(target, state)
         self.run.note_stopped_early(target)
-        return self.run.finish(target, generator)
+        # one process: its CPU is the generator's (with workers, it is theirs)
+        generator = generator_figures("locust", None if self.workers else cpu_s, None if self.workers else wall_s,
+                                      workers=self.workers, left=self.left_workers)
+        return target, generator
+
+    def _note_cut_short(self, target: Any, state: lu.ProcessState) -> None:
+        """Workers that left, or answers this process stopped waiting for: noted, and the run cut short."""
+        reasons = []
+        if self.left_workers:
+            reasons.append(f"{len(self.left_workers)} worker(s) left before their plan ended, or did not say so "
+                           f"within {WORKER_GRACE_S:g} s of its hard end: their records up to then are kept")
+        if self.gave_up or state.abandoned:
+            reasons.append(f"{max(state.in_flight, state.abandoned)} request(s) had no answer from the engine "
+                           f"{WORKER_GRACE_S:g} s past the run's hard end and were given up")
+        target.notes.extend(reasons)
+        if reasons:
+            self.run.cut_short = reasons[0]
 
     def _local(self, env: Any, state: lu.ProcessState) -> None:
         lu.LLMUser.state = state
@@ -157,29 +177,43 @@ class LocustRun:
         state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
         n = users_for(self.scenario)
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
-        self._wait(lambda: state.finished or self.stopped, runner)
-        runner.quit()
+        give_up = time.monotonic() + 0.2 + give_up_s(self.plan, self.scenario)
+        self._wait(lambda: state.finished or self.stopped or self._local_gave_up(give_up), runner)
+        self._quit(runner, state)
+
+    def _local_gave_up(self, give_up: float) -> bool:
+        self.gave_up = time.monotonic() >= give_up
+        return self.gave_up
+
+    def _quit(self, runner: Any, state: lu.ProcessState | None = None) -> None:
+        """The runner's quit, within ``SHUTDOWN_S`` (Locust's own waits on its users and greenlets have no
+        deadline); what this process still has in flight is cancelled first (recorded as cancelled)."""
+        if state is not None and (self.stopped or self.gave_up):
+            state.engine.cancel_in_flight()
+        if not lu.within(SHUTDOWN_S, runner.quit):
+            self.console.print(f"[yellow]warning:[/] Locust's runner did not quit within {SHUTDOWN_S:g} s; "
+                               "going on without it", highlight=False)
 
     def _distributed(self, env: Any) -> None:
-        port = _free_port()
-        runner = env.create_master_runner(master_bind_host="127.0.0.1", master_bind_port=port)
-        runner.register_message(lu.RECORDS_MESSAGE, self._on_records)
-        runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
-        self._start_workers(port)
+        runner = env.create_master_runner(master_bind_host="127.0.0.1", master_bind_port=0)  # a port of its own
+        runner.master_bind_port = runner.server.port  # a reset of its socket binds the same port again
+        runner.register_message(RECORDS_MESSAGE, self._on_records)
+        runner.register_message(DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+        self._start_workers(runner.server.port)
         deadline = time.monotonic() + WORKER_CONNECT_TIMEOUT_S
         while runner.worker_count < self.workers:
             if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                raise TargetError(f"only {runner.worker_count} of {self.workers} workers connected")
+                raise TargetError(f"only {runner.worker_count} of {self.workers} workers connected"
+                                  + self._worker_log_tail())
             lu.sleep(0.05)
+        give_up = time.monotonic() + START_LEAD_S + give_up_s(self.plan, self.scenario)  # from the slices' t0
         clients = send_slices(runner)
         # closed loop: the scenario's concurrency in all, shared out by Locust; open loop: each worker's users
         n = users_for(self.scenario) * (1 if self.scenario.load.concurrency else len(clients))
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
-        end_s = self.plan.hard_end_s(self.scenario.load.drain_timeout_s)
-        give_up = time.monotonic() + end_s + WORKER_GRACE_S if end_s is not None else None
         self._wait(lambda: self._all_workers_done(runner, clients) or self.stopped or self._gave_up(give_up, clients),
                    runner)
-        runner.quit()
+        self._quit(runner)
 
     def _gave_up(self, give_up: float | None, clients: list[str]) -> bool:
         """Past the plan's hard end and the grace: the workers that have not said they are done are left (each
@@ -204,24 +238,48 @@ class LocustRun:
         for item in self.launch.sets:
             args += ["--set", item]
         for _ in range(self.workers):
-            self.procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                               env={**os.environ}))
+            log = tempfile.TemporaryFile(prefix="loadgen-worker-")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                               stderr=log, env={**os.environ}))
+
+    def _worker_log_tail(self) -> str:
+        """The last lines a worker wrote to stderr (why it did not connect)."""
+        for log in self.logs:
+            log.seek(0)
+            text = log.read()[-2000:].decode(errors="replace").strip()
+            if text:
+                return ": a worker said:\n" + "\n".join(text.splitlines()[-10:])
+        return ""
+
+    def _end_workers(self) -> None:
+        """Every worker process ends: they were told to quit; SIGTERM after ``SHUTDOWN_S``, then SIGKILL."""
+        deadline = time.monotonic() + SHUTDOWN_S
+        for p in self.procs:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(SHUTDOWN_S)
+            except subprocess.TimeoutExpired:
+                p.kill()  # stalled (SIGSTOP, a full pipe, a lock): SIGKILL ends it whatever its state
+                p.wait()
+        for log in self.logs:
+            log.close()
 
     def _wait(self, done: Any, runner: Any) -> None:
-        """Until the plan is done: progress on stderr, records flushed to Parquet every second."""
-        last_flush = time.monotonic()
+        """Until the plan is done (or its give-up point, in ``done``): progress on stderr, records flushed to
+        Parquet every second by the session (a full disk stops the run, as in the asyncio driver)."""
         with self.run.progress() as progress:
             task = progress.add_task("running (locust)", total=self.plan.size)
             while not done():
                 lu.sleep(0.25)
                 progress.update(task, completed=self.recorded, description=(
                     f"running (locust)  users {runner.user_count:>4}  workers {len(self.done_workers)} done"))
-                if time.monotonic() - last_flush >= 1.0 and self.run.sink.pending() and not self.run.disk_error:
-                    last_flush = time.monotonic()
-                    try:
-                        self.run.sink.flush()
-                    except Exception as exc:  # noqa: BLE001 - the records stay in memory either way
-                        self.stopped = self.run.flush_failed(exc) or self.stopped
+                if self.run.session.flush_due() and self.run.session.flush():
+                    self.stopped = True  # the disk is full: the session said so and made the run inconclusive
 
     def _record(self, record: Any, chunks: Any) -> None:
         self.recorded += 1
@@ -234,31 +292,54 @@ class LocustRun:
 
 
 def run_worker(scenario: Scenario, master_host: str, master_port: int) -> int:
-    """A worker: its slice of the plan, its records shipped to the master; returns when the master quits."""
+    """A worker: its slice of the plan, its records shipped to the master; returns when the master quits (0),
+    or by itself when the master is gone past the run's bound (3: inconclusive)."""
     plan = build_plan(scenario)
-    env = lu.new_environment()
-    runner = env.create_worker_runner(master_host, master_port)
-    outbox = lu.Outbox(runner, worker=0)
+    outbox = Outbox(lambda kind, data: None, worker=0)
     state = lu.ProcessState(scenario, Preparation(scenario, plan, scenario.target.base_url), on_record=outbox.add)
     lu.LLMUser.state = state
+    try:
+        state.engine.wait_ready(lu.sleep)  # ready before it connects: its slice comes as soon as it has
+        runner = lu.new_environment().create_worker_runner(master_host, master_port)
+        outbox.send = runner.send_message
+        stop_outbox = lu.every(0.5, outbox.flush)
 
-    def on_slice(msg: Any, **_: Any) -> None:
-        data = msg.data
-        outbox.worker = data["index"]
-        t0_ns = time.monotonic_ns() + (data["t0_wall_ns"] - time.time_ns())
-        state.set_slice(data["index"], data["workers"], t0_ns)
-        lu.spawn(_report_done, state, outbox, runner)
+        def on_slice(msg: Any, **_: Any) -> None:
+            data = msg.data
+            outbox.worker = data["index"]
+            t0_ns = time.monotonic_ns() + (data["t0_wall_ns"] - time.time_ns())
+            state.set_slice(data["index"], data["workers"], t0_ns)
+            lu.spawn(_report_done, state, outbox, runner)
 
-    runner.register_message(lu.SLICE_MESSAGE, on_slice)
-    state.engine.wait_ready(lu.sleep)
-    runner.greenlet.join()
-    state.close()
-    outbox.close()
-    return 0
+        runner.register_message(SLICE_MESSAGE, on_slice)
+        quit_by_master = _until_the_master_quits(runner, state)
+    finally:
+        state.close()
+    stop_outbox()
+    outbox.flush()
+    return 0 if quit_by_master else exits.INCONCLUSIVE
 
 
-def _report_done(state: lu.ProcessState, outbox: lu.Outbox, runner: Any) -> None:
-    while not state.finished:
+def _until_the_master_quits(runner: Any, state: lu.ProcessState) -> bool:
+    """Wait for the master's quit; False when it never came: no slice within ``ORPHAN_S``, or none past this
+    slice's give-up point and the master's own shutdown (the master is gone or stalled)."""
+    started = time.monotonic()
+    while not lu.joined(runner.greenlet, 0.5):
+        give_up_ns = state.slice.give_up_ns()
+        if give_up_ns is None:
+            late = time.monotonic() - started > ORPHAN_S
+        else:
+            late = time.monotonic_ns() > give_up_ns + int((START_LEAD_S + 2 * SHUTDOWN_S) * 1e9)
+        if late:
+            print("loadgen worker: no word from the master within the run's bound; stopping", file=sys.stderr)
+            lu.within(SHUTDOWN_S, runner.quit)
+            return False
+    return True
+
+
+def _report_done(state: lu.ProcessState, outbox: Outbox, runner: Any) -> None:
+    """Tell the master this slice is done: when it is, or at its give-up point, whichever comes first."""
+    while not (state.finished or state.slice.past_give_up(time.monotonic_ns())):
         lu.sleep(0.1)
     outbox.flush()
-    runner.send_message(lu.DONE_MESSAGE, dict(state.counts))
+    runner.send_message(DONE_MESSAGE, dict(state.counts))

@@ -17,14 +17,15 @@ from rich.console import Console  # noqa: E402
 
 from loadgen.core.secrets import redact_url  # noqa: E402
 from loadgen.drivers.scrape import Scraper  # noqa: E402
-from loadgen.drivers.locust_messages import unpack  # noqa: E402
+from loadgen.drivers.locust_messages import DONE_MESSAGE, RECORDS_MESSAGE, unpack  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.report.llm_tab import LLM_TAB, LLM_TABLE, live_rows  # noqa: E402
 from loadgen.run.locust_run import send_slices, start_scraper, users_for, workers_left  # noqa: E402
 from loadgen.run.prepare import Preparation  # noqa: E402
-from loadgen.run.runner import Run, RunOptions, make_run_dir  # noqa: E402
+from loadgen.run.runner import Run, RunOptions  # noqa: E402
+from loadgen.run.session import RunSession, generator_figures  # noqa: E402
 from loadgen.run.target import auth_headers, start_embedded  # noqa: E402
 
 LIVE_EVERY_S = 2.0
@@ -62,9 +63,9 @@ class UiSession:
         if self.master:
             runner = env.create_master_runner(master_bind_host=self.master_host,
                                                 master_bind_port=self.master_port)
-            runner.register_message(lu.RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
+            runner.register_message(RECORDS_MESSAGE, lambda msg, **_: [self._on_record(r, c)
                                                                           for r, c in unpack(msg.data)])
-            runner.register_message(lu.DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+            runner.register_message(DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
         else:
             env.create_local_runner()
         web = env.create_web_ui(host, port, web_login=web_login, delayed_start=True)
@@ -98,8 +99,8 @@ class UiSession:
                 self.sim.stop()
 
     def _start(self) -> None:
-        self.run = Run(self.scenario, self.plan, make_run_dir(self.scenario, self.opts), self.console, self.opts,
-                       engine_name="locust")
+        self.run = Run(self.scenario, self.plan, RunSession(self.scenario.name, self.opts, self.console),
+                       self.console, self.opts, engine_name="locust")
         self.run.write_run_json(self.target, finished=False)
         self.live, self.live_rows = [], []
         self.state.reset()
@@ -136,7 +137,7 @@ class UiSession:
             self.state.engine.stop_scraper(lu.sleep)
             run.keep_server_metrics(self.scraper, self.target)
             self.scraper = None
-        result = run.finish(self.target, {"engine": "locust", "workers": 0}, interrupted)
+        result = run.finish(self.target, generator_figures("locust", workers=0), interrupted)
         print_summary(self.console, result, str(run.run_dir))
 
     def _on_record(self, record: Any, chunks: Any) -> None:

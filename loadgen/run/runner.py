@@ -7,8 +7,6 @@ import concurrent.futures
 import contextlib
 import json
 import platform
-import re
-import shutil
 import signal
 import socket
 import sys
@@ -36,11 +34,9 @@ from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.scrape import Scraper
 from loadgen.run.guards import Captures, FailFast
 from loadgen.run.reporting import rebuild_reports, report_records
-from loadgen.run.sinks import RecordSink
+from loadgen.run.session import RunSession, generator_figures
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
-
-FLUSH_EVERY_S = 1.0
 
 
 @dataclass
@@ -54,50 +50,23 @@ class RunOptions:
     capture: int = 0  # keep the first N failed responses as received (run/guards.py)
 
 
-def slug(name: str) -> str:
-    """A scenario name as one safe path component (never a path: ``../../x`` becomes ``x``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")[:80] or "run"
-
-
-def make_run_dir(scenario: Scenario, opts: RunOptions) -> Path:
-    if opts.out is not None:
-        opts.out.mkdir(parents=True, exist_ok=True)
-        return opts.out
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = opts.reports_dir / f"{stamp}-{slug(scenario.name)}"
-    n = 1
-    while run_dir.exists():
-        n += 1
-        run_dir = opts.reports_dir / f"{stamp}-{slug(scenario.name)}-{n}"
-    run_dir.mkdir(parents=True)
-    return run_dir
-
-
-def discard_if_empty(run_dir: Path, created: bool) -> None:
-    """Nothing was sent: leave no empty run directory behind (one loadgen created)."""
-    if created and not any(run_dir.glob("*.parquet")):
-        shutil.rmtree(run_dir, ignore_errors=True)
-    exits.current.update(run_dir=None)
-
-
 def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunResult:
     """Run and report; returns the result (its run directory set). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
     plan = build_plan(scenario)
-    created = opts.out is None or not opts.out.exists()
-    run_dir = make_run_dir(scenario, opts)
-    exits.current.update(run_dir=run_dir, phase="preflight")
+    session = RunSession(scenario.name, opts, console)
+    run_dir = session.run_dir
     sim = None
-    run = Run(scenario, plan, run_dir, console, opts)
+    run = Run(scenario, plan, session, console, opts)
     try:
         sim = start_embedded(scenario, run_dir) if scenario.target.embedded else None
-        target = _event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, sim))
+        target = event_loop_run(run.execute(sim.base_url if sim else scenario.target.base_url, sim))
     except (TargetError, exits.Interrupted, KeyboardInterrupt):  # KeyboardInterrupt: before the loop's handlers
-        discard_if_empty(run_dir, created)
+        session.discard_if_empty()
         raise
     except ServerFault as exc:  # the server failed a step before any load (counting the prompts): exit 2
-        discard_if_empty(run_dir, created)
+        session.discard_if_empty()
         raise TargetError(str(exc)) from None
     except Exception:
         run.close_sink()  # a bug: the records taken so far reach the disk before the crash report
@@ -105,13 +74,13 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     finally:
         if sim is not None:
             sim.stop()
-    exits.current.update(phase="writing the reports")
+    session.phase("writing the reports")
     result = run.summarize(target)
     print_summary(console, result, str(run_dir))
     return result
 
 
-def _event_loop_run(coro: Any) -> Any:
+def event_loop_run(coro: Any) -> Any:
     """The run on an event loop of its own: on this thread, or on a fresh one (waited for) when this thread
     already runs a loop (a notebook, an async caller of loadgen.api)."""
     try:
@@ -143,21 +112,26 @@ def _handle_signals(loop: asyncio.AbstractEventLoop, handler: Any) -> list[int]:
 
 
 class Run:
-    """One run's state on its way to the run directory: the record sink, run.json, the summary."""
-    def __init__(self, scenario: Scenario, plan: Plan, run_dir: Path, console: Console, opts: RunOptions,
+    """One run's state on its way to the run directory: run.json, the guards, the summary (the directory, the
+    record sink and its flush policy are the session's, shared with the Locust driver)."""
+    def __init__(self, scenario: Scenario, plan: Plan, session: RunSession, console: Console, opts: RunOptions,
                  engine_name: str = "asyncio") -> None:
-        self.scenario, self.plan, self.run_dir, self.console, self.opts = scenario, plan, run_dir, console, opts
-        self.sink = RecordSink(run_dir)
+        self.scenario, self.plan, self.session, self.console, self.opts = scenario, plan, session, console, opts
+        self.run_dir, self.sink = session.run_dir, session.sink
         self.interrupted = False
-        self.disk_error: str | None = None
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
         self.findings: list[dict[str, Any]] = []  # loadgen check's signs in the records (analysis/run_findings.py)
         self.engine_name = engine_name
         self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
         self.stopper: Callable[[str], None] | None = None  # how the driver stops early (set when sending starts)
-        self.captures = Captures(run_dir, opts.capture) if opts.capture else None
+        self.cut_short: str | None = None  # the driver's reason the plan did not run whole (Locust: a worker left)
+        self.captures = Captures(self.run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+    @property
+    def disk_error(self) -> str | None:
+        return self.session.disk_error
 
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
         """Preflight, prompts, the run; returns the resolved target (the records are in the sink). SIGINT and
@@ -192,14 +166,13 @@ class Run:
             self.write_run_json(target, finished=False)
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
-            exits.current.update(phase="running")
+            self.session.phase("running")
             async with self._server_metrics(target):
                 await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
-        self.generator = {"engine": "asyncio", "cpu_s": round(st.cpu_s, 3), "wall_s": round(st.wall_s, 3),
-                          "cpu_utilization": round(st.cpu_s / st.wall_s, 3) if st.wall_s else None}
+        self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
         self.note_cut_at_end(target, st.cut_at_end)
         return target
 
@@ -238,14 +211,8 @@ class Run:
                                "anyone on the path can read the prompts and the API key", highlight=False)
 
     def close_sink(self) -> None:
-        """Flush and merge the records; a full disk (or any failure to write them) is recorded, and the run
-        becomes inconclusive: never raised. The records left in memory still make the summary."""
-        try:
-            self.sink.close()
-        except OSError as exc:
-            self.disk_error = self.disk_error or f"{exc.strerror or exc} ({self.run_dir})"
-        except Exception as exc:  # noqa: BLE001 - a bug writing them: said, and the summary still made
-            self.disk_error = self.disk_error or f"{type(exc).__name__}: {exc} ({self.run_dir})"
+        """Flush and merge the records (the session's ``close``: never raises; a full disk is recorded)."""
+        self.session.close()
 
     @contextlib.asynccontextmanager
     async def _server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
@@ -300,32 +267,14 @@ class Run:
 
     async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: Progress) -> None:
         task = progress.add_task("running", total=self.plan.size)
-        last_flush = time.monotonic()
         while not run_task.done():
             await asyncio.wait([run_task], timeout=0.25)
             st = engine.stats
             done = st.completed + st.failed + st.cancelled
             progress.update(task, completed=done, description=(
                 f"running  in flight {len(st.in_flight):>4}  failed {st.failed:>4}  tokens {st.output_tokens:>8}"))
-            if time.monotonic() - last_flush >= FLUSH_EVERY_S and self.sink.pending() and not self.disk_error:
-                last_flush = time.monotonic()
-                try:
-                    await asyncio.to_thread(self.sink.flush)
-                except Exception as exc:  # noqa: BLE001 - the records stay in memory either way
-                    if self.flush_failed(exc):
-                        engine.stop()
-
-    def flush_failed(self, exc: Exception) -> bool:
-        """A periodic flush raised; True when the run must stop sending (the disk is full). Anything else is a
-        bug: a warning, and the records stay buffered for the next flush."""
-        if isinstance(exc, OSError):
-            self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
-            self.console.print(f"[red]error:[/] cannot write records: {escape(self.disk_error)}; stopping the run",
-                               highlight=False)
-            return True
-        self.console.print(f"[yellow]warning:[/] a flush of the records failed ({type(exc).__name__}: "
-                           f"{escape(str(exc))}); they are kept and written later", highlight=False)
-        return False
+            if self.session.flush_due() and await asyncio.to_thread(self.session.flush):
+                engine.stop()  # the disk is full: the session said so and made the run inconclusive
 
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -354,7 +303,7 @@ class Run:
                     self.write_run_json(target, finished=True)
                 return result
             except OSError as exc:
-                self.disk_error = f"{exc.strerror or exc} ({self.run_dir})"
+                self.session.write_failed(exc)
         requests, chunks = self.sink.frames()
         info = self.run_info(target, finished=True)
         with contextlib.suppress(OSError):
@@ -389,7 +338,7 @@ class Run:
                 "target": self._target_info(target),
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
-                "stopped_early": self.fail_fast.reason, "findings": self.findings,
+                "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
                 "generator": self.generator, "scenario": scenario}
         return info
 
