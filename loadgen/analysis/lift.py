@@ -15,6 +15,7 @@ from loadgen.analysis.prefill import NS_PER_MS
 from loadgen.analysis.run_analysis import CHUNK_GAP_MS, RunAnalysis
 
 LIFT_PART_ROWS = 250_000  # gaps near a prefill paired with the windows at a time (bounds the pairs' memory)
+SCAN_ROWS = 2_000_000  # gaps tested against the windows' union at a time
 
 
 def culprit_pairs(intervals: pl.DataFrame, windows: pl.DataFrame, share: float, tol_ms: float,
@@ -89,9 +90,12 @@ def lift_narrow(run: RunAnalysis, gaps: pl.DataFrame, stalls: pl.DataFrame, wind
                 tol_ms: float, min_inside_ms: float = 0.0) -> float | None:
     """``lift`` over narrow gaps of ``run`` (keyed by request row ``i``): the same counts, each a semi-join
     on two integer columns instead of the wide rows."""
-    intervals = gaps.lazy().select("i", t_start_ns=pl.col("t_ns") - (CHUNK_GAP_MS * NS_PER_MS).cast(pl.Int64),
-                                   t_end_ns=pl.col("t_ns"))
-    near = _overlapping(intervals, windows).collect(engine="streaming")
+    def intervals(part: pl.DataFrame) -> pl.LazyFrame:
+        return part.lazy().select("i", t_start_ns=pl.col("t_ns") - (CHUNK_GAP_MS * NS_PER_MS).cast(pl.Int64),
+                                  t_end_ns=pl.col("t_ns"))
+    near = pl.concat([_overlapping(intervals(gaps.slice(at, SCAN_ROWS)), windows).collect()  # a slice at a time
+                      for at in range(0, max(gaps.height, 1), SCAN_ROWS)])
+    ends = gaps.lazy().select("i", t_end_ns="t_ns")
     keys = ["worker", "seq", "t_end_ns"]
     parts = max(1, near.height // LIFT_PART_ROWS)  # a key's rows share ``i``: each part holds them all
     hit = pl.concat([
@@ -105,7 +109,7 @@ def lift_narrow(run: RunAnalysis, gaps: pl.DataFrame, stalls: pl.DataFrame, wind
         if among is None:
             return gaps.height
         narrow_keys = among.lazy().join(by_i, on=["worker", "seq"]).select("i", "t_end_ns").unique()
-        return int(intervals.join(narrow_keys, on=["i", "t_end_ns"], how="semi").select(pl.len())
+        return int(ends.join(narrow_keys, on=["i", "t_end_ns"], how="semi").select(pl.len())
                    .collect(engine="streaming").item())
     stall_keys = stalls.select(keys).unique()
     n_all, s_all = rows(None), rows(stall_keys)

@@ -35,7 +35,7 @@ import polars as pl
 from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
 from loadgen.analysis.lift import covered, culprit_pairs, lift, lift_narrow
-from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, itl_per_token
+from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
 
 # Every label is something that can pause a stream that is already running. Server side: a long prefill
 # (named culprits), several prefills admitted at once, an arrival burst (the new requests' prefills), a
@@ -162,10 +162,13 @@ def figures(stalls: pl.DataFrame, events: pl.DataFrame, gaps: pl.DataFrame | pl.
     ok = requests.filter(pl.col("ok"))
     ktok = max(float(ok["output_tokens"].sum()) / 1000, 1e-9)
     induced = stalls.filter(pl.col("prefill_induced"))
-    lazy = gaps.lazy()
-    p99 = lazy.select(pl.col("chunk_gap_ms").quantile(0.99)).collect().item()
-    tail = (lazy.filter(pl.col("chunk_gap_ms") >= p99) if p99 is not None else lazy.head(0)).select(
-        "worker", "seq", "t_ns").collect(engine="streaming")
+    if run is not None:
+        p99, tail = _tail(run, narrow if narrow is not None else run.gaps)
+    else:
+        lazy = gaps.lazy()
+        p99 = lazy.select(pl.col("chunk_gap_ms").quantile(0.99)).collect().item()
+        tail = (lazy.filter(pl.col("chunk_gap_ms") >= p99) if p99 is not None else lazy.head(0)).select(
+            "worker", "seq", "t_ns").collect()
     tail_induced = tail.join(induced.select("worker", "seq", pl.col("t_end_ns").alias("t_ns")),
                              on=["worker", "seq", "t_ns"], how="semi").height
     stalled = stalls.group_by("worker", "seq").agg(ms=pl.col("excess_ms").sum())
@@ -212,9 +215,12 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
     with metric columns (analysis.metrics); ``run``'s gaps are the measured, successful requests'."""
     ok = measured.filter(pl.col("ok"))
     ok_gaps = run.wide()
-    base = {name: _median(itl_per_token(run.class_gaps(name))) for name in run.classes}
+    # a class's per-token median ITL: its described p50 (polars' median is its linear 0.5 quantile)
+    base = {name: float(run.token_stats(name)["itl_ms"]["p50"] or 0.0) for name in run.classes}
     if cfg.step_tol_ms is None:
-        median = _median(run.gaps.select(ITL_MS).to_series()) if run.gaps.height else None
+        one_token = bool((run.gaps["tokens"] == 1).all())  # then each chunk's itl is its one token's
+        median = (run.token_stats()["itl_ms"]["p50"] if one_token
+                  else _median(run.gaps.select(ITL_MS).to_series())) if run.gaps.height else None
         cfg = replace(cfg, step_tol_ms=max(cfg.group_ms, 3 * float(median or 0.0)))
     found = _collect_stalls(run, base, cfg)
     prompt_p90 = ok["prompt_tokens"].quantile(0.9) if ok.height else None
@@ -245,6 +251,16 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
         per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms), run.wide(c_gaps), c_ok, windows,
                                   cfg, run, c_gaps)
     return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def _tail(run: RunAnalysis, gaps: pl.DataFrame) -> tuple[float | None, pl.DataFrame]:
+    """The gaps' p99 chunk gap (polars' default, nearest: one of them) and the gaps at or past it, found on
+    the integer gaps (gap_ns → ms is monotone: the same rank, the same rows)."""
+    if gaps.is_empty():
+        return None, pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "t_ns": pl.Int64})
+    at = gaps.select(pl.col("gap_ns").quantile(0.99, interpolation="nearest")).item()
+    p99 = gap_ms([int(at)], gaps.schema["gap_ns"])[0]
+    return p99, run.wide(gaps.filter(pl.col("gap_ns") >= int(at))).select("worker", "seq", "t_ns").collect()
 
 
 def _median(values: pl.Series) -> float:
