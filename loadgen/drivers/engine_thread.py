@@ -25,6 +25,7 @@ from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from loadgen.drivers.scrape import Scraper
 from loadgen.drivers.timing import RateCeiling
+from loadgen.plan.deadlines import SHUTDOWN_S
 from loadgen.plan.schedule import Plan, PlannedRequest
 
 OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
@@ -192,8 +193,9 @@ class EngineThread:
             self.engine.stop()
             self._cancel_all()  # what waits for its time, and what is in flight (recorded as cancelled)
             await asyncio.gather(*self._pending, return_exceptions=True)
-            while self.engine.stats.in_flight:
-                await asyncio.sleep(0.01)
+            in_flight = [task for task, _ in self.engine.stats.in_flight.values()]
+            if in_flight:  # on the tasks, not the engine's table: a task cancelled before it ran stays in it
+                await asyncio.wait(in_flight, timeout=SHUTDOWN_S)
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)  # none left pending when the loop closes
 
