@@ -31,13 +31,13 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
-from loadgen.core.tracker import StreamTracker, bare_record
+from loadgen.core.tracker import StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation_error, quiet_runtime, sleep_until
 from loadgen.drivers.conversations import Conversations, TurnFor
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
-from loadgen.drivers.sender import Outcome, request_meta
+from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
 from loadgen.drivers.fast_parse import FAST_PARSERS
 from loadgen.drivers.lean_transport import StreamContext, direct_post, send_post
 
@@ -118,12 +118,10 @@ class AsyncioEngine:
         return asyncio.create_task(self._watchdog())
 
     async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
-        """Send ``req`` at ``t_intended_ns`` (held by the lean transport from ``send_ahead_ms`` before) and
-        stream it to the end; the record goes to ``on_record`` like every other."""
+        """Send ``req`` at ``t_intended_ns`` and stream it to the end; the record goes to ``on_record``."""
         await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stop_sending)
         await self._spawn(req, t_intended_ns, body)
 
-    # ---- sending --------------------------------------------------------------------------------------
     async def _open_loop(self) -> None:
         assert self.plan.requests is not None
         for req in self.plan.requests:
@@ -178,12 +176,18 @@ class AsyncioEngine:
         tracker = StreamTracker(request_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
+        task.add_done_callback(lambda done: self._unstarted(done, req.seq, tracker))
         self.stats.in_flight[req.seq] = (task, tracker)
         return task
 
+    def _unstarted(self, task: asyncio.Task[None], seq: int, tracker: StreamTracker) -> None:
+        """A task cancelled before its coroutine ran never reached _send's ``try``: its record, here, once."""
+        if task.cancelled() and self.stats.in_flight.get(seq, (None,))[0] is task:
+            del self.stats.in_flight[seq]
+            self._record(tracker, 0, *self._timeouts.pop(seq, ("cancelled", "run stopped before it was sent")))
+
     async def _send(self, req: PlannedRequest, tracker: StreamTracker, body: bytes) -> None:
-        status, kind, message = 0, None, None
-        # the lean transport holds the request until its intended time, stamps the send, feeds reads
+        status, kind, message = 0, None, None  # the lean transport holds it until its time, stamps the send
         ctx = StreamContext(feed=tracker.feed, not_before_ns=tracker.meta.t_intended_ns,
                             raw=bytearray() if self.capture is not None else None)
         try:
@@ -209,12 +213,7 @@ class AsyncioEngine:
         now = time.monotonic_ns()
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
-        try:
-            record, chunks = tracker.finish(now, status, kind, message)
-        except Exception as exc:  # noqa: BLE001 - a bug in the core: the request still has its record
-            record, chunks = bare_record(tracker.meta, tracker.t_sent_ns, now, status, "internal",
-                                         f"loadgen failed on this response (a bug; please report it): "
-                                         f"{type(exc).__name__}: {exc}"), []
+        record, chunks = finish_tracker(tracker, now, status, kind, message)
         if tracker.meta.keep_text:
             self.answers[record.seq] = tracker.answer
         self.stats.count(record)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from loadgen.core.records import RequestRecord
-from loadgen.core.tracker import RequestMeta
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.timing import RateCeiling
 from loadgen.plan.schedule import Plan, PlannedRequest
@@ -46,3 +46,14 @@ def request_meta(req: PlannedRequest, t_intended_ns: int) -> RequestMeta:
     turn = req.turn if req.conversation is not None else None
     return RequestMeta(req.seq, req.class_name, req.warmup, t_intended_ns, req.prompt_tokens, req.output_tokens,
                        conversation=req.conversation, turn=turn, keep_text=req.conversation is not None)
+
+
+def finish_tracker(tracker: StreamTracker, now_ns: int, status: int, kind: str | None,
+                   message: str | None) -> tuple[RequestRecord, list[ChunkRecord]]:
+    """The tracker's records; a bug in the core still leaves the request its record (``internal``)."""
+    try:
+        return tracker.finish(now_ns, status, kind, message)
+    except Exception as exc:  # noqa: BLE001 - a bug in the core: the request still has its record
+        return bare_record(tracker.meta, tracker.t_sent_ns, now_ns, status, "internal",
+                           f"loadgen failed on this response (a bug; please report it): "
+                           f"{type(exc).__name__}: {exc}"), []
