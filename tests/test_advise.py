@@ -60,6 +60,7 @@ def median_band(run_dir: Path, figure: str) -> tuple[float, float]:
             float(values.quantile(0.6, interpolation="linear")))  # type: ignore[arg-type]
 
 
+@pytest.mark.timing
 def test_the_fitted_model_replays_a_run_of_an_unknown_preset(advised: Advice) -> None:
     errors = {r.figure: r.error for r in advised.fit}
     predicted = {r.figure: r.predicted for r in advised.fit}
@@ -88,6 +89,7 @@ def test_advice_files_and_the_report_section(advised: Advice) -> None:
     assert 'id="advice"' in (run_dir / "report.html").read_text()
 
 
+@pytest.mark.timing
 def test_the_recommended_setting_measured_meets_what_was_predicted(tmp_path: Path) -> None:
     """The main job's traffic, shortened: chunked prefill off fails the stall objective; the advice's setting,
     run for real on the simulator, meets every objective, and its figures are the predicted ones (±30 %)."""
@@ -225,6 +227,7 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path: Path, args: list[str], mess
     assert res.returncode == 2 and message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
+@pytest.mark.slow
 def test_too_few_completed_requests_to_fit_is_exit_2(tmp_path: Path) -> None:
     res = run_cli("run", "scenarios/smoke.yaml", "--duration", "2", "--out", str(tmp_path / "run"), "--no-progress",
                   "--no-png")
@@ -261,6 +264,7 @@ def test_the_capacity_search_brackets_the_threshold(threshold: float) -> None:
     assert lo is not None and lo <= threshold and (hi is None or (hi > threshold and hi - lo <= 0.05 * lo))
 
 
+@pytest.mark.timing
 def test_capacity_on_the_calibrated_simulator_matches_the_known_capacity(tmp_path: Path) -> None:
     """The sweep's known-capacity simulator (4 seats, 10 steps of 20 ms a request: 20 req/s), measured at 12
     req/s: advise --capacity finds its capacity from the fitted model, and twice that with twice the seats."""

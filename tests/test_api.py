@@ -22,6 +22,7 @@ def readme_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
     out = tmp_path / "api-smoke"
     code = readme_example().replace('"reports/api-smoke"', repr(str(out)))
@@ -33,6 +34,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
     assert res.stdout.splitlines()[-1] == "False"
 
 
+@pytest.mark.slow
 def test_run_returns_the_typed_result_that_summary_json_serialises(tmp_path: Path) -> None:
     sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", {"load.duration_s": 3, "load.warmup_s": 0})
     result = api.run(sc, out=tmp_path / "run")
@@ -64,6 +66,7 @@ def test_bad_input_raises_one_clear_error_before_anything_is_sent(tmp_path: Path
         api.run(built, engine="locust", workers=1, out=tmp_path / "w")
 
 
+@pytest.mark.slow
 def test_run_works_from_an_async_caller_and_from_a_thread(tmp_path: Path) -> None:
     """A notebook runs an event loop in the main thread, and a service may call from a worker thread: the run
     gets a loop of its own either way."""

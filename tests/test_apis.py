@@ -93,6 +93,7 @@ def test_the_messages_api_authenticates_with_x_api_key(tmp_path, monkeypatch):
 
 
 # ---- runs against the simulator -------------------------------------------------------------------------
+@pytest.mark.timing
 @pytest.mark.parametrize("target_api", ["responses", "messages"])
 def test_a_streamed_api_is_measured_against_the_truth(tmp_path, target_api):
     result = api.run(load_scenario(_scenario(tmp_path, target_api)), out=tmp_path / "run")
@@ -110,6 +111,7 @@ def test_a_streamed_api_is_measured_against_the_truth(tmp_path, target_api):
     assert sorted(errors)[len(errors) // 2] == pytest.approx(0, abs=1.0)
 
 
+@pytest.mark.timing
 def test_embeddings_latency_is_the_prefill_and_throughput_counts_prompt_tokens(tmp_path):
     result = api.run(load_scenario(_scenario(tmp_path, "embeddings")), out=tmp_path / "run")
     assert result.requests["completed"] == 24 and result.metrics["ttft_ms"]["count"] == 0

@@ -88,6 +88,7 @@ def test_a_coalescing_server_is_a_finding_on_the_console_with_its_chunk_gap(serv
     assert "/models gives no max_model_len" in search and "refused (HTTP 400)" in search
 
 
+@pytest.mark.slow
 def test_the_embedded_simulator_gets_a_clean_bill():
     res = run_cli("check", "scenarios/chat.yaml", "--json", env={"LOADGEN_BASE_URL": ""}, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import xmlschema
 import yaml
 
@@ -39,6 +40,7 @@ def test_junit_validates_against_the_junit_schema_with_failures_and_skips(tmp_pa
     assert failed["failure"][0]["@message"] == "itl_ms.p99 = 120.5, threshold <= 100, 42 samples"
 
 
+@pytest.mark.slow
 def test_junit_of_a_real_run_validates(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", "--no-progress", "--no-png")
@@ -81,6 +83,7 @@ def _outputs(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
 
+@pytest.mark.slow
 def test_workflow_steps_run_the_nightly_against_the_simulator(tmp_path):
     """The run, compare, publish and verdict steps' shell, as GitHub runs it (secrets unset: empty strings)."""
     steps = _steps()
@@ -110,6 +113,7 @@ def test_history_without_runs_is_a_clear_exit_2(tmp_path):
     assert res.returncode == 2 and "no run directories" in res.stderr
 
 
+@pytest.mark.slow
 def test_history_draws_every_run_and_links_its_report(tmp_path):
     for i in range(2):
         res = run_cli("run", "scenarios/smoke.yaml", "--out", str(tmp_path / f"r{i}"), "--duration", "2",

@@ -67,6 +67,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_planted_20_percent_slowdown_is_a_regression(runs):
     res = run_cli("compare", str(runs["base"]), str(runs["slow"]))
     assert res.returncode == 1, res.stdout + res.stderr

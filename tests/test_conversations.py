@@ -175,6 +175,7 @@ def _ttft_by_turn(run_dir) -> pl.DataFrame:
         pl.len().alias("n")).sort("turn")
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("caching", [True, False])
 def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_path, caching):
     out = tmp_path / "run"
@@ -201,6 +202,7 @@ def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_p
         assert summary(out)["server"]["prefix_cache_hit_rate"] > 0.5
 
 
+@pytest.mark.slow
 def test_a_closed_loop_user_holds_one_conversation_at_a_time(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--set", "load.arrival=concurrency",
@@ -215,6 +217,7 @@ def test_a_closed_loop_user_holds_one_conversation_at_a_time(tmp_path):
     assert 2 <= requests["conversation"].n_unique()
 
 
+@pytest.mark.slow
 def test_locust_users_are_conversations(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("run", str(MULTI_TURN), "--engine", "locust", "--out", str(out), "--set", "load.duration_s=8")

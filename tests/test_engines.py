@@ -41,6 +41,7 @@ def test_an_unknown_exposition_names_no_engine():
 
 @pytest.mark.parametrize("engine, tokenize", [("vllm", "vllm"), ("sglang", "vllm"), ("llamacpp", "llamacpp"),
                                               ("tgi", "tgi")])
+@pytest.mark.slow
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_each_engine_is_named_and_its_prompt_lengths_are_exact(engine, tokenize, api, tmp_path):
     out = tmp_path / "run"

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tests.misbehaving_server import MisbehavingServer
 from tests.run_helpers import run_cli, summary
@@ -72,6 +73,7 @@ def test_a_server_that_never_answers_the_preflight_is_exit_2_within_its_deadline
     assert len(res.stderr.strip().splitlines()) == 1 and not out.exists()  # no empty run directory left
 
 
+@pytest.mark.slow
 def test_a_token_every_half_second_forever_is_cut_at_the_runs_hard_end(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "trickle", bound_s=DURATION_S + DRAIN_S)
@@ -85,6 +87,7 @@ def test_a_token_every_half_second_forever_is_cut_at_the_runs_hard_end(server, s
     assert any("cancelled at the run's end" in n for n in s["notes"])
 
 
+@pytest.mark.slow
 def test_a_request_longer_than_request_timeout_s_is_timeout_request(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "trickle", "target.request_timeout_s=1.5", "load.drain_timeout_s=30",
@@ -93,6 +96,7 @@ def test_a_request_longer_than_request_timeout_s_is_timeout_request(server, scen
     assert kinds(out) == {"timeout_request": 8}
 
 
+@pytest.mark.slow
 def test_a_data_line_that_never_ends_is_a_protocol_error_not_unbounded_memory(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "endless-line", "target.max_event_bytes=65536",
@@ -104,6 +108,7 @@ def test_a_data_line_that_never_ends_is_a_protocol_error_not_unbounded_memory(se
 
 
 # ---- 2. no PASS without evidence ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_every_request_timing_out_is_fail_not_pass_without_an_error_rate_objective(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "silent", "target.ttft_timeout_s=1", "load.drain_timeout_s=5",
@@ -115,12 +120,14 @@ def test_every_request_timing_out_is_fail_not_pass_without_an_error_rate_objecti
     assert rate["passed"] is False and "default" in rate["note"]
 
 
+@pytest.mark.slow
 def test_http_500_for_every_request_fails_the_run(server, scenario, tmp_path):
     out = tmp_path / "run"
     assert fault_run(server, scenario, out, "fail", bound_s=DURATION_S).returncode == 1
     assert kinds(out) == {"http_5xx": 8}
 
 
+@pytest.mark.slow
 def test_a_healthy_server_passes_with_the_default_error_rate(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "ok", bound_s=DURATION_S)
@@ -129,6 +136,7 @@ def test_a_healthy_server_passes_with_the_default_error_rate(server, scenario, t
 
 
 # ---- 3. secrets in the /metrics warning and preflight errors --------------------------------------------------
+@pytest.mark.slow
 def test_the_metrics_warning_masks_the_url_password(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "ok", bound_s=DURATION_S)
@@ -148,6 +156,7 @@ def test_connection_refused_masks_the_url_password(scenario, tmp_path):
     assert_clean(res, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_the_locust_engine_also_cuts_a_trickling_stream_at_the_runs_hard_end(server, scenario, tmp_path):
     out = tmp_path / "run"
     res = fault_run(server, scenario, out, "trickle", bound_s=DURATION_S + DRAIN_S, engine="locust")

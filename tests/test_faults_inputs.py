@@ -116,6 +116,7 @@ def test_an_internal_error_is_exit_4_with_one_line_naming_the_traceback_file(sce
 
 
 # ---- 9. run names are never paths ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_scenario_name_with_a_path_stays_inside_the_reports_directory(server, scenario, tmp_path):
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
@@ -142,6 +143,7 @@ def test_a_signal_during_the_preflight_is_exit_3_with_a_line(server, scenario, t
     assert_clean(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), None)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_while_reports_are_written_is_exit_3_and_keeps_the_records(tmp_path):
     out = tmp_path / "run"
     proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress",
@@ -167,6 +169,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_sigkill_of_loadgen_takes_the_simulator_down_and_report_says_inconclusive(tmp_path):
     out = tmp_path / "run"
     proc = start_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "60", "--no-progress",
@@ -199,6 +202,7 @@ def tiny_disk(tmp_path: Path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["asyncio", "locust"])
 def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(server, scenario, tiny_disk, engine):
     """Either driver (one RunSession owns the flush and its disk-full stop): the run stops, exit 3, records kept."""
@@ -231,6 +235,7 @@ def test_a_full_disk_stops_the_run_inconclusive_and_report_names_broken_parts(se
     ("{malformed_rate: 0.12}", ["load.duration_s=4"], 1, "protocol"),
     ("{stall_ms: 1500, stall_every_s: 0.5}", ["target.idle_timeout_s=0.5"], 1, "timeout_idle"),
 ], ids=["errors", "disconnects", "malformed-all", "malformed-some", "stalls"])
+@pytest.mark.slow
 def test_simulator_faults_are_counted_with_their_kind(scenario, tmp_path, faults, sets, code, kind):
     out = tmp_path / "run"
     res = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--no-png", "--set",

@@ -46,6 +46,7 @@ def _medians_vs_trace(out: Path) -> tuple[float, float, float, float]:
             max(abs(e) for e in itl_err))
 
 
+@pytest.mark.timing
 def test_locust_with_two_workers_matches_asyncio_and_the_trace(tmp_path):
     """Requests short enough to meet an idle engine (6/s, 16 output tokens): TTFT is then the prefill alone, the
     same in both runs, rather than depending on where in a running step each request happened to land."""
@@ -74,6 +75,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out]
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_run_keeps_what_it_sent(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "12",

@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.run_helpers import ROOT
 from tests.test_report_browser import CHROMIUM, FLAGS, _browser_or_skip
+
+pytestmark = pytest.mark.browser
 
 
 def _free_port() -> int:

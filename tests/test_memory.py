@@ -9,10 +9,13 @@ import contextlib
 import gc
 from pathlib import Path
 
+import pytest
+
 from loadgen import api
 from loadgen.drivers import asyncio_engine
 
 
+@pytest.mark.slow
 def test_requests_leave_no_reference_cycles_behind(tmp_path, monkeypatch):
     left: collections.Counter[str] = collections.Counter()
 

@@ -98,6 +98,7 @@ def test_a_key_echoed_in_a_long_error_message_leaves_no_piece_anywhere(shapes, s
     assert len(list((out / "captures").iterdir())) == 2  # kept, redacted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("api_name", ["messages", "chat"])
 def test_a_key_read_with_a_final_newline_is_sent_stripped_and_never_printed(tmp_path, scenario, api_name):
     """10: a Kubernetes secret file's key ends in a newline (it was exit 4, printing the whole key)."""
@@ -109,6 +110,7 @@ def test_a_key_read_with_a_final_newline_is_sent_stripped_and_never_printed(tmp_
     assert_no_piece(key, res.stdout + res.stderr, out)
 
 
+@pytest.mark.slow
 def test_a_key_with_a_final_newline_reaches_the_server_stripped(shapes, tmp_path, scenario):
     """10: what the server receives is the key without its newline (RFC 9110 §5.5: no line break in a field
     value), on every request of the run (the server logs those, not the preflight's probe)."""

@@ -203,6 +203,7 @@ def test_a_proxy_scheme_loadgen_cannot_use_is_exit_2_naming_the_variable(https_t
     assert https_target.seen == [] and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["http", "https"])
 def test_a_proxy_password_is_sent_to_the_proxy_and_shown_nowhere(http_target, https_target, ca_file, tmp_path,
                                                                  scheme):

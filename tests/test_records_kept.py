@@ -185,6 +185,7 @@ def test_a_minute_long_run_against_a_failing_server_ends_within_seconds(shapes, 
     assert any("the model is not loaded" in note for note in result.notes), result.notes
 
 
+@pytest.mark.slow
 def test_fail_fast_is_off_with_no_fail_fast(shapes, scenario, tmp_path):
     out = tmp_path / "r"
     before = len(shapes.log)
@@ -194,6 +195,7 @@ def test_fail_fast_is_off_with_no_fail_fast(shapes, scenario, tmp_path):
 
 
 # ---- the Locust driver: a body that cannot be built ---------------------------------------------------------
+@pytest.mark.slow
 def test_locust_records_a_request_whose_prompt_cannot_be_counted_and_ends(shapes, scenario, tmp_path):
     """14: under Locust each prompt is counted on /tokenize when it is sent; /tokenize fails mid-run. Each such
     request is a record (it hung the run forever), and the fail-fast guard ends it."""

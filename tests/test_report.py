@@ -38,6 +38,7 @@ def views(run_dir: Path) -> RunViews:
                           RunResult.from_dict(summary(run_dir)))
 
 
+@pytest.mark.slow
 def test_report_html_embeds_every_chart_and_no_external_resource(stall_run):
     page = (stall_run / "report.html").read_text()
     for key in CHART_KEYS:
@@ -74,6 +75,7 @@ def test_timeline_window_links_each_prefill_stall_to_its_culprit_row(stall_run):
     assert link["culprit_row"][0].startswith(f"#{culprit['seq']} aggressor ({culprit['prompt_tokens']} tok)")
 
 
+@pytest.mark.slow
 def test_report_window_flag_and_bad_windows(stall_run):
     res = run_cli("report", str(stall_run), "--window", "2:4", "--no-png")
     assert res.returncode in (0, 1), res.stderr
@@ -88,6 +90,7 @@ def test_report_window_flag_and_bad_windows(stall_run):
         parse_window("-1:2")
 
 
+@pytest.mark.slow
 def test_rebuilding_twice_gives_identical_views(stall_run):
     assert run_cli("report", str(stall_run), "--no-png").returncode in (0, 1)
     first = [(stall_run / n).read_bytes() for n in ("summary.json", "summary.md", "junit.xml")]

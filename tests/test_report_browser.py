@@ -12,6 +12,7 @@ import pytest
 
 from tests.run_helpers import run_cli, summary
 
+pytestmark = pytest.mark.browser
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 

@@ -18,6 +18,7 @@ LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--s
             "--no-progress", "--no-png"]
 
 
+@pytest.mark.timing
 def test_low_load_timings_match_the_simulator_trace(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "6", *LOW_LOAD, *SIM_TRACE)
@@ -40,6 +41,7 @@ def test_low_load_timings_match_the_simulator_trace(tmp_path):
     assert summary(out)["lengths"]["prompt"]["exact"] == requests.height  # asked == achieved via /tokenize
 
 
+@pytest.mark.slow
 def test_coalesced_chunks_split_chunk_gap_from_itl(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "4",
@@ -78,6 +80,7 @@ def test_out_dir_holding_a_run_is_refused_not_mixed(tmp_path):
     assert pl.read_parquet(out / "requests.parquet").height == 1 and not (out / "run.json").exists()
 
 
+@pytest.mark.slow
 def test_server_errors_mid_run_are_counted_not_raised(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "5", *LOW_LOAD,
@@ -90,6 +93,7 @@ def test_server_errors_mid_run_are_counted_not_raised(tmp_path):
     assert s["requests"]["failed"] == sum(kinds.values()) and s["requests"]["completed"] > 0
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_readable_records_and_a_summary(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out),
@@ -107,6 +111,7 @@ def test_ctrl_c_leaves_readable_records_and_a_summary(tmp_path):
     assert requests.height == s["requests"]["sent"] and requests.height < 200
 
 
+@pytest.mark.slow
 def test_api_key_never_reaches_files_or_console(tmp_path):
     secret = "sk-loadgen-test-5f3c1a9e77"
     out = tmp_path / "run"
@@ -119,6 +124,7 @@ def test_api_key_never_reaches_files_or_console(tmp_path):
         assert secret.encode() not in path.read_bytes(), path.name
 
 
+@pytest.mark.slow
 def test_a_password_in_the_base_url_never_reaches_files_or_console(tmp_path):
     from local_target.sim import build_config, start_simulator
 
@@ -142,6 +148,7 @@ def test_redact_url_masks_passwords_and_key_query_values():
     assert redact_url("http://h:8000/v1") == "http://h:8000/v1" and redact_url("embedded") == "embedded"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", [[], ["--engine", "locust", "--workers", "2"]], ids=["asyncio", "locust-workers"])
 def test_closed_loop_keeps_concurrency(tmp_path, engine):
     """The scenario's concurrency is the run's, however many Locust workers share it (each once ran all of it)."""
@@ -160,6 +167,7 @@ def test_closed_loop_keeps_concurrency(tmp_path, engine):
     assert peak == 4
 
 
+@pytest.mark.slow
 def test_generator_lag_makes_the_run_inconclusive(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD,
@@ -169,6 +177,7 @@ def test_generator_lag_makes_the_run_inconclusive(tmp_path):
     assert s["verdict"] == "inconclusive" and "lagged" in s["reasons"][0]
 
 
+@pytest.mark.slow
 def test_idle_timeout_is_recorded(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD,
@@ -178,6 +187,7 @@ def test_idle_timeout_is_recorded(tmp_path):
     assert summary(out)["requests"]["errors_by_kind"].get("timeout_idle", 0) > 0
 
 
+@pytest.mark.slow
 def test_report_rebuilds_the_same_summary(tmp_path):
     out = tmp_path / "run"
     assert run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "3", *LOW_LOAD).returncode == 0
@@ -189,6 +199,7 @@ def test_report_rebuilds_the_same_summary(tmp_path):
     assert (out / "summary.md").exists() and (out / "junit.xml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_runs(tmp_path, path):
     """Each bundled scenario (the README's main job among them), shortened."""

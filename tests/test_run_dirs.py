@@ -76,6 +76,7 @@ def test_an_intact_copy_compares_as_no_regression(intact, copy_of, tmp_path):
     assert "no regression" in res.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["base", "new"])
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_compare_refuses_damaged_records_on_either_side(intact, copy_of, tmp_path, damage, side):
@@ -104,6 +105,7 @@ def test_advise_refuses_damaged_records(copy_of):
     assert not (run_dir / "advice.json").exists()
 
 
+@pytest.mark.slow
 def test_a_damaged_part_file_is_refused_by_compare_and_skipped_and_named_by_report(intact, copy_of, tmp_path):
     """A part left by a kill mid-write (an older version): compare needs every record; report reads the rest,
     names the part and is inconclusive (README: exit 3)."""
@@ -148,6 +150,7 @@ MALFORMED = {  # what is done to run.json, and what the line says
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("malformed", list(MALFORMED))
 def test_a_malformed_run_json_is_one_line_exit_2_for_every_command(intact, copy_of, tmp_path, malformed):
     apply, says = MALFORMED[malformed]

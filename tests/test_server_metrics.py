@@ -50,6 +50,7 @@ def test_a_stall_overlapping_a_preemption_is_labelled_preemption_not_prefill():
     assert out["prefill_induced"].to_list() == [False, True] and out["culprits"].to_list() == [None, [8]]
 
 
+@pytest.mark.slow
 def test_preemption_heavy_run_is_confirmed_by_the_server(tmp_path):
     out = tmp_path / "kv"
     res = run_cli("run", "scenarios/chat.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "15",
@@ -65,6 +66,7 @@ def test_preemption_heavy_run_is_confirmed_by_the_server(tmp_path):
     assert "kv_cache_pct" in page and "requests waiting" in page and "preempted a request" in page
 
 
+@pytest.mark.slow
 def test_no_server_metrics_flag_scrapes_nothing(tmp_path):
     out = tmp_path / "off"
     res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "2",

@@ -16,6 +16,7 @@ from local_target.sim import PrefillChunk, build_config, prefill_alone_ms, read_
 from local_target.sim import tokenizer
 from tests.sim_client import chat_body, run_timed, stream
 
+pytestmark = pytest.mark.timing  # the simulator's real-time pacing against its configuration
 MODEL = "llama-2-7b"
 TOL_MS = 2.0
 

@@ -13,7 +13,7 @@ from local_target.sim import read_trace
 from tests.ground_truth import score
 from tests.run_helpers import SIM_TRACE, run_cli, summary
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.timing  # real-time runs scored against the simulator's trace
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,7 @@ def searched(known_scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return api.sweep(known_scenario, find_max="rate", tolerance=0.10, out=out, budget_s=600)
 
 
+@pytest.mark.timing
 def test_search_brackets_the_capacity_known_from_the_simulator(searched: SweepResult) -> None:
     cap = searched.capacity
     print(f"capacity {cap.low}–{cap.high} req/s (known {KNOWN_CAPACITY_PER_S:g}); "
@@ -91,6 +92,7 @@ def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_p
     assert seen["verdict"].startswith("capacity ")
 
 
+@pytest.mark.slow
 def test_fixed_rates_with_the_requirement_inside_the_interval_exit_3(known_scenario: Path, tmp_path: Path) -> None:
     res = run_cli("sweep", str(known_scenario), "--rates", "10,30", "--require", "25", "--out", str(tmp_path / "s"),
                   "--step-duration-s", "6")
@@ -211,12 +213,14 @@ def _assert_capped(run_dir: Path, rate_per_s: float, duration_s: float) -> None:
     assert sent.len() >= 0.85 * rate_per_s * duration_s and (sent.len() - 1) / t_s[-1] >= 0.9 * rate_per_s
 
 
+@pytest.mark.slow
 def test_closed_loop_rate_ceiling_spaces_the_sends(tmp_path: Path) -> None:
     result = api.run(_ceiling_scenario(tmp_path), out=tmp_path / "run")
     assert result.requests["failed"] == 0
     _assert_capped(tmp_path / "run", 10, 4)
 
 
+@pytest.mark.slow
 def test_rate_ceiling_under_locust_and_a_sweep_through_locust_workers(tmp_path: Path,
                                                                       known_scenario: Path) -> None:
     res = run_cli("run", str(_ceiling_scenario(tmp_path)), "--engine", "locust", "--out", str(tmp_path / "run"),

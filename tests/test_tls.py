@@ -78,6 +78,7 @@ def test_the_lean_transport_streams_over_tls_with_its_own_stamps(tls_server, pki
     assert len(reads) >= 10 and sum(n for n, _ in reads) > 20 * 50  # 20 events fed as they came, not at the end
 
 
+@pytest.mark.slow
 def test_an_https_run_with_a_ca_bundle_passes(tls_server, pki, tmp_path):
     (tmp_path / "s.yaml").write_text(SCENARIO)
     out = tmp_path / "run"
@@ -108,6 +109,7 @@ def test_verify_off_runs_with_a_warning_and_a_note(tls_server, tmp_path):
     assert "TLS certificate checks were off (target.tls.verify: false)" in summary(out)["notes"]
 
 
+@pytest.mark.slow
 def test_a_client_certificate_is_presented_when_the_server_asks(mtls_server, pki, tmp_path):
     (tmp_path / "s.yaml").write_text(SCENARIO)
     base = ["run", str(tmp_path / "s.yaml"), "--no-progress", "--no-png", "--base-url", mtls_server.url("ok"),
