@@ -85,3 +85,23 @@ def test_advise_replays_the_settings_but_reads_the_measured_run_s_summary(runs: 
     assert not any(_is_run(requests, run_dir) for requests in summaries), "the measured run is not summarised"
     assert (run_dir / "summary.json").read_text() == before
     assert "advice" in (run_dir / "report.html").read_text().lower()
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["as recorded", "rows shuffled"])
+def test_the_narrow_gaps_are_the_sorted_gaps_whatever_the_record_order(shuffle: bool) -> None:
+    """The gaps are taken in record order where each request's chunks are together and in time order (as the
+    sink writes them); records in any other order are sorted first: the same gaps either way."""
+    from loadgen.analysis import metrics as m
+    from loadgen.analysis.run_analysis import RunAnalysis
+    from loadgen.run.sinks import load_records
+
+    requests, chunks = load_records(Path(__file__).parent / "data" / "golden_run", merge=False)
+    if shuffle:
+        chunks = chunks.sample(fraction=1.0, shuffle=True, seed=3)
+    req = m.with_request_metrics(requests)
+    ok = req.filter(~pl.col("warmup") & pl.col("ok")).select("worker", "seq")
+    columns = ["worker", "seq", "t_ns", "tokens", "chunk_gap_ms", "itl_ms", "class_name"]
+    expected = m.chunk_gaps(req, chunks).join(ok, on=["worker", "seq"], how="semi").select(columns)
+    got = RunAnalysis(requests, chunks).wide().collect().select(columns)
+    assert got.height == expected.height > 1000
+    assert got.sort(columns).equals(expected.sort(columns))

@@ -144,10 +144,11 @@ def describe_gap_ms(g: pl.DataFrame) -> dict[str, float | int | None]:
         return m.describe(pl.Series([], dtype=pl.Float64))
     # the mean over one contiguous column, as the summary always took it (a sum over chunks differs in its
     # last bits): the integers made contiguous (4 B a row), then the floats
-    mean = pl.DataFrame({"gap_ns": g["gap_ns"].rechunk()}).select(CHUNK_GAP_MS.mean()).item()
+    ints = g["gap_ns"].rechunk()
+    mean = pl.DataFrame({"gap_ns": ints}).select(CHUNK_GAP_MS.mean()).item()
     ranks = {key: (n - 1.0) * q for key, q in m.QUANTILES.items()}
     wanted = sorted({r for f in ranks.values() for r in (int(f), min(math.ceil(f), n - 1))} | {n - 1})
-    ints = g["gap_ns"].sort().gather(wanted).to_list()
+    ints = ints.sort().gather(wanted).to_list()
     at = dict(zip(wanted, gap_ms(ints, g.schema["gap_ns"])))
     out: dict[str, float | int | None] = {"count": n, "mean": float(mean)}
     for key, f in ranks.items():
