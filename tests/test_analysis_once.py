@@ -54,6 +54,7 @@ def _is_run(requests: pl.DataFrame, run_dir: Path) -> bool:
     return requests.select("seq", "t_sent_ns").sort("seq").equals(recorded)
 
 
+@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
 def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Path],
                                                               summaries: list[pl.DataFrame]) -> None:
     doc, _ = comparison.compare_runs(runs["base"], runs["new"], comparison.CompareOptions(replicates=200))
@@ -66,6 +67,7 @@ def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Pa
         assert by["output_tokens_per_s"][label] == stated[label]["throughput"]["output_tokens_per_s"]
 
 
+@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
 def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Path],
                                                              summaries: list[pl.DataFrame]) -> None:
     run_dir = runs["base"]
@@ -76,6 +78,7 @@ def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Pat
     assert step.load == 8.0
 
 
+@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
 def test_advise_replays_the_settings_but_reads_the_measured_run_s_summary(runs: dict[str, Path],
                                                                           summaries: list[pl.DataFrame]) -> None:
     run_dir = runs["new"]
