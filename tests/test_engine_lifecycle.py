@@ -20,7 +20,7 @@ def test_a_request_cancelled_before_its_task_ran_is_recorded_once_and_leaves_in_
     plan = build_plan(load_scenario(ROOT / "scenarios/smoke.yaml"))
     records: list[RequestRecord] = []
 
-    def on_record(record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+    def on_record(record: RequestRecord, chunks: list[ChunkRecord], answer: str) -> None:
         records.append(record)
 
     async def body_for(req: object) -> dict[str, object]:

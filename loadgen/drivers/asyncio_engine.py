@@ -45,7 +45,7 @@ WATCHDOG_PERIOD_S = 0.1
 START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not already late
 
 BodyFor = Callable[[PlannedRequest], Awaitable[dict[str, Any]]]
-OnRecord = Callable[[RequestRecord, list[ChunkRecord]], None]
+OnRecord = Callable[[RequestRecord, list[ChunkRecord], str], None]  # and a conversation turn's answer
 OnCapture = Callable[[RequestRecord, bytes], None]
 
 
@@ -55,7 +55,6 @@ class AsyncioEngine:
         self.cfg, self.plan, self.body_for, self.on_record, self.client = cfg, plan, body_for, on_record, client
         self.capture = capture
         self.conversations = Conversations(self, turn_for) if turn_for and plan.conversational else None
-        self.answers: dict[int, str] = {}  # a conversation turn's answer, kept until its conversation takes it
         self.stats = EngineStats()
         self._sem = asyncio.Semaphore(cfg.max_in_flight)
         self._timeouts: dict[int, tuple[str, str]] = {}
@@ -85,7 +84,7 @@ class AsyncioEngine:
         task = self._spawn(req, t_intended_ns, body)
         tracker = self.stats.in_flight[req.seq][1]
         await asyncio.gather(task, return_exceptions=True)
-        return Outcome(tracker.record, self.answers.pop(req.seq, ""))
+        return Outcome(tracker.record, tracker.answer if tracker.meta.keep_text else "")
 
     async def run(self) -> EngineStats:
         with quiet_runtime():  # its collections before and after are not the run's: measured inside
@@ -214,10 +213,8 @@ class AsyncioEngine:
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
         record, chunks = finish_tracker(tracker, now, status, kind, message)
-        if tracker.meta.keep_text:
-            self.answers[record.seq] = tracker.answer
         self.stats.count(record)
-        self.on_record(record, chunks)
+        self.on_record(record, chunks, tracker.answer if tracker.meta.keep_text else "")
         return record
 
     # ---- timeouts -------------------------------------------------------------------------------------

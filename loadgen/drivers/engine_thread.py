@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
 
 import httpx
 
@@ -28,7 +29,23 @@ from loadgen.drivers.timing import RateCeiling
 from loadgen.plan.deadlines import SHUTDOWN_S
 from loadgen.plan.schedule import Plan, PlannedRequest
 
-OnDone = Callable[[RequestRecord, list[ChunkRecord]], None]
+Turn = tuple[str, str]  # a conversation turn's message and the answer received
+OnDone = Callable[[RequestRecord, list[ChunkRecord], Turn | None], None]
+
+
+class Done(NamedTuple):
+    """A handed-over request's end, back in the caller's world: its records, and a conversation turn's message
+    and answer (None for a request outside a conversation)."""
+    record: RequestRecord
+    chunks: list[ChunkRecord]
+    turn: Turn | None
+
+
+@dataclass
+class Submitted:
+    """A request handed over and not yet recorded: whom to tell, and a conversation turn's message."""
+    on_done: OnDone
+    message: str = ""
 
 
 class Prepared(Protocol):
@@ -61,11 +78,9 @@ class EngineThread:
         self.error: BaseException | None = None  # set if the target could not be resolved
         self.ready = False
         self.closed = False
-        self._on_done: dict[int, OnDone] = {}
+        self._submitted: dict[int, Submitted] = {}  # by seq, until its record
         self._pending: set[asyncio.Task[None]] = set()  # submitted, not yet sent (waiting for their time)
         self._hard_end_ns: int | None = None
-        self._sent: dict[int, str] = {}  # a conversation turn's new message, until it ends
-        self.turns: dict[int, tuple[str, str]] = {}  # ... then (message, answer), until the caller takes it
         start_thread(self._main, ())
 
     # ---- caller side (any thread) ---------------------------------------------------------------------
@@ -83,11 +98,11 @@ class EngineThread:
 
     def submit(self, req: PlannedRequest, t_intended_ns: int, on_done: OnDone,
                history: list[tuple[str, str]] | None = None) -> None:
-        """Send ``req`` (a conversation's turn: with ``history``; its message and answer are then in ``turns``
-        when ``on_done`` runs)."""
+        """Send ``req`` (a conversation's turn: with ``history``; ``on_done`` then gets its message and the
+        answer received)."""
         loop = self.loop
         assert loop is not None
-        self._on_done[req.seq] = on_done
+        self._submitted[req.seq] = Submitted(on_done)
         loop.call_soon_threadsafe(self._start_one, req, t_intended_ns, history)
 
     def _start_one(self, req: PlannedRequest, t_intended_ns: int, history: list[tuple[str, str]] | None) -> None:
@@ -205,20 +220,21 @@ class EngineThread:
         async def no_body(req: PlannedRequest) -> dict[str, Any]:  # bodies are built in _one
             raise AssertionError("unused")
 
-        def on_record(record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+        def on_record(record: RequestRecord, chunks: list[ChunkRecord], answer: str) -> None:
             record.error_message = target.redact(record.error_message)  # the worker's records leave by message
-            done = self._on_done.pop(record.seq, None)
-            if record.conversation is not None:
-                self.turns[record.seq] = (self._sent.pop(record.seq, ""), self.engine.answers.pop(record.seq, ""))
-            if done is not None:
-                done(record, chunks)
+            submitted = self._submitted.pop(record.seq, None)
+            if submitted is not None:
+                turn = (submitted.message, answer) if record.conversation is not None else None
+                submitted.on_done(record, chunks, turn)
 
         return AsyncioEngine(self.prepared.engine_config(), self.plan, no_body, on_record, client,
                              capture=self.preparation.capture)
 
     async def _one(self, req: PlannedRequest, t_intended_ns: int, history: list[tuple[str, str]] | None) -> None:
         try:
-            body, self._sent[req.seq] = await self.prepared.turn(req, history or [])
+            body, message = await self.prepared.turn(req, history or [])
+            if req.seq in self._submitted:
+                self._submitted[req.seq].message = message
         except Exception as exc:  # noqa: BLE001 - e.g. /tokenize failed mid-run: a record, and on_done runs
             self.engine.record_failure(req, t_intended_ns if t_intended_ns > 0 else time.monotonic_ns(), exc)
             return

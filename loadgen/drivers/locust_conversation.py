@@ -1,7 +1,7 @@
 """Locust's users as conversations (a conversational plan): one user task runs one arrival of the plan, its
 turns one after another, as ``drivers/conversations.py`` does on asyncio. Turn 0 leaves at its planned time
 (closed loop: when the user is ready); each later turn ``think_ns`` after the previous answer ended, with the
-history (the engine thread keeps each turn's message and answer in ``EngineThread.turns``). A failed turn ends
+history (each turn's message and the answer received come back with its record, ``Done.turn``). A failed turn ends
 its conversation. This module imports neither locust nor gevent: it works through ``ProcessState``.
 
 Slicing: open loop, arrival ``i`` (a conversation or a single request, in plan order) belongs to the process
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
-from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.core.records import RequestRecord
 from loadgen.drivers.conversations import next_think_ns
+from loadgen.drivers.engine_thread import Done
 from loadgen.plan.scenario import MAX_TURNS, Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.plan.slicing import PlanSlice
@@ -31,10 +32,9 @@ class ConversingState(Protocol):
     sent: int
     in_flight: int
     arrivals: list[list[PlannedRequest]] | None
-    engine: Any  # the engine thread: ``turns`` holds each turn's (message, answer) once it ends
 
     def execute(self, req: PlannedRequest, t_due_ns: int | None = None,
-                history: list[tuple[str, str]] | None = None) -> tuple[RequestRecord, list[ChunkRecord]]: ...
+                history: list[tuple[str, str]] | None = None) -> Done: ...
 
 
 def arrivals_of(plan: Plan) -> list[list[PlannedRequest]]:
@@ -68,9 +68,9 @@ def converse(state: ConversingState, turns: list[PlannedRequest], fire: Callable
         if t_due_ns is not None and state.slice.turn_too_late(t_due_ns):
             return
         state.in_flight += 1  # claimed: the run is not over until it is recorded
-        record, _ = state.execute(req, t_due_ns, history if req.conversation is not None else None)
+        record, _, turn = state.execute(req, t_due_ns, history if req.conversation is not None else None)
         fire(record)
         if record.error_kind is not None or req.conversation is None:
             return
-        history.append(state.engine.turns.pop(req.seq, ("", "")))
+        history.append(turn or ("", ""))
         t_due_ns = record.t_done_ns + next_think_ns(turns, req)

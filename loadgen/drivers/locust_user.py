@@ -34,7 +34,7 @@ from locust.exception import StopUser
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import PlannedRequest
-from loadgen.drivers.engine_thread import EngineThread, Preparation
+from loadgen.drivers.engine_thread import Done, EngineThread, Preparation, Turn
 from loadgen.drivers.locust_conversation import converse, next_arrival
 from loadgen.drivers.locust_messages import fire_request_event
 from loadgen.plan.deadlines import ORPHAN_S
@@ -112,7 +112,7 @@ class ProcessState:
         return self.exhausted and self.in_flight == 0 and self.conversing == 0
 
     def execute(self, req: PlannedRequest, t_due_ns: int | None = None,
-                history: list[tuple[str, str]] | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
+                history: list[tuple[str, str]] | None = None) -> Done:
         """Send ``req`` at its intended time (open loop; a later turn: ``t_due_ns``) or now (closed loop, turn
         0); block this greenlet until done."""
         t0_ns = self.slice.t0_ns
@@ -128,8 +128,8 @@ class ProcessState:
             gevent.sleep(max(0.0, (intended - time.monotonic_ns()) / 1e9 - LEAD_MS / 1e3))
         result: AsyncResult = AsyncResult()
         self.sent += 1
-        self.engine.submit(req, intended, lambda rec, chunks: self.handoff.put(self._finish, rec, chunks, result),
-                           history)
+        self.engine.submit(req, intended, lambda rec, chunks, turn: self.handoff.put(self._finish, rec, chunks, turn,
+                                                                                   result), history)
         give_up_ns = self.slice.give_up_ns()
         wait_s = None if give_up_ns is None else max(0.0, (give_up_ns - time.monotonic_ns()) / 1e9)
         try:
@@ -138,12 +138,13 @@ class ProcessState:
             self.abandoned += 1
             raise StopUser() from None
 
-    def _finish(self, record: RequestRecord, chunks: list[ChunkRecord], result: AsyncResult) -> None:
+    def _finish(self, record: RequestRecord, chunks: list[ChunkRecord], turn: Turn | None,
+                result: AsyncResult) -> None:
         """On the hub: record it even if the user that sent it was stopped meanwhile (the web UI's Stop)."""
         self.in_flight -= 1
         self.counts["cancelled" if record.error_kind == "cancelled" else "failed" if record.error_kind else "ok"] += 1
         self.on_record(record, chunks)
-        result.set((record, chunks))
+        result.set(Done(record, chunks, turn))
 
     def reset(self) -> None:
         """For the next run of the same process (the web UI's next Start)."""
@@ -175,7 +176,7 @@ class LLMUser(User):
         req = state.next_request()
         if req is None:
             raise StopUser()
-        record, _ = state.execute(req)
+        record = state.execute(req).record
         fire_request_event(self.environment, record)
 
     def _conversation(self, state: ProcessState) -> None:

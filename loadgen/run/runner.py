@@ -176,7 +176,7 @@ class Run:
         self.note_cut_at_end(target, st.cut_at_end)
         return target
 
-    def on_record(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
+    def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
         """Every record of the run: into the sink, then past the fail-fast guard. A fault on the way (a bug)
         still leaves the request its row: as error ``internal``, without its chunks (exit 4)."""
         try:
