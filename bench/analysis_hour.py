@@ -43,7 +43,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA  # noqa: E402
+try:  # the records' schema: loadgen/records/schema.py (before the records stage: analysis/frames.py)
+    from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA  # noqa: E402
+except ImportError:
+    from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA  # type: ignore[no-redef]  # noqa: E402
 
 SCENARIO = """
 name: soak

@@ -109,7 +109,9 @@ def lift_narrow(run: RunAnalysis, gaps: pl.DataFrame, stalls: pl.DataFrame, wind
         if among is None:
             return gaps.height
         narrow_keys = among.lazy().join(by_i, on=["worker", "seq"]).select("i", "t_end_ns").unique()
-        return int(ends.join(narrow_keys, on=["i", "t_end_ns"], how="semi").select(pl.len())
+        # the (unique) keys joined to the gap rows: a row per gap row with one of them (the keys are the hash
+        # table's side, the gaps stream past it)
+        return int(narrow_keys.join(ends, on=["i", "t_end_ns"], how="inner").select(pl.len())
                    .collect(engine="streaming").item())
     stall_keys = stalls.select(keys).unique()
     n_all, s_all = rows(None), rows(stall_keys)

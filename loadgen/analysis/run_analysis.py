@@ -14,8 +14,8 @@ rows, 0.6 GB as written (Int64 columns), and the gaps are kept as ≈18 B a row:
 (an integer nanosecond difference, divided as a float).
 
 **The invariant relied on** (no global sort): the records hold each request's chunks together and in the order
-they were read. ``RecordSink.add`` appends one request's chunks at once (run/sinks.py), parts are merged in
-order (run/parts.py), the replay writes each request's chunks together (advise/replay.py), and Locust's
+they were read. ``RecordSink.add`` appends one request's chunks at once (records/sink.py), parts are merged in
+order (records/parts.py), the replay writes each request's chunks together (advise/replay.py), and Locust's
 messages are grouped per request (drivers/locust_messages.py). It is checked as the slices are read (every
 request starts once, no gap is negative); records that break it are sorted instead, as before, narrowly.
 """
@@ -30,7 +30,7 @@ import polars as pl
 
 from loadgen.analysis import metrics as m
 
-BATCH_ROWS = 250_000
+BATCH_ROWS = 100_000
 KEY = ["worker", "seq"]
 GAP_COLUMNS = {"i": pl.UInt32, "t_ns": pl.Int64, "gap_ns": pl.Int64, "tokens": pl.Int64}
 CHUNK_GAP_MS = pl.col("gap_ns") / 1e6
