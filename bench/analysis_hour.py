@@ -20,10 +20,11 @@ Measured on a 2-core, 24 GiB machine shared with other work (180,000 requests, 1
 summary.json before and after, key for key and bit for bit):
 
 - before (at 910943a): 274 s, peak 5,650 MB;
-- after (one narrow RunAnalysis): 17–24 s, peak 1,017–1,105 MB across runs. About 430 MB of it is live (the
-  narrow gaps, 330 MB; the requests); the rest is the largest transient (≈300 MB: one float column of the
-  hour and the copy a quantile or sort makes) and freed pages polars' allocator (jemalloc) keeps for a while:
-  with ``_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0`` in the environment the peak was 903 MB.
+- after (one narrow RunAnalysis, b6617d2): 14–15 s, peak 987–1,016 MB across runs. About 430 MB of it is live
+  (the narrow gaps, 330 MB; the requests); the rest is the largest transient (≈300 MB: one float column of
+  the hour and the copy a quantile or sort makes) and freed pages polars' allocator (jemalloc) keeps for a
+  while: with ``_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0`` in the environment an earlier state
+  (1,046 MB without it) peaked at 903 MB.
 """
 
 from __future__ import annotations
