@@ -8,7 +8,7 @@ from loadgen.analysis import metrics as m
 from loadgen.analysis.slo import Objective, evaluate, min_samples, verdict
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.plan.slo_spec import Slo
-from loadgen.analysis.frames import chunks_frame, requests_frame
+from loadgen.records.schema import chunks_frame, requests_frame
 
 MS = 1_000_000
 

@@ -96,7 +96,7 @@ def test_the_narrow_gaps_are_the_sorted_gaps_whatever_the_record_order(shuffle: 
     sink writes them); records in any other order are sorted first: the same gaps either way."""
     from loadgen.analysis import metrics as m
     from loadgen.analysis.run_analysis import RunAnalysis
-    from loadgen.run.sinks import load_records
+    from loadgen.records.scan import load_records
 
     requests, chunks = load_records(Path(__file__).parent / "data" / "golden_run", merge=False)
     if shuffle:

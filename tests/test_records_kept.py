@@ -15,7 +15,7 @@ import pytest
 from loadgen import api
 from loadgen.core.tracker import StreamTracker
 from loadgen.plan.schedule import build_plan
-from loadgen.run import sinks
+from loadgen.records import sink as sinks
 from tests.conftest import scenario_file
 from tests.run_helpers import run_cli, summary
 from tests.shape_server import FAIL_COOKIE, ShapeServer

@@ -14,7 +14,7 @@ from loadgen.report.html import json_for_script, render_page
 from loadgen.report.timeline import choose_window, parse_window, stall_marks
 from loadgen.analysis.result import RunResult
 from loadgen.report.views import RunViews
-from loadgen.run.sinks import load_records
+from loadgen.records.scan import load_records
 
 from tests.run_helpers import records, run_cli, summary
 

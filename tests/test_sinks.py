@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from loadgen.core.records import ChunkRecord, RequestRecord
-from loadgen.run import parts as pt
-from loadgen.run.sinks import RecordSink, load_records
+from loadgen.records import parts as pt
+from loadgen.records.sink import RecordSink
+from loadgen.records.scan import load_records
 
 
 def _record(seq: int) -> tuple[RequestRecord, list[ChunkRecord]]:

@@ -14,7 +14,7 @@ from loadgen.analysis.slo import stall_objectives
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.report import wording
 from loadgen.plan.slo_spec import Slo
-from loadgen.analysis.frames import chunks_frame, requests_frame
+from loadgen.records.schema import chunks_frame, requests_frame
 
 MS = 1_000_000
 FIT = prefill.PrefillFit(0.0, 0.03, 0.0, 0)  # prefill = 0.03 ms per prompt token

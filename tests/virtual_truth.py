@@ -18,7 +18,7 @@ from local_target.sim import build_config
 from local_target.sim.engine import SimRequest, Step
 from loadgen import api
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
-from loadgen.analysis.frames import chunks_frame, requests_frame
+from loadgen.records.schema import chunks_frame, requests_frame
 from loadgen.analysis.summary import summarize
 from loadgen.plan.schedule import build_plan
 

@@ -22,7 +22,7 @@ from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
 from loadgen.analysis.advice_result import Advice, CandidateResult, costs_of, fit_rows, recommend
 from loadgen.analysis.calibrate import Calibration, calibrate
-from loadgen.analysis.frames import chunks_frame, requests_frame
+from loadgen.records.schema import chunks_frame, requests_frame
 from loadgen.analysis.metrics import with_request_metrics
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize

@@ -18,7 +18,7 @@ LLM_TABLE = {"key": "llm", "structure": [
 def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> list[dict[str, Any]]:
     """The LLM tab's rows, exact (from the raw records, not Locust's rounded histogram)."""
     from loadgen.analysis.summary import summarize
-    from loadgen.analysis.frames import chunks_frame, requests_frame
+    from loadgen.records.schema import chunks_frame, requests_frame
 
     requests = requests_frame([r for r, _ in records])
     chunks = chunks_frame([c for _, cs in records for c in cs])

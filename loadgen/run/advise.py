@@ -12,7 +12,7 @@ from loadgen.analysis.advice_result import Advice
 from loadgen.core.secrets import write_text
 from loadgen.report.advice_report import markdown
 from loadgen.run.reporting import RunDirError, add_advice_section, read_run_info, read_whole_records, stored_summary
-from loadgen.run.sinks import load_server_metrics
+from loadgen.records.scan import load_server_metrics
 
 
 def read_run(run_dir: Path) -> RunData:

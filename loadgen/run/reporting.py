@@ -18,7 +18,7 @@ from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
 from loadgen.report.wording import with_headline
-from loadgen.run.sinks import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
+from loadgen.records.scan import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
 from loadgen.errors import RunDirError as RunDirError
 
 

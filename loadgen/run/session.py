@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from loadgen.run import exits
-from loadgen.run.sinks import RecordSink
+from loadgen.records.sink import RecordSink
 
 FLUSH_EVERY_S = 1.0
 

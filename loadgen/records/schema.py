@@ -6,7 +6,7 @@ import polars as pl
 
 from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
 
-REQUEST_SCHEMA = {
+REQUEST_SCHEMA = pl.Schema({
     "seq": pl.Int64, "class_name": pl.String, "warmup": pl.Boolean, "t_intended_ns": pl.Int64,
     "t_sent_ns": pl.Int64, "t_first_token_ns": pl.Int64, "t_last_token_ns": pl.Int64, "t_done_ns": pl.Int64,
     "prompt_tokens_asked": pl.Int64, "prompt_tokens": pl.Int64, "prompt_tokens_source": pl.String,
@@ -14,9 +14,10 @@ REQUEST_SCHEMA = {
     "chunks": pl.Int64, "request_id": pl.String, "finish_reason": pl.String, "http_status": pl.Int64,
     "error_kind": pl.String, "error_message": pl.String, "reasoning": pl.Boolean, "worker": pl.Int64,
     "conversation": pl.Int64, "turn": pl.Int64, "cached_tokens": pl.Int64,
-}
-CHUNK_SCHEMA = {"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
-                "worker": pl.Int64}
+})
+LATER_COLUMNS = ("conversation", "turn", "cached_tokens")  # added after the first release: null when absent
+CHUNK_SCHEMA = pl.Schema({"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
+                          "worker": pl.Int64})
 assert tuple(REQUEST_SCHEMA) == REQUEST_COLUMNS and tuple(CHUNK_SCHEMA) == CHUNK_COLUMNS
 
 

@@ -1,136 +1,21 @@
-"""Raw records to Parquet, incrementally: each flush writes a part file (``requests.part-00001.parquet``), so a
-crash or Ctrl-C loses at most the records since the last flush; ``close()`` merges the parts into
-``requests.parquet`` / ``chunks.parquet``; while the run goes, parts are merged in tiers (``parts.py``), so an
-hour leaves tens of parts, not thousands. ``load_records`` reads either form, skipping (and naming) a damaged
-part. Parts are written aside and renamed, so a full disk leaves no half-written part, and a flush that fails,
-for any reason, keeps its records in memory (``frames()`` still returns them; the next flush writes them). A
-value that does not fit its column (a length past Int64 from a bad dataset) becomes null in that row rather
-than failing the flush: every request sent keeps its row.
-
-Records are appended to per-column lists as they come (cheap, spread over the run); a flush hands those lists
-to polars. Converting record objects column by column at flush time held the GIL ~16 ms per 32k chunks, a
-stall of the driver's loop that showed in its timing.
-"""
+"""Reading a run directory's records back, in whichever form they are: the merged ``requests.parquet`` /
+``chunks.parquet`` pair, the part files a run left (merged in tiers while it went, ``parts.py``), or both (a crash
+between a merge's rename and its removal: readers skip the parts a merged part covers). A damaged file (cut
+short by a full disk or a kill) is skipped and named in ``broken``; the chunks can be scanned lazily
+(``scan_records``) so a long run's are never read whole; the final merge of the parts streams."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
-import threading
 from pathlib import Path
 
 import polars as pl
 
-from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA
-from loadgen.core.records import CHUNK_COLUMNS, REQUEST_COLUMNS, ChunkRecord, RequestRecord
-from loadgen.core.secrets import clip, redact
-from loadgen.run import parts as pt
-
-LATER_COLUMNS = ("conversation", "turn", "cached_tokens")  # added after the first release: null when absent
-MESSAGE_CHARS = 500  # an error message in the records, at most (clipped after redaction)
-
-
-class RecordSink:
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self._requests = _empty(REQUEST_COLUMNS)
-        self._chunks = _empty(CHUNK_COLUMNS)
-        self._parts = 0  # the last part's number
-        self._written: list[pt.Part] = []  # the parts on disk, merged as tiers fill
-        self._lock = threading.Lock()  # a flush runs in a worker thread while the loop keeps adding
-
-    def add(self, record: RequestRecord, chunks: list[ChunkRecord]) -> None:
-        """Buffer one request's records, whole or not at all (whatever raises, raises before the buffer is
-        touched: its columns never go out of step)."""
-        if record.error_message:  # the records' one way out: the redaction choke point (then clipped)
-            record.error_message = clip(redact(record.error_message) or "", MESSAGE_CHARS)
-        row = [getattr(record, name) for name in REQUEST_COLUMNS]
-        chunk_cols = {"seq": [record.seq] * len(chunks), "t_ns": [c.t_ns for c in chunks],
-                      "tokens": [c.tokens for c in chunks], "reasoning": [c.reasoning for c in chunks],
-                      "worker": [record.worker] * len(chunks)}
-        with self._lock:
-            for name, value in zip(REQUEST_COLUMNS, row):
-                self._requests[name].append(value)
-            for name, values in chunk_cols.items():
-                self._chunks[name].extend(values)
-
-    def pending(self) -> int:
-        return len(self._requests["seq"])
-
-    def flush(self) -> None:
-        """Write what is buffered as one more part (safe to call from a worker thread). The part appears whole
-        or not at all (written aside, then renamed); if the write fails (OSError: the disk is full; anything
-        else: a bug) nothing is lost: the records go back into the buffer, and the error is raised."""
-        with self._lock:
-            requests, chunks = self._requests, self._chunks
-            if not requests["seq"]:
-                return
-            self._requests, self._chunks = _empty(REQUEST_COLUMNS), _empty(CHUNK_COLUMNS)
-            part = self._parts + 1
-        written = pt.Part(part, part, pt.part_path(self.run_dir, "requests", part, part))
-        try:
-            _write_atomic({written.requests: _frame(requests, REQUEST_SCHEMA),
-                           written.chunks: _frame(chunks, CHUNK_SCHEMA)})
-        except BaseException:
-            with self._lock:  # put them back in front of what came meanwhile
-                for name in REQUEST_COLUMNS:
-                    self._requests[name][:0] = requests[name]
-                for name in CHUNK_COLUMNS:
-                    self._chunks[name][:0] = chunks[name]
-            raise
-        self._parts = part
-        self._merge(written)
-
-    def _merge(self, written: pt.Part) -> None:
-        """Merge the tiers the new part fills; a merge that fails (a full disk) leaves its parts as they were."""
-        self._written.append(written)
-        try:
-            self._written = pt.merge_due(self.run_dir, self._written, pt.MERGE_FANOUT)
-        except Exception:  # noqa: BLE001 - polars raises several kinds for a failed write; the parts stand
-            self._written = pt.list_parts(self.run_dir)
-
-    def close(self) -> None:
-        self.flush()
-        merge_parts(self.run_dir)
-
-    def frames(self) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """Every record of the run: the parts on disk and what is still buffered (when it could not be written)."""
-        requests, chunks = _read_all(self.run_dir, [], merge=False)
-        with self._lock:
-            return (pl.concat([requests, _frame(self._requests, REQUEST_SCHEMA)]),
-                    pl.concat([chunks, _frame(self._chunks, CHUNK_SCHEMA)]))
-
-
-def _empty(columns: tuple[str, ...]) -> dict[str, list[object]]:
-    return {name: [] for name in columns}
-
-
-def _frame(columns: dict[str, list[object]], schema: dict[str, pl.DataType]) -> pl.DataFrame:
-    """The buffered columns as a frame; a value that does not fit its type (an integer past Int64) is null in
-    its row instead of failing the whole flush."""
-    try:
-        return pl.DataFrame(columns, schema=schema)
-    except Exception:  # noqa: BLE001 - polars raises several kinds (OverflowError, TypeError, its own)
-        return pl.DataFrame(columns, schema=schema, strict=False)
-
-
-def _write_atomic(files: dict[Path, pl.DataFrame]) -> None:
-    """Write each frame beside its path, then rename them all into place; on failure remove what was written.
-    Each file is encoded in memory and written by Python, so a full disk is the OSError it is (ENOSPC; polars
-    writing itself reports it as "Invalid thrift: transport error")."""
-    tmps = {path: path.with_name(f".{path.name}.tmp") for path in files}
-    try:
-        for path, frame in files.items():
-            encoded = io.BytesIO()
-            frame.write_parquet(encoded)
-            tmps[path].write_bytes(encoded.getbuffer())
-    except BaseException:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    for path, tmp in tmps.items():
-        tmp.replace(path)
+from loadgen.records import parts as pt
+from loadgen.records.schema import CHUNK_SCHEMA, LATER_COLUMNS, REQUEST_SCHEMA
+from loadgen.core.secrets import clip
 
 
 def as_os_error(exc: Exception) -> OSError:
@@ -195,7 +80,7 @@ def _read_pair(req_path: Path, chunk_path: Path,
     return (frames[0], frames[1]), ""
 
 
-def _with_new_columns(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+def _with_new_columns(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
     """Records written before a column existed (an older loadgen's run) get it as nulls."""
     missing = [pl.lit(None, dtype).alias(name) for name, dtype in schema.items() if name not in frame.columns]
     return frame.with_columns(missing).select(list(schema)) if missing else frame
@@ -207,15 +92,16 @@ def merge_parts(run_dir: Path, broken: list[str] | None = None) -> None:
     scan_records(run_dir, broken if broken is not None else [], merge=True, quiet=False)
 
 
-def _read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+def read_all(run_dir: Path, broken: list[str], merge: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
     if merge:
         scan_records(run_dir, broken, merge=True)
         broken_now: list[str] = []
-        requests, chunks = _read_all(run_dir, broken_now, merge=False)
+        requests, chunks = read_all(run_dir, broken_now, merge=False)
         return requests, chunks
-    req_frames, chunk_frames, _ = _read_pairs(run_dir, broken)
+    req_frames, read, _ = _read_pairs(run_dir, broken)
+    chunk_frames = [frame for frame in read if isinstance(frame, pl.DataFrame)]  # all of them: read eagerly
     requests = pl.concat(req_frames) if req_frames else pl.DataFrame(schema=REQUEST_SCHEMA)
-    chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)  # type: ignore[type-var]
+    chunks = pl.concat(chunk_frames) if chunk_frames else pl.DataFrame(schema=CHUNK_SCHEMA)
     return requests, chunks
 
 
@@ -276,9 +162,9 @@ def load_records(run_dir: Path, broken: list[str] | None = None,
         raise FileNotFoundError(f"{run_dir}: no requests.parquet (is this a loadgen run directory?)")
     found: list[str] = [] if broken is None else broken
     try:
-        return _read_all(run_dir, found, merge)
+        return read_all(run_dir, found, merge)
     except OSError:  # the merge could not be written (a full disk): read them as they are
-        return _read_all(run_dir, found, merge=False)
+        return read_all(run_dir, found, merge=False)
 
 
 def load_server_metrics(run_dir: Path) -> pl.DataFrame | None:
