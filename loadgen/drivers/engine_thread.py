@@ -81,6 +81,7 @@ class EngineThread:
         self._submitted: dict[int, Submitted] = {}  # by seq, until its record
         self._pending: set[asyncio.Task[None]] = set()  # submitted, not yet sent (waiting for their time)
         self._hard_end_ns: int | None = None
+        self._ceiling_per_s: float | None = None
         start_thread(self._main, ())
 
     # ---- caller side (any thread) ---------------------------------------------------------------------
@@ -114,15 +115,18 @@ class EngineThread:
         """This run's hard end (monotonic ns; None: none): requests still in flight then are cancelled."""
         self._hard_end_ns = t_ns  # applied when the engine exists, if it does not yet
         if self.loop is not None and self.ready:
-            self.loop.call_soon_threadsafe(setattr, self.engine, "hard_end_ns", t_ns)
+            self.loop.call_soon_threadsafe(self._apply_limits)
 
     def set_rate_ceiling(self, per_s: float | None) -> None:
         """This process's share of ``load.max_rate_per_s`` (closed loop), applied before the next send."""
         self._ceiling_per_s = per_s
         if self.loop is not None and self.ready:
-            self.loop.call_soon_threadsafe(setattr, self.engine, "ceiling", RateCeiling(per_s))
+            self.loop.call_soon_threadsafe(self._apply_limits)
 
-    _ceiling_per_s: float | None = None
+    def _apply_limits(self) -> None:
+        """On the loop's thread: the hard end and the rate ceiling the caller set last."""
+        self.engine.hard_end_ns = self._hard_end_ns
+        self.engine.ceiling = RateCeiling(self._ceiling_per_s)
 
     @property
     def cut_at_end(self) -> int:
@@ -200,8 +204,7 @@ class EngineThread:
             self.prepared = await self.preparation.prepare(client)
             self.target = self.prepared.target
             self.engine = self._engine(client)
-            self.engine.hard_end_ns = self._hard_end_ns
-            self.engine.ceiling = RateCeiling(self._ceiling_per_s)
+            self._apply_limits()
             watchdog = self.engine.start_watchdog()
             self.ready = True
             await self._stop.wait()
