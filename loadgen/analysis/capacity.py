@@ -27,14 +27,16 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from loadgen.analysis.compare import QUANTILE, RunSamples, statistic
+from loadgen.analysis.compare import RunSamples, statistic
 from loadgen.analysis.result import SloResult
+from loadgen.core.vocabulary import ObjectiveId
 from loadgen.plan.slo_spec import Goodput
 
 Call = Literal["pass", "fail", "undecided"]
-LATENCIES = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-ALIASES = {"error_rate.max": "error_rate", "stalls.max_per_1k_tokens": "stalls_per_1k_tokens",
-           "goodput.min_ratio": "goodput_ratio"}
+# the objectives that are limits on a statistic compare bootstraps under another name
+ALIASES = {ObjectiveId("error_rate", "max"): "error_rate",
+           ObjectiveId("stalls", "max_per_1k_tokens"): "stalls_per_1k_tokens",
+           ObjectiveId("goodput", "min_ratio"): "goodput_ratio"}
 
 
 @dataclass
@@ -52,12 +54,11 @@ class ObjectiveCall:
         return asdict(self)
 
 
-def bootstrap_name(objective: str) -> str | None:
+def bootstrap_name(objective: ObjectiveId) -> str | None:
     """The statistic ``compare`` can bootstrap for an SLO objective, if any."""
     if objective in ALIASES:
         return ALIASES[objective]
-    metric, _, stat = objective.partition(".")
-    return objective if metric in LATENCIES and stat in QUANTILE else None
+    return str(objective) if objective.bootstrappable else None
 
 
 def _stat(name: str, s: RunSamples, w: np.ndarray, goodput: Goodput | None) -> np.ndarray:
@@ -86,7 +87,7 @@ def judge(slo: list[SloResult], samples: RunSamples, goodput: Goodput | None, co
     alpha = (1 - confidence) / 2
     out = []
     for o in slo:
-        name, thr, cmp_, value = bootstrap_name(o["objective"]), o["threshold"], o["comparison"], o["value"]
+        name, thr, cmp_, value = bootstrap_name(ObjectiveId.of(o)), o["threshold"], o["comparison"], o["value"]
         if o["passed"] is None:
             out.append(ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "undecided", "point"))
         elif thr == 0 and cmp_ == "<=":

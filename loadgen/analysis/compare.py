@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from loadgen.analysis import metrics as m
+from loadgen.core.vocabulary import QUANTILES, ObjectiveId
 from loadgen.analysis.run_analysis import RunAnalysis, itl_per_token
 
 
@@ -50,7 +51,7 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
 )}
 DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
                    "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens")
-QUANTILE = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+QUANTILE = QUANTILES  # the percentile statistics (core/vocabulary.py)
 BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
 
 
@@ -109,8 +110,8 @@ def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for name in METRICS:
         if "." in name:
-            metric, stat = name.split(".")
-            out[name] = (summary.get("metrics", {}).get(metric) or {}).get(stat)
+            oid = ObjectiveId.parse(name)
+            out[name] = (summary.get("metrics", {}).get(oid.metric) or {}).get(oid.stat)
     out["output_tokens_per_s"] = (summary.get("throughput") or {}).get("output_tokens_per_s")
     out["error_rate"] = (summary.get("requests") or {}).get("error_rate")
     out["stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("per_1k_tokens")
@@ -141,7 +142,8 @@ def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
     """The metric ``name`` of run ``s`` under each replicate's request weights."""
     ok = s.ok.astype(float)
     if "." in name:
-        metric, stat = name.split(".")
+        oid = ObjectiveId.parse(name)
+        metric, stat = oid.metric, oid.stat
         if metric == "itl_ms":
             return weighted_quantile(s.itl_ms, s.itl_request, w, QUANTILE[stat])
         values = np.where(s.ok, getattr(s, metric), np.nan)

@@ -14,10 +14,10 @@ from typing import Any
 
 import polars as pl
 
-STATS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
-QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
-REQUEST_METRICS = ("ttft_ms", "ttft_service_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
-TOKEN_METRICS = ("itl_ms", "chunk_gap_ms")
+# the metrics and their statistics, declared once in core/vocabulary.py
+from loadgen.core.vocabulary import QUANTILES as QUANTILES, REQUEST_METRICS as REQUEST_METRICS
+from loadgen.core.vocabulary import STATS as STATS, TOKEN_METRICS as TOKEN_METRICS
+
 
 
 def with_request_metrics(requests: pl.DataFrame) -> pl.DataFrame:

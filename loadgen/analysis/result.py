@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, Optional, TypedDict
+from typing import Any, Literal, NotRequired, Optional, TypedDict
 
 from loadgen.analysis.slo import EXIT_CODES
 
@@ -48,13 +48,16 @@ class Throughput(TypedDict, total=False):
 
 
 class SloResult(TypedDict):
-    objective: str  # e.g. "ttft_ms.p99", "stalls.max_prefill_induced_per_1k_tokens"
+    objective: str  # its name, e.g. "ttft_ms.p99", "stalls.max_prefill_induced_per_1k_tokens"
     threshold: float
     value: Optional[float]
     samples: int
     passed: Optional[bool]  # None: inconclusive
     comparison: str
     note: str
+    metric: NotRequired[str]  # its identity (core/vocabulary.py's ObjectiveId): "ttft_ms" ...
+    stat: NotRequired[str]  # ... "p99"; absent only in summary.json files written before they were
+    scope: NotRequired[str]  # the requests it judges when not all, e.g. "1-512 prompt tokens"
 
 
 class StallFigures(TypedDict, total=False):

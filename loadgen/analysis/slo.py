@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 
+from loadgen.core.vocabulary import SLO_METRICS, ObjectiveId
 from loadgen.plan.slo_spec import ErrorRate, Slo
 from loadgen.analysis.metrics import QUANTILES, describe
 
@@ -31,7 +32,7 @@ EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3}
 
 @dataclass
 class Objective:
-    objective: str
+    id: ObjectiveId  # what is judged: (metric, stat), never a string parsed back
     threshold: float
     value: float | None
     samples: int
@@ -39,8 +40,15 @@ class Objective:
     comparison: str = "<="
     note: str = ""
 
+    @property
+    def objective(self) -> str:
+        return str(self.id)
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """summary.json's form: the name, then its parts (``metric``, ``stat``, ``scope`` when it has one)."""
+        out: dict[str, Any] = {"objective": str(self.id), **{k: v for k, v in asdict(self).items() if k != "id"},
+                               "metric": self.id.metric, "stat": self.id.stat}
+        return out | ({"scope": self.id.scope} if self.id.scope else {})
 
 
 def min_samples(stat: str) -> int:
@@ -48,7 +56,7 @@ def min_samples(stat: str) -> int:
     return 1 if q is None else math.ceil(round(1 / (1 - q), 6))
 
 
-def _upper(name: str, value: float | None, threshold: float, samples: int, needed: int) -> Objective:
+def _upper(name: ObjectiveId, value: float | None, threshold: float, samples: int, needed: int) -> Objective:
     if value is None or samples < needed:
         return Objective(name, threshold, value, samples, None, note=f"needs >= {needed} samples")
     return Objective(name, threshold, value, samples, value <= threshold)
@@ -57,13 +65,13 @@ def _upper(name: str, value: float | None, threshold: float, samples: int, neede
 def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any], good: int,
              total: int, goodput_per_s: float) -> list[Objective]:
     out: list[Objective] = []
-    for metric in ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms"):
+    for metric in SLO_METRICS:
         thresholds = getattr(slo, metric)
         for stat, limit in thresholds.items() if thresholds else []:
             m = metrics[metric]
-            out.append(_upper(f"{metric}.{stat}", m[stat], limit, m["count"], min_samples(stat)))
+            out.append(_upper(ObjectiveId(metric, stat), m[stat], limit, m["count"], min_samples(stat)))
     attempts = counts["completed"] + counts["failed"]
-    rate = _upper("error_rate.max", counts["error_rate"] if attempts else None,
+    rate = _upper(ObjectiveId("error_rate", "max"), counts["error_rate"] if attempts else None,
                   (slo.error_rate or DEFAULT_ERROR_RATE).max, attempts, 1)
     if slo.error_rate is None:
         rate.note = (rate.note + "; " if rate.note else "") + "default (no slo.error_rate): any failure fails"
@@ -71,11 +79,11 @@ def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any
     if slo.goodput is not None:
         g = slo.goodput
         if g.min_requests_per_s is not None:
-            out.append(Objective("goodput.min_requests_per_s", g.min_requests_per_s, goodput_per_s, total,
+            out.append(Objective(ObjectiveId("goodput", "min_requests_per_s"), g.min_requests_per_s, goodput_per_s, total,
                                  goodput_per_s >= g.min_requests_per_s if total else None, ">="))
         if g.min_ratio is not None:
             ratio = good / total if total else None
-            out.append(Objective("goodput.min_ratio", g.min_ratio, ratio, total,
+            out.append(Objective(ObjectiveId("goodput", "min_ratio"), g.min_ratio, ratio, total,
                                  None if ratio is None else ratio >= g.min_ratio, ">="))
     return out
 
@@ -140,18 +148,18 @@ def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame | pl.L
         worst = gaps.lazy().join(ok.select("worker", "seq").lazy(), on=["worker", "seq"], how="semi").group_by(
             "worker", "seq").agg(pl.col("chunk_gap_ms").max()).collect()["chunk_gap_ms"]
         stats = describe(worst)
-        out.append(_upper("itl_ms.max_per_request", stats["p99"], slo.itl_ms.max_per_request, stats["count"],
+        out.append(_upper(ObjectiveId("itl_ms", "max_per_request"), stats["p99"], slo.itl_ms.max_per_request, stats["count"],
                           min_samples("p99")))
     tokens = int(ok["output_tokens"].sum()) if ok.height else 0
     for key, value in (("max_per_1k_tokens", stalls["per_1k_tokens"]),
                        ("max_prefill_induced_per_1k_tokens", stalls["prefill_induced_per_1k_tokens"])):
         limit = getattr(slo.stalls, key)
         if limit is not None:
-            out.append(_upper(f"stalls.{key}", value, limit, tokens, 1000))
+            out.append(_upper(ObjectiveId("stalls", key), value, limit, tokens, 1000))
     if slo.fluidity is not None and slo.fluidity.min is not None:
         f = stalls.get("fluidity", {})
         index, n = f.get("index"), f.get("tokens", 0)
-        out.append(Objective("fluidity.min", slo.fluidity.min, index, n,
+        out.append(Objective(ObjectiveId("fluidity", "min"), slo.fluidity.min, index, n,
                              None if index is None else index >= slo.fluidity.min, ">="))
     return out
 
@@ -165,7 +173,7 @@ def _ttft_prompt_aware(slo: Slo, ok: pl.DataFrame) -> list[Objective]:
         limit = t.base + t.per_prompt_token * pl.col("prompt_tokens")
         over = ok.select((pl.col("ttft_ms") > limit).mean()).item() if ok.height else None
         needed = math.ceil(1 / t.max_violation_ratio) if t.max_violation_ratio else 1
-        o = _upper("ttft_ms.prompt_aware", over, t.max_violation_ratio, ok.height, needed)
+        o = _upper(ObjectiveId("ttft_ms", "prompt_aware"), over, t.max_violation_ratio, ok.height, needed)
         o.note = o.note or f"share of requests over {t.base:g} + {t.per_prompt_token:g} ms/prompt token"
         out.append(o)
     low = 0
@@ -173,7 +181,8 @@ def _ttft_prompt_aware(slo: Slo, ok: pl.DataFrame) -> list[Objective]:
         sub = ok.filter((pl.col("prompt_tokens") > low) & (pl.col("prompt_tokens") <= bucket.max_prompt_tokens))
         stats = describe(sub["ttft_ms"])
         for stat, limit in bucket.items():
-            out.append(_upper(f"ttft_ms[{low + 1}-{bucket.max_prompt_tokens} prompt tokens].{stat}", stats[stat],
-                              limit, stats["count"], min_samples(stat)))
+            scope = f"{low + 1}-{bucket.max_prompt_tokens} prompt tokens"
+            out.append(_upper(ObjectiveId("ttft_ms", stat, scope), stats[stat], limit, stats["count"],
+                              min_samples(stat)))
         low = bucket.max_prompt_tokens
     return out

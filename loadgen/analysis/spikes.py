@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import polars as pl
 
+from loadgen.core.vocabulary import STALL_CAUSES
 from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
 from loadgen.analysis.lift import covered, culprit_pairs, lift, lift_narrow
@@ -42,7 +43,7 @@ from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
 # preemption (the server's counter). Client side: loadgen itself fell behind (its sends ran late while the
 # in-flight cap was not full), so it read late too. ``unknown``: none of these coincided.
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
-CAUSES = ("prefill", "prefill_burst", "burst", "preemption", "client_lag", "unknown")
+CAUSES = tuple(STALL_CAUSES)  # the stall causes, each with what it means: core/vocabulary.py
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from loadgen.core.vocabulary import LIMIT_STATS
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-PERCENTILE_KEYS = ("p50", "p90", "p95", "p99", "p999", "max", "mean")
+PERCENTILE_KEYS = LIMIT_STATS  # what a threshold may limit (core/vocabulary.py)
 
 
 class Thresholds(_Strict):

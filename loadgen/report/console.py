@@ -8,6 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.core.vocabulary import ObjectiveId
 from loadgen.report.writers import COLS, ROWS, fmt
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
@@ -62,9 +63,10 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
                       highlight=False, markup=False)
 
 
-STALL_OBJECTIVES = ("stalls.", "itl_ms.max_per_request", "fluidity.")
+STALL_OBJECTIVES = {ObjectiveId("itl_ms", "max_per_request")}  # besides every objective on stalls or fluidity
 
 
 def stall_objective_failed(result: RunResult) -> bool:
     """Whether an objective on stalls (rates, worst gap per request, fluidity) failed: ``advise`` can help."""
-    return any(o["passed"] is False and o["objective"].startswith(STALL_OBJECTIVES) for o in result.slo)
+    return any(o["passed"] is False and (ObjectiveId.of(o).metric in ("stalls", "fluidity")
+                                         or ObjectiveId.of(o) in STALL_OBJECTIVES) for o in result.slo)

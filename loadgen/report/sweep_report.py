@@ -10,6 +10,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
+from loadgen.core.vocabulary import ObjectiveId
 from loadgen.analysis.sweep_result import SweepResult, final_steps
 from loadgen.report.charts import WIDE, Chart
 from loadgen.report.html import chart_section, e, page
@@ -73,7 +74,7 @@ def latency_chart(r: SweepResult, metric: str, label: str) -> alt.TopLevelMixin:
 
 def slo_lines(r: SweepResult, metric: str) -> pl.DataFrame:
     seen = {o["objective"]: o["threshold"] for s in r.steps for o in s.objectives
-            if o["objective"].startswith(metric + ".")}
+            if ObjectiveId.of(o) == ObjectiveId(metric, ObjectiveId.of(o).stat)}  # over every request, no scope
     return pl.DataFrame({"objective": list(seen), "ms": [float(v) for v in seen.values()]},
                         schema={"objective": pl.Utf8, "ms": pl.Float64})
 

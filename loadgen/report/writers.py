@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from loadgen.core.vocabulary import METRICS
 from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import conversations_markdown
 from loadgen.report.wording import fmt
 
-ROWS = ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms", "queue_delay_ms")
+ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
 ICON = {"pass": "✅ PASS", "fail": "❌ FAIL", "inconclusive": "⚠️ INCONCLUSIVE"}
 

@@ -1,0 +1,96 @@
+"""loadgen's vocabulary, declared once: the latency metrics (unit, what one sample is, whether an SLO may limit
+it, which way is better), the statistics every metric table carries, the stall causes, and an objective's
+identity as ``(metric, stat)`` rather than a string built in one module and parsed in others.
+
+The scenario's SLO fields (``plan/slo_spec.py``), the summary's metric tables (``analysis/metrics.py``), the SLO
+objectives (``analysis/slo.py``), the report's rows (``report/writers.py``), compare's and the capacity
+search's statistics (``analysis/compare.py``, ``analysis/capacity.py``) and the stall analysis
+(``analysis/spikes.py``) take their names from here; ``tests/test_vocabulary.py`` holds each of them to it.
+Standard library only, like the rest of the core.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+STATS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")  # every metric table's columns, in order
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}  # the percentile statistics
+LIMIT_STATS = ("p50", "p90", "p95", "p99", "p999", "max", "mean")  # what an SLO's thresholds may limit
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One latency metric of the summary's metric table."""
+
+    name: str
+    unit: str
+    basis: Literal["request", "token"]  # one sample per request, or per output token (or chunk)
+    slo: bool  # the scenario's ``slo`` may limit its statistics
+    comparable: bool  # ``compare`` and the capacity search can bootstrap its percentiles
+    description: str
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("ttft_ms", "ms", "request", True, True, "time to first token from the intended send time"),
+    Metric("ttft_service_ms", "ms", "request", True, False, "time to first token from the actual send"),
+    Metric("itl_ms", "ms", "token", True, True, "inter-token latency, one sample per token"),
+    Metric("chunk_gap_ms", "ms", "token", True, False, "gap between consecutive streamed chunks"),
+    Metric("tpot_ms", "ms", "request", True, True, "time per output token after the first"),
+    Metric("e2e_ms", "ms", "request", True, True, "intended send time to the last byte"),
+    Metric("queue_delay_ms", "ms", "request", False, False, "the client's own lateness: sent minus intended"),
+)}
+REQUEST_METRICS = tuple(name for name, m in METRICS.items() if m.basis == "request")
+TOKEN_METRICS = tuple(name for name, m in METRICS.items() if m.basis == "token")
+SLO_METRICS = tuple(name for name, m in METRICS.items() if m.slo)
+COMPARABLE_METRICS = tuple(name for name, m in METRICS.items() if m.comparable)
+
+# Why a stall happened (analysis/spikes.py's attribution), in the order the report lists them.
+STALL_CAUSES: dict[str, str] = {
+    "prefill": "long prompts' prefill windows (the culprits) cover the gap: prefill-induced",
+    "prefill_burst": "three or more requests got their first token as the gap ended: a batch of prefills admitted "
+                     "together, none long enough to be a culprit alone",
+    "burst": "sends during the gap ran at four times the run's mean rate or more (three sends at least)",
+    "preemption": "the server's /metrics counted a preemption then (overrides the other causes)",
+    "client_lag": "a send due during the gap left more than half the gap late, not held by the in-flight cap: "
+                  "loadgen's own loop was behind, and read the streams late too",
+    "unknown": "nothing loadgen can see coincides with the gap",
+}
+
+
+@dataclass(frozen=True, order=True)
+class ObjectiveId:
+    """An SLO objective's identity: a metric (or a family such as ``error_rate``, ``stalls``, ``goodput``) and
+    the statistic or limit of it that is judged. ``str()`` is the name summary.json and the console show."""
+
+    metric: str
+    stat: str
+    scope: str = ""  # a subset of the requests it judges, e.g. "1-512 prompt tokens" (TTFT by prompt length)
+
+    def __str__(self) -> str:
+        return f"{self.metric}[{self.scope}].{self.stat}" if self.scope else f"{self.metric}.{self.stat}"
+
+    @classmethod
+    def parse(cls, name: str) -> ObjectiveId:
+        """The identity of a name as ``str()`` writes it (a ``--metric`` flag; summary.json files written before
+        objectives carried their parts): the statistic follows the last dot, a scope sits in brackets."""
+        head, dot, stat = name.rpartition(".")
+        scoped = re.fullmatch(r"([^\[\]]+)\[([^\[\]]+)\]", head)
+        metric, scope = (scoped.group(1), scoped.group(2)) if scoped else (head, "")
+        if not dot or not metric or not stat or "[" in metric or "]" in metric:
+            raise ValueError(f"{name!r}: not an objective name (metric.stat)")
+        return cls(metric, stat, scope)
+
+    @classmethod
+    def of(cls, result: Mapping[str, Any]) -> ObjectiveId:
+        """The identity of an objective as summary.json holds it (parsed from its name in older files)."""
+        if isinstance(result.get("metric"), str) and isinstance(result.get("stat"), str):
+            return cls(result["metric"], result["stat"], str(result.get("scope") or ""))
+        return cls.parse(str(result["objective"]))
+
+    @property
+    def bootstrappable(self) -> bool:
+        """A percentile of a metric over every measured request, which ``compare`` and the capacity search
+        can bootstrap from the records."""
+        return self.metric in COMPARABLE_METRICS and self.stat in QUANTILES and not self.scope
