@@ -74,6 +74,7 @@ def test_the_fitted_model_replays_a_run_of_an_unknown_preset(advised: Advice) ->
         assert abs(errors[figure]) <= 0.25, (figure, errors)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_advice_files_and_the_report_section(advised: Advice) -> None:
     run_dir = Path(advised.run_dir)
     doc = json.loads((run_dir / "advice.json").read_text())

@@ -81,6 +81,7 @@ def test_planted_20_percent_slowdown_is_a_regression(runs):
     assert "REGRESSED" in res.stdout and "itl_ms.p50" in (runs["slow"] / "compare.md").read_text()
 
 
+@pytest.mark.slow
 def test_identical_rerun_passes(runs):
     out = runs["base"].parent / "cmp-same"
     res = run_cli("compare", str(runs["base"]), str(runs["same"]), "--out", str(out))
@@ -92,6 +93,7 @@ def test_identical_rerun_passes(runs):
     assert "no regression" in res.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2(runs, tmp_path):
     res = run_cli("compare", str(runs["base"]), str(tmp_path))
     assert res.returncode == 2 and "no run.json" in res.stderr

@@ -197,6 +197,7 @@ def _finished(out: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["stall", "death"])
 def test_a_run_ends_by_itself_within_its_bound_when_its_worker_stalls_or_dies(tmp_path, how):
     """Issue 36: a worker stopped mid-step (SIGSTOP: silent, its socket open; SIGKILL: gone) must not hold the

@@ -65,6 +65,7 @@ def test_search_brackets_the_capacity_known_from_the_simulator(searched: SweepRe
     assert searched.attainment_capacity is not None and searched.attainment_capacity.decided
 
 
+@pytest.mark.slow
 def test_every_step_is_a_full_run_and_the_sweep_files_agree(searched: SweepResult) -> None:
     out = searched.out_dir
     assert out is not None
@@ -79,6 +80,8 @@ def test_every_step_is_a_full_run_and_the_sweep_files_agree(searched: SweepResul
     xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit-10.xsd")).validate(str(out / "junit.xml"))
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_path: Path) -> None:
     from tests.test_report_browser import open_report
 
