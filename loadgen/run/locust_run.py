@@ -271,15 +271,20 @@ class LocustRun:
 
     def _wait(self, done: Any, runner: Any) -> None:
         """Until the plan is done (or its give-up point, in ``done``): progress on stderr, records flushed to
-        Parquet every second by the session (a full disk stops the run, as in the asyncio driver)."""
+        Parquet every second by the session (a full disk stops the run, as in the asyncio driver). Ctrl-C or
+        SIGTERM stops it too, as in the asyncio driver: what is in flight is cancelled, the records taken are
+        kept and reported, the run is interrupted (inconclusive at best)."""
         with self.run.progress() as progress:
             task = progress.add_task("running (locust)", total=self.plan.size)
-            while not done():
-                lu.sleep(0.25)
-                progress.update(task, completed=self.recorded, description=(
-                    f"running (locust)  users {runner.user_count:>4}  workers {len(self.done_workers)} done"))
-                if self.run.session.flush_due() and self.run.session.flush():
-                    self.stopped = True  # the disk is full: the session said so and made the run inconclusive
+            try:
+                while not done():
+                    lu.sleep(0.25)
+                    progress.update(task, completed=self.recorded, description=(
+                        f"running (locust)  users {runner.user_count:>4}  workers {len(self.done_workers)} done"))
+                    if self.run.session.flush_due() and self.run.session.flush():
+                        self.stopped = True  # the disk is full: the session said so and made the run inconclusive
+            except KeyboardInterrupt:
+                self.stopped = self.run.interrupted = True
 
     def _record(self, record: Any, chunks: Any) -> None:
         self.recorded += 1
