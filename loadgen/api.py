@@ -19,10 +19,11 @@ bad ``tries`` or ``server`` item), ``RunDirError`` (an unreadable run directory)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence, cast
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Sequence, cast
 
 from loadgen.core.secrets import RedactingStream, register
 from loadgen.errors import (AdviceError, CompareError, InputError, LoadgenError, RunDirError, ScenarioError,
@@ -106,24 +107,28 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
     opts = RunOptions(out=Path(out) if out is not None else None, reports_dir=Path(reports_dir), progress=progress,
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
-    console = _redacting(console) if console is not None else Console(quiet=True)
-    if engine == "locust":
-        return _run_locust(sc, opts, console, workers, source, base_url)
-    return run_scenario(sc, opts, console)
+    console = console or Console(quiet=True)
+    with _redacted(console):
+        if engine == "locust":
+            return _run_locust(sc, opts, console, workers, source, base_url)
+        return run_scenario(sc, opts, console)
 
 
-def _redacting(console: Console) -> Console:
-    """A console like ``console`` whose every write passes the redactor first (the CLI wraps the process's
-    stdout and stderr; a Python caller's console gets the same guarantee here, its own object untouched)."""
-    from rich.console import Console
-
-    if isinstance(console.file, RedactingStream):
-        return console
-    systems: dict[str, Literal["standard", "256", "truecolor", "windows"]] = {
-        "standard": "standard", "256": "256", "truecolor": "truecolor", "windows": "windows"}
-    return Console(file=cast(IO[str], RedactingStream(console.file)), width=console.width, force_terminal=console.is_terminal,
-                   color_system=systems.get(console.color_system or ""), no_color=console.no_color,
-                   quiet=console.quiet, soft_wrap=console.soft_wrap)
+@contextlib.contextmanager
+def _redacted(console: Console) -> Iterator[None]:
+    """While loadgen writes to a caller's console, every write passes the redactor first (the CLI wraps the
+    process's stdout and stderr; a Python caller's console gets the same guarantee): its file is wrapped for the
+    call and given back after, every other setting (theme, width) its own. Recording (``record=True``) is paused
+    for the call: rich records what it renders before the file sees it, so an export would hold the secrets."""
+    before, recording = console.file, console.record
+    if isinstance(before, RedactingStream):
+        yield
+        return
+    console.file, console.record = cast(IO[str], RedactingStream(before)), False
+    try:
+        yield
+    finally:
+        console.file, console.record = before, recording
 
 
 def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
@@ -161,9 +166,10 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     opts = RunOptions(reports_dir=Path(reports_dir), progress=False, png=png)
-    session = locust_ui.UiSession(sc, opts, _redacting(console or Console()), host, port, web_login, master,
-                                  master_bind)
-    session.serve()
+    console = console or Console()
+    session = locust_ui.UiSession(sc, opts, console, host, port, web_login, master, master_bind)
+    with _redacted(console):
+        session.serve()
 
 
 def report(run_dir: str | Path, *, window: tuple[float, float] | None = None, png: bool = True) -> RunResult:
@@ -226,7 +232,8 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
 
     def run_step(step: Scenario, run_dir: Path) -> RunResult:
         return run(step, out=run_dir, engine=engine, workers=workers, png=png, base_url=base_url, progress=progress)
-    return run_sweep(sc, opts, sweep_dir(sc, Path(out) if out else None, Path(reports_dir)), run_step, console)
+    with _redacted(console):
+        return run_sweep(sc, opts, sweep_dir(sc, Path(out) if out else None, Path(reports_dir)), run_step, console)
 
 
 def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[str] = (), capacity: bool = False,

@@ -99,8 +99,9 @@ def test_a_python_callers_console_gets_the_redactors_guarantee(tmp_path: Path) -
     sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", {"load.duration_s": 2, "load.warmup_s": 0,
                                                             "target.headers": {"X-Api-Key": secret}})
     buffer = io.StringIO()
-    console = Console(file=buffer, width=200)
+    console = Console(file=buffer, width=200, record=True)
     result = api.run(sc, out=tmp_path / f"run-{secret}", console=console)
     printed = buffer.getvalue()
     assert result.run_dir.name == f"run-{secret}" and "run-***" in printed and secret not in printed
-    assert console.file is buffer
+    assert console.file is buffer and console.width == 200 and console.record  # the caller's console, as it was
+    assert secret not in console.export_text()  # rich records before the file: nothing of the run was recorded
