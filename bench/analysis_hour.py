@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 try:  # the records' schema: loadgen/records/schema.py (before the records stage: analysis/frames.py)
     from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA  # noqa: E402
-except ImportError:
-    from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA  # type: ignore[no-redef]  # noqa: E402
+except ImportError:  # a commit before the records stage, for a "before" figure
+    from loadgen.analysis.frames import CHUNK_SCHEMA, REQUEST_SCHEMA  # type: ignore[no-redef]  # noqa: E402
 
 SCENARIO = """
 name: soak
