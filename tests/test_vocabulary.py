@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from loadgen.analysis import compare, metrics, spikes
+from loadgen.analysis.result import StallFigures
 from loadgen.core.vocabulary import (COMPARABLE_METRICS, LIMIT_STATS, METRICS, QUANTILES, SLO_METRICS, STALL_CAUSES,
                                      STATS, ObjectiveId)
 from loadgen.plan.slo_spec import Slo, Thresholds
@@ -74,3 +75,4 @@ def test_a_runs_summary_carries_each_objectives_identity_and_every_metrics_stati
     assert all(tuple(table) == STATS for table in summary["metrics"].values())
     causes = set(pl.read_parquet(run_dir / "stalls.parquet")["cause"].to_list())
     assert causes and causes <= set(STALL_CAUSES)
+    assert set(summary["stalls"]) <= set(StallFigures.__annotations__)  # the typed result names every figure

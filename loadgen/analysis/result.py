@@ -74,6 +74,17 @@ class StallFigures(TypedDict, total=False):
     prefill_fit: dict[str, float]
     top_culprits: list[dict[str, Any]]
     worst_events: list[dict[str, Any]]
+    events_per_1k_tokens: float  # spike events (one engine step's stalls) per 1k output tokens
+    prefill_induced_events_per_1k_tokens: float
+    tail_gaps: int  # chunk gaps at or above the run's p99 gap
+    tail_prefill_induced_share: Optional[float]  # of those, the share that are prefill-induced stalls
+    stalled_ms_per_request: dict[str, float]  # mean, max: excess ms over each request's stalls
+    baseline_itl_ms: dict[str, float]  # per class: the median ITL stalls are measured against
+    long_prompt_tokens: int  # a culprit's prompt is at least this long
+    spike_factor: float
+    min_gap_ms: float
+    step_tol_ms: float
+    fluidity: dict[str, Any]  # Metron's fluidity index (with slo.fluidity): index, tokens, ...
 
 
 class ClassResult(TypedDict):
