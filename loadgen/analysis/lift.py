@@ -63,13 +63,7 @@ def lift(gaps: pl.DataFrame | pl.LazyFrame, stalls: pl.DataFrame, windows: pl.Da
     def rows(among: pl.DataFrame | None) -> int:  # the gap rows whose key is in ``among`` (all: None)
         frame = intervals if among is None else intervals.join(among.lazy(), on=keys, how="semi")
         return int(frame.select(pl.len()).collect(engine="streaming").item())
-    n_all, s_all = rows(None), rows(stall_keys)
-    n_hit, s_hit = rows(hit.unique()), rows(stall_keys.join(hit, on=keys, how="semi"))
-    with_ = s_hit / n_hit if n_hit else None
-    without = (s_all - s_hit) / (n_all - n_hit) if n_all - n_hit else None
-    if not with_:
-        return None
-    return with_ / without if without else math.inf
+    return _lift_of(rows(None), rows(stall_keys), rows(hit.unique()), rows(stall_keys.join(hit, on=keys, how="semi")))
 
 
 def _overlapping(intervals: pl.LazyFrame, windows: pl.DataFrame) -> pl.LazyFrame:
@@ -114,8 +108,12 @@ def lift_narrow(run: RunAnalysis, gaps: pl.DataFrame, stalls: pl.DataFrame, wind
         return int(narrow_keys.join(ends, on=["i", "t_end_ns"], how="inner").select(pl.len())
                    .collect(engine="streaming").item())
     stall_keys = stalls.select(keys).unique()
-    n_all, s_all = rows(None), rows(stall_keys)
-    n_hit, s_hit = rows(hit.unique()), rows(stall_keys.join(hit, on=keys, how="semi"))
+    return _lift_of(rows(None), rows(stall_keys), rows(hit.unique()), rows(stall_keys.join(hit, on=keys, how="semi")))
+
+
+def _lift_of(n_all: int, s_all: int, n_hit: int, s_hit: int) -> float | None:
+    """P(stall | a long prefill covers the gap) / P(stall | none), from the gap and stall counts of each side
+    (None: no covered gap stalled; infinite: every stall is covered)."""
     with_ = s_hit / n_hit if n_hit else None
     without = (s_all - s_hit) / (n_all - n_hit) if n_all - n_hit else None
     if not with_:
