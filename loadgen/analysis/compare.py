@@ -51,7 +51,6 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
 )}
 DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
                    "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens")
-QUANTILE = QUANTILES  # the percentile statistics (core/vocabulary.py)
 BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
 
 
@@ -145,9 +144,9 @@ def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
         oid = ObjectiveId.parse(name)
         metric, stat = oid.metric, oid.stat
         if metric == "itl_ms":
-            return weighted_quantile(s.itl_ms, s.itl_request, w, QUANTILE[stat])
+            return weighted_quantile(s.itl_ms, s.itl_request, w, QUANTILES[stat])
         values = np.where(s.ok, getattr(s, metric), np.nan)
-        return weighted_quantile(values, np.arange(s.n), w, QUANTILE[stat])
+        return weighted_quantile(values, np.arange(s.n), w, QUANTILES[stat])
     with np.errstate(invalid="ignore", divide="ignore"):
         if name == "output_tokens_per_s":
             return (w @ (s.output_tokens * ok)) / s.window_s
