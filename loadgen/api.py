@@ -183,10 +183,13 @@ def report(run_dir: str | Path, *, window: tuple[float, float] | None = None, pn
 
 
 def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None = None, threshold_pct: float = 10.0,
-            error_rate_pp: float = 1.0, stall_rate_delta: float = 0.5, confidence: float = 0.95,
+            error_rate_pp: float | None = None, stall_rate_delta: float | None = None, confidence: float = 0.95,
             replicates: int = 1000, seed: int = 0, out: str | Path | None = None) -> Comparison:
-    """NEW against BASE, per metric, with bootstrap confidence intervals; ``out`` (if given) receives
-    compare.md and compare.json."""
+    """NEW against BASE: the verdict change first (``doc["verdict_change"]``), then per metric with bootstrap
+    confidence intervals. ``error_rate_pp`` / ``stall_rate_delta``: None derives them from the scenarios' limits
+    (half of each; docs/verdicts.md "compare"). Either side may be a repeat's directory (its runs pooled).
+    ``exit_code``: 1 when a metric regressed or the verdict got worse. ``out`` (if given) receives compare.json,
+    compare.md, compare.html and compare-junit.xml."""
     from loadgen.report.compare_report import write_comparison
     from loadgen.run.comparison import CompareOptions, Comparison, compare_runs
 

@@ -48,9 +48,10 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
     MetricSpec("output_tokens_per_s", "higher", "relative", "tokens/s"),
     MetricSpec("error_rate", "lower", "absolute", "fraction"),
     MetricSpec("stalls_per_1k_tokens", "lower", "absolute", "per 1k tokens"),
+    MetricSpec("prefill_stalls_per_1k_tokens", "lower", "absolute", "per 1k tokens"),
 )}
 DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
-                   "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens")
+                   "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens", "prefill_stalls_per_1k_tokens")
 BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
 
 
@@ -71,6 +72,7 @@ class RunSamples:
     window_s: float
     seq: np.ndarray  # each request's plan sequence number (pairs requests of two runs of one plan)
     figures: dict[str, float | None] = field(default_factory=dict)  # the summary's values (point_figures)
+    prefill_stalls: np.ndarray | None = None  # prefill-induced stalls per request (None: none counted)
 
     @property
     def n(self) -> int:
@@ -92,6 +94,9 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, sta
     per_req = (stalls.group_by("worker", "seq").len() if stalls.height
                else pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "len": pl.UInt32}))
     n_stalls = req.join(per_req, on=["worker", "seq"], how="left")["len"].fill_null(0)
+    induced = (stalls.filter(pl.col("prefill_induced")).group_by("worker", "seq").len()
+               if "prefill_induced" in stalls.columns else per_req.head(0))
+    n_induced = req.join(induced, on=["worker", "seq"], how="left")["len"].fill_null(0)
 
     def col(name: str) -> np.ndarray:
         return req[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
@@ -100,7 +105,7 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, sta
                       (~req["ok"] & ~cancelled).to_numpy(), (~cancelled).to_numpy(),
                       req["output_tokens"].fill_null(0).to_numpy().astype(float), n_stalls.to_numpy().astype(float),
                       itl.to_numpy(), owners.to_numpy().astype(np.int64), m.window_s(req), req["seq"].to_numpy(),
-                      dict(figures or {}))
+                      dict(figures or {}), n_induced.to_numpy().astype(float))
 
 
 def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
@@ -114,7 +119,25 @@ def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
     out["output_tokens_per_s"] = (summary.get("throughput") or {}).get("output_tokens_per_s")
     out["error_rate"] = (summary.get("requests") or {}).get("error_rate")
     out["stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("per_1k_tokens")
+    out["prefill_stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("prefill_induced_per_1k_tokens")
     return out
+
+
+def pool_samples(runs: list[RunSamples]) -> RunSamples:
+    """Several runs' requests as one sample (a repeat's runs pooled): arrays joined, each run's token owners
+    shifted to its requests' place, the windows added (throughput = all tokens / all measured seconds), plan
+    sequence numbers made unique per run; no stated figures (the pooled statistic is computed)."""
+    def cat(name: str) -> np.ndarray:
+        return np.concatenate([getattr(r, name) for r in runs])
+    offsets = np.cumsum([0] + [r.n for r in runs[:-1]])
+    seq_span = max((int(r.seq.max()) + 1 for r in runs if r.n), default=0)
+    return RunSamples(cat("ttft_ms"), cat("tpot_ms"), cat("e2e_ms"), cat("ok"), cat("failed"), cat("counted"),
+                      cat("output_tokens"), cat("stalls"), cat("itl_ms"),
+                      np.concatenate([r.itl_request + o for r, o in zip(runs, offsets)]),
+                      float(sum(r.window_s for r in runs)),
+                      np.concatenate([r.seq + i * seq_span for i, r in enumerate(runs)]), {},
+                      np.concatenate([r.prefill_stalls if r.prefill_stalls is not None else np.zeros(r.n)
+                                      for r in runs]))
 
 
 # ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------
@@ -152,8 +175,10 @@ def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
             return (w @ (s.output_tokens * ok)) / s.window_s
         if name == "error_rate":
             return (w @ s.failed.astype(float)) / (w @ s.counted.astype(float))
-        if name == "stalls_per_1k_tokens":
-            return (w @ s.stalls) / ((w @ (s.output_tokens * ok)) / 1000)
+        if name in ("stalls_per_1k_tokens", "prefill_stalls_per_1k_tokens"):
+            counted = s.stalls if name == "stalls_per_1k_tokens" else s.prefill_stalls
+            counts = np.zeros(s.n) if counted is None else counted
+            return (w @ counts) / ((w @ (s.output_tokens * ok)) / 1000)
     raise KeyError(name)
 
 
@@ -235,8 +260,10 @@ def compare(base: RunSamples, new: RunSamples, metrics: tuple[str, ...] = DEFAUL
             thresholds: dict[str, float] | None = None, confidence: float = 0.95, replicates: int = 1000,
             seed: int = 0, paired: bool = False) -> list[MetricComparison]:
     """Compare every metric. ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
-    ("error_rate": a fraction, "stalls_per_1k_tokens": stalls per 1k tokens)."""
-    limits = {"relative": 0.10, "error_rate": 0.01, "stalls_per_1k_tokens": 0.5, **(thresholds or {})}
+    ("error_rate": a fraction, "stalls_per_1k_tokens" and "prefill_stalls_per_1k_tokens": stalls per 1k
+    tokens; run/comparison.py derives these from the scenario's own limits, analysis/compare_basis.py)."""
+    limits = {"relative": 0.10, "error_rate": 0.01, "stalls_per_1k_tokens": 0.5, "prefill_stalls_per_1k_tokens": 0.5,
+              **(thresholds or {})}
     rng = np.random.default_rng(seed)
     w_base, w_new = poisson_weights(base, new, replicates, paired, rng)
     out = []

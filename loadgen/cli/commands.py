@@ -224,10 +224,14 @@ def compare(
     new: Path = typer.Argument(..., help="the run directory to judge"),
     threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency, throughput or stall-rate "
                                     "metric regressed when its whole confidence interval is worse by more"),
-    error_rate_pp: float = typer.Option(1.0, "--error-rate-pp", help="percentage points, the same for the "
-                                        "error rate"),
-    stall_rate_delta: float = typer.Option(0.5, "--stall-rate-delta", help="stalls per 1k output tokens: the "
-                                           "stall rate regressed when its interval is above by more"),
+    error_rate_pp: Optional[float] = typer.Option(None, "--error-rate-pp", help="percentage points, the same "
+                                                  "for the error rate (default: half of the scenario's "
+                                                  "slo.error_rate.max; 1 when neither run sets one)"),
+    stall_rate_delta: Optional[float] = typer.Option(None, "--stall-rate-delta", help="stalls per 1k output "
+                                                     "tokens: a stall rate regressed when its interval is above "
+                                                     "by more (default: half of the scenario's stall limit, e.g. "
+                                                     "max_prefill_induced_per_1k_tokens 0.1 → 0.05; 0.5 when "
+                                                     "neither run sets one)"),
     confidence: float = typer.Option(0.95, "--confidence", help="confidence level of the bootstrap intervals"),
     replicates: int = typer.Option(1000, "--replicates", help="bootstrap replicates (requests resampled)"),
     metric: list[str] = typer.Option([], "--metric", help="compare only these (repeatable), e.g. itl_ms.p99; "
@@ -236,8 +240,11 @@ def compare(
     out: Optional[Path] = typer.Option(None, "--out", help="where compare.md/compare.json go (default: NEW)"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed (results are reproducible)"),
 ) -> None:
-    """Say per metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs'
-    raw records. Exit 1 when a metric regressed, 0 otherwise, 2 on bad input."""
+    """Say first whether the verdict changed (BASE's → NEW's, and which objectives changed decision), then per
+    metric whether NEW regressed against BASE, with bootstrap confidence intervals from both runs' raw records.
+    BASE or NEW may be a `run --repeat` directory (its runs pooled). Writes compare.json, compare.md,
+    compare.html and compare-junit.xml. Exit 0 no regression and the verdict not worse; 1 a metric regressed
+    or the verdict got worse (pass → inconclusive/fail, inconclusive → fail); 2 bad input."""
     from loadgen.report.compare_report import print_comparison
 
     try:

@@ -1,8 +1,11 @@
-"""Views of a comparison: compare.md, compare.json and the console table."""
+"""Views of a comparison: compare.json, compare.md, compare.html, compare-junit.xml and the console table. Each
+says the verdict change first (base verdict → new verdict, and which objectives changed decision), then the
+metrics."""
 
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.analysis.compare import MetricComparison
-from loadgen.core.secrets import write_text
+from loadgen.analysis.compare_basis import change_line
+from loadgen.core.secrets import write_bytes, write_text
 from loadgen.report.console import compact
+from loadgen.report.html import e, page
 from loadgen.report.writers import fmt, md_escape
 
 STATUS_STYLE = {"regressed": "bold red", "improved": "green", "unchanged": "", "uncertain": "yellow",
@@ -27,7 +32,7 @@ def signed_change(c: MetricComparison, worsening: float) -> float:
 def _pct(c: MetricComparison, change: float) -> str:
     if c.spec.change == "relative":
         return f"{change * 100:+.1f}%"
-    return f"{change * 100:+.2f}pp" if c.metric == "error_rate" else f"{change:+.2f}"
+    return f"{change * 100:+.2f}pp" if c.metric == "error_rate" else f"{change:+.3g}"
 
 
 def change_text(c: MetricComparison, worsening: float | None) -> str:
@@ -47,10 +52,25 @@ def threshold_text(c: MetricComparison) -> str:
     return worse + _pct(c, c.threshold).lstrip("+")
 
 
-def comparison_dict(results: list[MetricComparison], base: str, new: str, meta: dict[str, Any]) -> dict[str, Any]:
+def comparison_dict(change: dict[str, Any], results: list[MetricComparison], base: str, new: str,
+                    meta: dict[str, Any]) -> dict[str, Any]:
+    """compare.json: the verdict change first, then the outcome (exit code 1 when a metric regressed or the
+    verdict got worse), then the metrics."""
     regressed = [c.metric for c in results if c.status == "regressed"]
-    return {"base": base, "new": new, "verdict": "regressed" if regressed else "ok", "regressed": regressed,
-            **meta, "metrics": [c.as_dict() for c in results]}
+    failed = bool(regressed) or bool(change["worse"])
+    return {"verdict_change": change, "base": base, "new": new,
+            "verdict": "regressed" if regressed else "worse verdict" if change["worse"] else "ok",
+            "regressed": regressed, "exit_code": 1 if failed else 0, **meta,
+            "metrics": [c.as_dict() for c in results]}
+
+
+def _objective_rows(doc: dict[str, Any]) -> list[list[str]]:
+    return [[o["objective"], o["base"], o["new"], fmt(o["base_value"]), fmt(o["new_value"]),
+             f"{o['comparison']} {fmt(o['new_threshold'] if o['new_threshold'] is not None else o['base_threshold'])}"]
+            for o in doc["verdict_change"]["objectives"] if o["changed"]]
+
+
+OBJECTIVE_HEAD = ["objective", "base decision", "new decision", "base value", "new value", "limit"]
 
 
 def _code(text: str) -> str:
@@ -60,7 +80,14 @@ def _code(text: str) -> str:
 
 def compare_markdown(doc: dict[str, Any], results: list[MetricComparison]) -> str:
     head = "❌ REGRESSED: " + ", ".join(f"`{m}`" for m in doc["regressed"]) if doc["regressed"] else "✅ no regression"
-    lines = [f"## loadgen compare — {head}", "",
+    change = doc["verdict_change"]
+    mark = "❌" if change["worse"] else "⚠️" if change["changed"] else "✅"
+    lines = [f"## loadgen compare — {mark} {md_escape(change_line(change))}", ""]
+    rows = _objective_rows(doc)
+    if rows:
+        lines += ["| " + " | ".join(OBJECTIVE_HEAD) + " |", "|" + " --- |" * len(OBJECTIVE_HEAD)]
+        lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows] + [""]
+    lines += [f"### metrics — {head} (exit {doc['exit_code']})", "",
              f"Base {_code(doc['base'])} → new {_code(doc['new'])}; {doc['confidence'] * 100:g}% "
              f"bootstrap confidence intervals ({doc['replicates']} replicates, resampling requests"
              f"{', paired by plan sequence number' if doc.get('paired') else ''}).", ""]
@@ -75,6 +102,9 @@ def compare_markdown(doc: dict[str, Any], results: list[MetricComparison]) -> st
 
 
 def print_comparison(console: Console, doc: dict[str, Any], results: list[MetricComparison]) -> None:
+    change = doc["verdict_change"]
+    style = "bold red" if change["worse"] else "yellow" if change["changed"] else "green"
+    console.print(f"[{style}]{change_line(change)}[/]", highlight=False)
     table = Table(title=f"{doc['base']} → {doc['new']}", title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("metric", "base", "new", "change", f"{doc['confidence'] * 100:g}% CI", "status"):
         table.add_column(name, justify="left" if name in ("metric", "status") else "right", no_wrap=True)
@@ -86,10 +116,54 @@ def print_comparison(console: Console, doc: dict[str, Any], results: list[Metric
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     verdict = (f"[bold red]REGRESSED[/]: {', '.join(doc['regressed'])}" if doc["regressed"]
                else "[bold green]no regression[/]")
-    console.print(f"verdict: {verdict}", highlight=False)
+    console.print(f"metrics: {verdict}; exit {doc['exit_code']}", highlight=False)
 
 
 def write_comparison(out_dir: Path, doc: dict[str, Any], results: list[MetricComparison]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text(out_dir / "compare.json", json.dumps(doc, indent=2) + "\n")
     write_text(out_dir / "compare.md", compare_markdown(doc, results))
+    write_text(out_dir / "compare.html", compare_html(doc, results))
+    write_bytes(out_dir / "compare-junit.xml", compare_junit(doc, results))
+
+
+def compare_html(doc: dict[str, Any], results: list[MetricComparison]) -> str:
+    change = doc["verdict_change"]
+    badge = "fail" if doc["exit_code"] else "pass"
+    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in _objective_rows(doc))
+    objectives = (f"<table id=\"objectives\"><tr>{''.join(f'<th>{h}</th>' for h in OBJECTIVE_HEAD)}</tr>{rows}"
+                  "</table>" if rows else "")
+    metrics = "".join(f"<tr><td>{e(c.metric)}</td><td>{e(fmt(c.base))}</td><td>{e(fmt(c.new))}</td>"
+                      f"<td>{e(change_text(c, c.worsening))}</td><td>{e(ci_text(c))}</td>"
+                      f"<td>{e(threshold_text(c))}</td><td class=\"text\">{e(c.status)}</td></tr>" for c in results)
+    body = (f"<h1>loadgen compare <span class=\"badge {badge}\" id=\"verdict\">{e(change_line(change))}</span></h1>"
+            f"<p class=\"meta\">base {e(doc['base'])} → new {e(doc['new'])}; exit {doc['exit_code']}; "
+            f"{doc['confidence'] * 100:g}% bootstrap intervals</p>" + objectives
+            + "<h2>Metrics</h2><table id=\"metrics\"><tr><th>metric</th><th>base</th><th>new</th><th>change</th>"
+            "<th>CI</th><th>regression if beyond</th><th>status</th></tr>" + metrics + "</table>"
+            + "".join(f"<p class=\"meta\">warning: {e(w)}</p>" for w in doc.get("warnings", [])))
+    return page("loadgen compare", body)
+
+
+def compare_junit(doc: dict[str, Any], results: list[MetricComparison]) -> bytes:
+    """One test case for the verdict change (failure: it got worse), then one per metric (failure: regressed;
+    skipped: uncertain or no data)."""
+    change = doc["verdict_change"]
+    suite = ET.Element("testsuite", name="loadgen.compare", tests=str(len(results) + 1), errors="0",
+                       failures=str(int(change["worse"]) + len(doc["regressed"])),
+                       skipped=str(sum(c.status in ("uncertain", "no data") for c in results)), time="0")
+    case = ET.SubElement(suite, "testcase", classname="loadgen.compare", name="verdict", time="0")
+    if change["worse"]:
+        ET.SubElement(case, "failure", message=change_line(change), type="VerdictWorse").text = change_line(change)
+    for c in results:
+        case = ET.SubElement(suite, "testcase", classname="loadgen.compare.metric", name=c.metric, time="0")
+        detail = f"{c.metric}: {fmt(c.base)} → {fmt(c.new)}, change {change_text(c, c.worsening)} CI {ci_text(c)}"
+        if c.status == "regressed":
+            ET.SubElement(case, "failure", message=detail, type="Regression").text = detail
+        elif c.status in ("uncertain", "no data"):
+            ET.SubElement(case, "skipped", message=f"{c.status}: {detail}")
+    ET.SubElement(suite, "system-out").text = change_line(change)
+    root = ET.Element("testsuites", name="loadgen", time="0")
+    root.append(suite)
+    ET.indent(root)
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
