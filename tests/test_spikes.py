@@ -10,7 +10,7 @@ import pytest
 
 from loadgen.analysis import metrics as m
 from loadgen.analysis import prefill, spikes
-from loadgen.analysis.slo import stall_objectives
+from loadgen.analysis.slo_stalls import stall_objectives
 from loadgen.core import ChunkRecord, RequestRecord
 from loadgen.report import wording
 from loadgen.plan.slo_spec import Slo

@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-One run's p99 is one noisy draw. Each objective a bootstrap can reach (a percentile of TTFT, ITL, TPOT or E2E,
-the error rate, stalls per 1k tokens, the goodput ratio) gets a confidence interval from ``compare``'s Poisson
-bootstrap over requests (analysis/compare.py): it *passes* when the whole interval meets the threshold, *fails*
-when the whole interval misses it, and is *undecided* otherwise. Objectives the bootstrap does not model
-(prompt-aware TTFT, fluidity, chunk gaps, ...) keep the run's own pass/fail; an objective the run could not
-judge (too few samples) is undecided. The step fails if any objective fails, is undecided if any is undecided,
+One run's p99 is one noisy draw. Each objective is called by the step's own interval, the one its summary
+carries (analysis/intervals.py: order statistics for percentiles, exact Poisson and binomial intervals for rates
+and shares, batch means where samples are autocorrelated): it *passes* when the whole interval meets the
+threshold, *fails* when the whole interval misses it, and is *undecided* otherwise — the run's verdict, the
+sweep's step and advise read one implementation. A summary written before intervals (no ``basis``), or an
+objective decided on its point value (``slo.decision: point``), is called by ``compare``'s Poisson bootstrap
+over requests (analysis/compare.py) where it can reach the statistic, else by the run's own pass/fail. The step fails if any objective fails, is undecided if any is undecided,
 and passes otherwise.
 
 A limit of zero (the default ``error_rate.max: 0``) is judged on what was seen: one failure fails it.
@@ -48,7 +49,10 @@ class ObjectiveCall:
     ci_low: float | None
     ci_high: float | None
     call: Call
-    basis: str  # "bootstrap" | "observed" | "point"
+    basis: str  # "interval" (the run's own, analysis/intervals.py) | "bootstrap" | "observed" | "point"
+    samples: int = 0
+    needed: float | None = None  # samples (tokens for a stall rate) at which it would be decided
+    reason: str = ""  # why it is undecided, in words (the run's note)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,31 +85,45 @@ def _decide(comparison: str, threshold: float, lo: float, hi: float) -> Call:
 
 def judge(slo: list[SloResult], samples: RunSamples, goodput: Goodput | None, confidence: float = 0.95,
           replicates: int = 1000, seed: int = 0) -> list[ObjectiveCall]:
-    """Every SLO objective of one run (its summary's ``slo`` list) called pass / fail / undecided."""
+    """Every SLO objective of one run (its summary's ``slo`` list) called pass / fail / undecided: by the run's
+    own interval where its summary has one (one implementation for the run, the sweep and advise); a summary
+    written before intervals is judged by the Poisson bootstrap over requests, as it was."""
     rng = np.random.default_rng(seed)
     w = rng.poisson(1.0, size=(replicates, samples.n)).astype(np.float64) if samples.n else np.zeros((0, 0))
-    alpha = (1 - confidence) / 2
     out = []
     for o in slo:
-        name, thr, cmp_, value = bootstrap_name(ObjectiveId.of(o)), o["threshold"], o["comparison"], o["value"]
-        if o["passed"] is None:
-            out.append(ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "undecided", "point"))
-        elif thr == 0 and cmp_ == "<=":
-            out.append(ObjectiveCall(o["objective"], thr, cmp_, value, value, value,
-                                     "pass" if o["passed"] else "fail", "observed"))
-        elif name is None or samples.n == 0:
-            out.append(ObjectiveCall(o["objective"], thr, cmp_, value, None, None,
-                                     "pass" if o["passed"] else "fail", "point"))
+        d: dict[str, Any] = dict(o)
+        if d.get("basis") in ("interval", "observed"):
+            call: Call = "undecided" if o["passed"] is None else "pass" if o["passed"] else "fail"
+            out.append(ObjectiveCall(o["objective"], o["threshold"], o["comparison"], o["value"], d.get("ci_low"),
+                                     d.get("ci_high"), call, str(d.get("basis")), o["samples"], d.get("needed"),
+                                     o["note"] if call == "undecided" else ""))
         else:
-            reps = _stat(name, samples, w, goodput)
-            reps = reps[np.isfinite(reps)]
-            if len(reps) < 0.9 * replicates:
-                out.append(ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "undecided", "bootstrap"))
-                continue
-            lo, hi = (float(x) for x in np.quantile(reps, [alpha, 1 - alpha]))
-            out.append(ObjectiveCall(o["objective"], thr, cmp_, value, lo, hi, _decide(cmp_, thr, lo, hi),
-                                     "bootstrap"))
+            out.append(_bootstrap_call(o, samples, goodput, w, confidence, replicates))
     return out
+
+
+def _bootstrap_call(o: SloResult, samples: RunSamples, goodput: Goodput | None, w: np.ndarray,
+                    confidence: float, replicates: int) -> ObjectiveCall:
+    name, thr, cmp_, value = bootstrap_name(ObjectiveId.of(o)), o["threshold"], o["comparison"], o["value"]
+    alpha = (1 - confidence) / 2
+    if o["passed"] is None:
+        return ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "undecided", "point", o["samples"],
+                             None, o["note"])
+    if thr == 0 and cmp_ == "<=":
+        return ObjectiveCall(o["objective"], thr, cmp_, value, value, value, "pass" if o["passed"] else "fail",
+                             "observed", o["samples"])
+    if name is None or samples.n == 0:
+        return ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "pass" if o["passed"] else "fail",
+                             "point", o["samples"])
+    reps = _stat(name, samples, w, goodput)
+    reps = reps[np.isfinite(reps)]
+    if len(reps) < 0.9 * replicates:
+        return ObjectiveCall(o["objective"], thr, cmp_, value, None, None, "undecided", "bootstrap",
+                             o["samples"], None, "too few bootstrap replicates had a value")
+    lo, hi = (float(x) for x in np.quantile(reps, [alpha, 1 - alpha]))
+    return ObjectiveCall(o["objective"], thr, cmp_, value, lo, hi, _decide(cmp_, thr, lo, hi), "bootstrap",
+                         o["samples"])
 
 
 def samples_factor(slo: list[SloResult]) -> float:

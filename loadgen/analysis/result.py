@@ -58,6 +58,15 @@ class SloResult(TypedDict):
     metric: NotRequired[str]  # its identity (core/vocabulary.py's ObjectiveId): "ttft_ms" ...
     stat: NotRequired[str]  # ... "p99"; absent only in summary.json files written before they were
     scope: NotRequired[str]  # the requests it judges when not all, e.g. "1-512 prompt tokens"
+    decision: NotRequired[str]  # "pass" | "fail" | "inconclusive" (docs/verdicts.md)
+    basis: NotRequired[str]  # "interval" | "observed" | "point": what decided it
+    ci_low: NotRequired[Optional[float]]  # its interval (None: unbounded on that side, or none)
+    ci_high: NotRequired[Optional[float]]
+    confidence: NotRequired[Optional[float]]
+    interval: NotRequired[str]  # the interval's method
+    margin: NotRequired[Optional[float]]  # room to the limit (positive) or the miss (negative), value's unit
+    margin_pct: NotRequired[Optional[float]]  # margin as a percentage of the limit
+    needed: NotRequired[Optional[float]]  # samples (tokens for a stall rate) at which it would be decided
 
 
 class StallFigures(TypedDict, total=False):
@@ -85,6 +94,7 @@ class StallFigures(TypedDict, total=False):
     min_gap_ms: float
     step_tol_ms: float
     fluidity: dict[str, Any]  # Metron's fluidity index (with slo.fluidity): index, tokens, ...
+    sensitivity: dict[str, Any]  # band, near_threshold, low_edge, high_edge (counts), dispersion (docs/verdicts.md)
 
 
 class ClassResult(TypedDict):

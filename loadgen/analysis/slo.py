@@ -23,7 +23,9 @@ import polars as pl
 
 from loadgen.core.vocabulary import SLO_METRICS, ObjectiveId
 from loadgen.plan.slo_spec import ErrorRate, Slo
+from loadgen.analysis import objective_intervals as oi
 from loadgen.analysis.metrics import QUANTILES, describe
+from loadgen.analysis.objective_samples import ObjectiveSamples
 
 DEFAULT_ERROR_RATE = ErrorRate(max=0.0)
 
@@ -36,18 +38,39 @@ class Objective:
     threshold: float
     value: float | None
     samples: int
-    passed: bool | None  # None: inconclusive (too few samples)
+    passed: bool | None  # None: inconclusive (the interval straddles the limit, or too few samples)
     comparison: str = "<="
     note: str = ""
+    ci_low: float | None = None  # the interval of the statistic (None: unbounded on that side, or none)
+    ci_high: float | None = None
+    confidence: float | None = None
+    interval: str = ""  # the interval's method (analysis/intervals.py)
+    basis: str = "point"  # "interval" | "observed" | "point": what decided it
+    needed: float | None = None  # samples (tokens for a rate per 1k tokens) at which it would be decided
 
     @property
     def objective(self) -> str:
         return str(self.id)
 
+    @property
+    def decision(self) -> str:
+        return "inconclusive" if self.passed is None else "pass" if self.passed else "fail"
+
+    @property
+    def margin(self) -> float | None:
+        """Room left to the limit (positive) or by how much it is missed (negative), in the value's unit."""
+        if self.value is None:
+            return None
+        return self.threshold - self.value if self.comparison == "<=" else self.value - self.threshold
+
     def as_dict(self) -> dict[str, Any]:
-        """summary.json's form: the name, then its parts (``metric``, ``stat``, ``scope`` when it has one)."""
+        """summary.json's form: the name, then its parts (``metric``, ``stat``, ``scope`` when it has one), its
+        evidence (interval, margin, decision)."""
         out: dict[str, Any] = {"objective": str(self.id), **{k: v for k, v in asdict(self).items() if k != "id"},
-                               "metric": self.id.metric, "stat": self.id.stat}
+                               "metric": self.id.metric, "stat": self.id.stat, "decision": self.decision,
+                               "margin": self.margin,
+                               "margin_pct": None if self.margin is None or not self.threshold
+                               else 100 * self.margin / self.threshold}
         return out | ({"scope": self.id.scope} if self.id.scope else {})
 
 
@@ -56,35 +79,81 @@ def min_samples(stat: str) -> int:
     return 1 if q is None else math.ceil(round(1 / (1 - q), 6))
 
 
-def _upper(name: ObjectiveId, value: float | None, threshold: float, samples: int, needed: int) -> Objective:
-    if value is None or samples < needed:
-        return Objective(name, threshold, value, samples, None, note=f"needs >= {needed} samples")
-    return Objective(name, threshold, value, samples, value <= threshold)
+def decided(oid: ObjectiveId, value: float | None, limit: float, samples: int, judged: oi.Judged | None,
+            mode: str, min_needed: int = 1, comparison: str = "<=") -> Objective:
+    """One objective with its evidence. ``mode`` "interval": the interval decides (an observed statistic — the
+    largest sample, a zero limit — decides on what was seen); "point": the value alone, given ``min_needed``
+    samples."""
+    iv = judged.interval if judged is not None else None
+    o = Objective(oid, limit, value, samples, None, comparison,
+                  ci_low=iv.low if iv else None, ci_high=iv.high if iv else None,
+                  confidence=iv.confidence if iv else None, interval=iv.method if iv else "",
+                  needed=judged.needed if judged is not None else None)
+    if mode == "point" or judged is None:
+        o.basis = "point"
+        if value is None or samples < min_needed:
+            o.note = f"needs >= {min_needed} samples"
+        else:
+            o.passed = value <= limit if comparison == "<=" else value >= limit
+        return o
+    o.basis = judged.basis
+    o.passed = {"pass": True, "fail": False}.get(judged.decision)
+    if o.passed is None:
+        o.note = _undecided_note(o)
+    return o
+
+
+def _undecided_note(o: Objective) -> str:
+    if o.value is None or o.samples == 0:
+        return "no samples"
+    side = f"{100 * (o.confidence or 0):g}% interval {_fmt(o.ci_low)}–{_fmt(o.ci_high)} straddles the limit"
+    if o.needed is None:
+        return side + " (the estimate sits on the limit: no sample size decides it)"
+    unit = "tokens" if o.id.metric == "stalls" else "samples"
+    return side + f": needs >= {math.ceil(o.needed)} {unit} to decide (has {o.samples})"
 
 
 def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any], good: int,
-             total: int, goodput_per_s: float) -> list[Objective]:
+             total: int, goodput_per_s: float, samples: "ObjectiveSamples | None" = None) -> list[Objective]:
+    """The objectives on percentiles, the error rate and goodput; ``samples``: the run's samples, for their
+    intervals (without them, every objective is decided on its value: ``slo.decision: point``)."""
+    mode = slo.decision if samples is not None else "point"
     out: list[Objective] = []
     for metric in SLO_METRICS:
         thresholds = getattr(slo, metric)
         for stat, limit in thresholds.items() if thresholds else []:
             m = metrics[metric]
-            out.append(_upper(ObjectiveId(metric, stat), m[stat], limit, m["count"], min_samples(stat)))
+            judged = samples.metric(metric, stat, m[stat], limit) if samples is not None else None
+            out.append(decided(ObjectiveId(metric, stat), m[stat], limit, m["count"], judged, mode,
+                               min_samples(stat)))
     attempts = counts["completed"] + counts["failed"]
-    rate = _upper(ObjectiveId("error_rate", "max"), counts["error_rate"] if attempts else None,
-                  (slo.error_rate or DEFAULT_ERROR_RATE).max, attempts, 1)
+    limit = (slo.error_rate or DEFAULT_ERROR_RATE).max
+    value = counts["error_rate"] if attempts else None
+    judged = None if samples is None else oi.observed(value, limit, "<=") if limit == 0 else \
+        oi.proportion(counts["failed"], attempts, limit, "<=", slo.confidence)
+    rate = decided(ObjectiveId("error_rate", "max"), value, limit, attempts, judged, mode)
     if slo.error_rate is None:
         rate.note = (rate.note + "; " if rate.note else "") + "default (no slo.error_rate): any failure fails"
     out.append(rate)
     if slo.goodput is not None:
-        g = slo.goodput
-        if g.min_requests_per_s is not None:
-            out.append(Objective(ObjectiveId("goodput", "min_requests_per_s"), g.min_requests_per_s, goodput_per_s, total,
-                                 goodput_per_s >= g.min_requests_per_s if total else None, ">="))
-        if g.min_ratio is not None:
-            ratio = good / total if total else None
-            out.append(Objective(ObjectiveId("goodput", "min_ratio"), g.min_ratio, ratio, total,
-                                 None if ratio is None else ratio >= g.min_ratio, ">="))
+        out += _goodput(slo, good, total, goodput_per_s, samples, mode)
+    return out
+
+
+def _goodput(slo: Slo, good: int, total: int, goodput_per_s: float, samples: "ObjectiveSamples | None",
+             mode: str) -> list[Objective]:
+    g, out = slo.goodput, []
+    assert g is not None
+    if g.min_requests_per_s is not None:
+        window_s = good / goodput_per_s if goodput_per_s else 0.0
+        judged = None if samples is None or not window_s else \
+            oi.rate(good, window_s, g.min_requests_per_s, ">=", slo.confidence)
+        out.append(decided(ObjectiveId("goodput", "min_requests_per_s"), goodput_per_s if total else None,
+                           g.min_requests_per_s, total, judged, mode, 1, ">="))
+    if g.min_ratio is not None:
+        judged = None if samples is None else oi.proportion(good, total, g.min_ratio, ">=", slo.confidence)
+        out.append(decided(ObjectiveId("goodput", "min_ratio"), good / total if total else None, g.min_ratio,
+                           total, judged, mode, 1, ">="))
     return out
 
 
@@ -97,7 +166,8 @@ def verdict(objectives: list[Objective], lag_p99_ms: float | None, max_lag_ms: f
         return "inconclusive", reasons
     failed = [o for o in objectives if o.passed is False]
     if failed:
-        return "fail", [f"{o.objective} = {_fmt(o.value)} (limit {o.comparison} {o.threshold:g})" for o in failed]
+        return "fail", [f"{o.objective} = {_fmt(o.value)} (limit {o.comparison} {o.threshold:g}{_ci(o)})"
+                        for o in failed]
     unknown = [o for o in objectives if o.passed is None]
     if unknown:
         return "inconclusive", [f"{o.objective}: {o.samples} samples, {o.note}" for o in unknown]
@@ -139,50 +209,7 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame | pl.LazyFrame,
-                     stalls: dict[str, Any]) -> list[Objective]:
-    """Objectives that see stalls: worst gap per request, stall rates, fluidity, prompt-aware TTFT."""
-    ok = measured.filter(pl.col("ok"))
-    out = _ttft_prompt_aware(slo, ok)
-    if slo.itl_ms is not None and slo.itl_ms.max_per_request is not None:
-        worst = gaps.lazy().join(ok.select("worker", "seq").lazy(), on=["worker", "seq"], how="semi").group_by(
-            "worker", "seq").agg(pl.col("chunk_gap_ms").max()).collect()["chunk_gap_ms"]
-        stats = describe(worst)
-        out.append(_upper(ObjectiveId("itl_ms", "max_per_request"), stats["p99"], slo.itl_ms.max_per_request, stats["count"],
-                          min_samples("p99")))
-    tokens = int(ok["output_tokens"].sum()) if ok.height else 0
-    for key, value in (("max_per_1k_tokens", stalls["per_1k_tokens"]),
-                       ("max_prefill_induced_per_1k_tokens", stalls["prefill_induced_per_1k_tokens"])):
-        limit = getattr(slo.stalls, key)
-        if limit is not None:
-            out.append(_upper(ObjectiveId("stalls", key), value, limit, tokens, 1000))
-    if slo.fluidity is not None and slo.fluidity.min is not None:
-        f = stalls.get("fluidity", {})
-        index, n = f.get("index"), f.get("tokens", 0)
-        out.append(Objective(ObjectiveId("fluidity", "min"), slo.fluidity.min, index, n,
-                             None if index is None else index >= slo.fluidity.min, ">="))
-    return out
-
-
-def _ttft_prompt_aware(slo: Slo, ok: pl.DataFrame) -> list[Objective]:
-    t = slo.ttft_ms
-    if t is None:
-        return []
-    out = []
-    if t.base is not None and t.per_prompt_token is not None:
-        limit = t.base + t.per_prompt_token * pl.col("prompt_tokens")
-        over = ok.select((pl.col("ttft_ms") > limit).mean()).item() if ok.height else None
-        needed = math.ceil(1 / t.max_violation_ratio) if t.max_violation_ratio else 1
-        o = _upper(ObjectiveId("ttft_ms", "prompt_aware"), over, t.max_violation_ratio, ok.height, needed)
-        o.note = o.note or f"share of requests over {t.base:g} + {t.per_prompt_token:g} ms/prompt token"
-        out.append(o)
-    low = 0
-    for bucket in t.buckets or []:
-        sub = ok.filter((pl.col("prompt_tokens") > low) & (pl.col("prompt_tokens") <= bucket.max_prompt_tokens))
-        stats = describe(sub["ttft_ms"])
-        for stat, limit in bucket.items():
-            scope = f"{low + 1}-{bucket.max_prompt_tokens} prompt tokens"
-            out.append(_upper(ObjectiveId("ttft_ms", stat, scope), stats[stat], limit, stats["count"],
-                              min_samples(stat)))
-        low = bucket.max_prompt_tokens
-    return out
+def _ci(o: Objective) -> str:
+    if o.basis != "interval" or o.confidence is None:
+        return ""
+    return f"; {100 * o.confidence:g}% interval {_fmt(o.ci_low)}–{_fmt(o.ci_high)}"

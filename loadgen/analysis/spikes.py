@@ -35,6 +35,7 @@ import polars as pl
 from loadgen.core.vocabulary import STALL_CAUSES
 from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
+from loadgen.analysis.objective_intervals import batch_dispersion
 from loadgen.analysis.lift import covered, culprit_pairs, lift, lift_narrow
 from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
 
@@ -43,7 +44,8 @@ from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
 # preemption (the server's counter). Client side: loadgen itself fell behind (its sends ran late while the
 # in-flight cap was not full), so it read late too. ``unknown``: none of these coincided.
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
-CAUSES = tuple(STALL_CAUSES)  # the stall causes, each with what it means: core/vocabulary.py
+CAUSES = tuple(STALL_CAUSES)
+BAND = 0.05  # a stall within ±5 % of its threshold is a near-threshold one (sensitivity)  # the stall causes, each with what it means: core/vocabulary.py
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
     fit = fit_prefill(ok, episodes)
     windows = prefill_windows(all_requests, fit, long_tokens, episodes)
     stalls = confirm_preemptions(attribute(found, windows, all_requests, cfg), preemptions or [])
+    near = sensitivity(run, base, cfg, windows, all_requests, stalls)
     events = group_events(stalls, cfg.group_ms)
     stalls = _with_event_ids(stalls, cfg.group_ms)
     summary = figures(stalls, events, ok_gaps, ok, windows, cfg, run)
@@ -242,7 +245,8 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
     summary.update(baseline_itl_ms=dict(sorted(base.items())), long_prompt_tokens=long_tokens,
                    spike_factor=cfg.spike_factor, min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms,
                    prefill_fit=fit.as_dict(), top_culprits=top_culprits(stalls, all_requests),
-                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok))
+                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok),
+                   sensitivity=near)
     if cfg.fluidity_target_itl_ms:
         summary["fluidity"] = m.fluidity(ok, run.chunks, cfg.fluidity_target_itl_ms)
     for name in names if len(names) > 1 else []:
@@ -252,6 +256,26 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
         per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms), run.wide(c_gaps), c_ok, windows,
                                   cfg, run, c_gaps)
     return SpikeAnalysis(stalls, events, summary, per_class)
+
+
+def sensitivity(run: RunAnalysis, baseline: dict[str, float], cfg: SpikeConfig, windows: pl.DataFrame,
+                requests: pl.DataFrame, stalls: pl.DataFrame) -> dict[str, Any]:
+    """How much the stall counts hang on the threshold: the stalls (and prefill-induced ones) the threshold
+    would find at (1 − BAND) and (1 + BAND) of itself, those within ±BAND of it, and the counts' dispersion over
+    time batches (stalls come in bursts: analysis/intervals.py)."""
+    low = replace(cfg, spike_factor=cfg.spike_factor * (1 - BAND), min_gap_ms=cfg.min_gap_ms * (1 - BAND))
+    near = attribute(_collect_stalls(run, baseline, low), windows, requests, low)
+    ratio = ((pl.col("chunk_gap_ms") - (pl.col("tokens") - 1) * pl.col("baseline_itl_ms"))
+             / (pl.col("threshold_ms") / (1 - BAND)))
+    near = near.with_columns(ratio=ratio)
+
+    def counts(frame: pl.DataFrame) -> dict[str, int]:
+        return {"count": frame.height, "prefill_induced": int(frame["prefill_induced"].sum())}
+    induced = stalls.filter(pl.col("prefill_induced"))["t_end_ns"] if stalls.height else stalls["t_end_ns"]
+    return {"band": BAND, "near_threshold": counts(near.filter(pl.col("ratio") <= 1 + BAND)),
+            "low_edge": counts(near), "high_edge": counts(near.filter(pl.col("ratio") > 1 + BAND)),
+            "dispersion": {"count": batch_dispersion(stalls["t_end_ns"], run.gaps),
+                           "prefill_induced": batch_dispersion(induced, run.gaps)}}
 
 
 def _tail(run: RunAnalysis, gaps: pl.DataFrame) -> tuple[float | None, pl.DataFrame]:

@@ -13,7 +13,9 @@ from loadgen.analysis import spikes
 from loadgen.analysis.conversations import conversation_figures
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
-from loadgen.analysis.slo import evaluate, evidence, stall_objectives, verdict
+from loadgen.analysis.objective_samples import ObjectiveSamples
+from loadgen.analysis.slo import evaluate, evidence, verdict
+from loadgen.analysis.slo_stalls import stall_objectives
 
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, planned: int | None,
@@ -31,9 +33,10 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
+    samples = ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence)
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
-                          tput["goodput_requests_per_s"])
-    objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary)
+                          tput["goodput_requests_per_s"], samples)
+    objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary, samples)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
     result, reasons = evidence(result, reasons, counts, extra or {})
@@ -42,9 +45,11 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "reasons": reasons,
         "requests": {"planned": planned, "sent": requests.height, "warmup": requests.height - measured.height,
                      **counts},
+        "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
         "metrics": metric_table,
         "throughput": tput,
         "slo": [o.as_dict() for o in objectives],
+        "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
         "classes": _per_class(measured, run, scenario, spike.per_class),
         "lengths": _lengths(measured, [c.name for c in scenario.workload.classes if c.dataset is not None]),

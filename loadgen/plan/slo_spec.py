@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from loadgen.core.vocabulary import LIMIT_STATS
@@ -129,5 +131,13 @@ class Slo(_Strict):
                              description="how stalls are found and the limits on them (also accepted as spikes)")
     fluidity: FluiditySlo | None = Field(None, description="Metron's fluidity index: tokens due on a schedule "
                                          "(unset: not computed)")
+    decision: Literal["interval", "point"] = Field("interval", description="interval: an objective PASSes "
+                                                  "or FAILs only when its confidence interval is wholly on "
+                                                  "one side of the limit, else the run is INCONCLUSIVE with "
+                                                  "the samples needed (docs/verdicts.md); point: the "
+                                                  "observed value alone decides — flaky by design near a "
+                                                  "limit")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence level of every objective's "
+                              "interval (two-sided)")
     max_generator_lag_ms: float = Field(10.0, gt=0, description="ms: a p99 queue_delay_ms above this makes the "
                                          "run inconclusive (the generator lagged)")
