@@ -207,15 +207,20 @@ def compare(base: str | Path, new: str | Path, *, metrics: Sequence[str] | None 
 def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = None,
           concurrency: Sequence[int] | None = None, find_max: Literal["rate", "concurrency"] | None = None,
           require: float | None = None, tolerance: float = 0.05, budget_s: float = 3600.0, max_steps: int = 20,
-          start: float | None = None, step_duration_s: float | None = None, confidence: float = 0.95,
-          base_url: str | None = None, out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio",
-          workers: int = 0, png: bool = False, progress: bool = False, reports_dir: str | Path = "reports",
+          start: float | None = None, step_duration_s: float | None = None,
+          until: Literal["time", "decided"] = "time", max_step_duration_s: float | None = None,
+          min_step_duration_s: float | None = None, confidence: float = 0.95, base_url: str | None = None,
+          out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0,
+          png: bool = False, progress: bool = False, reports_dir: str | Path = "reports",
           console: Console | None = None) -> SweepResult:
     """The scenario at several loads (``loadgen sweep``): fixed ``rates`` or ``concurrency`` steps, or a search
     (``find_max``) for the highest load meeting every SLO with confidence. Each step is a full run under
     ``out/steps/``; sweep.json, summary.md, junit.xml and sweep.html go to ``out``. ``exit_code``: 0 capacity
-    meets ``require`` (or, without one, was bracketed), 1 below it, 3 undecided. ``console``: where each step's
-    line and the capacity go (default: nowhere); ``progress``: a progress bar per step on stderr."""
+    meets ``require`` (or, without one, was bracketed), 1 below it, 3 undecided. Fixed steps run
+    ``step_duration_s`` exactly; ``until="decided"`` runs an undecided step again, longer, up to
+    ``max_step_duration_s`` (default 8× the step); a search sizes its steps between ``min_step_duration_s`` and
+    that maximum. ``console``: where each step's line and the capacity go (default: nowhere); ``progress``: a
+    progress bar per step on stderr."""
     from rich.console import Console
 
     from loadgen.run.sweep import SweepOptions, run_sweep, sweep_dir
@@ -229,8 +234,9 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     mode = find_max or ("rate" if rates is not None else "concurrency")
     loads = [float(x) for x in rates] if rates is not None else \
         [float(x) for x in concurrency] if concurrency is not None else None
-    opts = SweepOptions(mode, loads, require, tolerance, budget_s, max_steps, start, step_duration_s,
-                        confidence=confidence, engine=engine, workers=workers, png=png)
+    opts = SweepOptions(mode, loads, require, tolerance, budget_s, max_steps, start, step_duration_s, until,
+                        max_step_duration_s, min_step_duration_s, confidence=confidence, engine=engine,
+                        workers=workers, png=png)
     console = console or Console(quiet=True)
 
     def run_step(step: Scenario, run_dir: Path) -> RunResult:

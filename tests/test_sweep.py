@@ -117,6 +117,11 @@ def test_fixed_rates_with_the_requirement_inside_the_interval_exit_3(known_scena
     (["--find-max", "rate", "--tolerance", "0%"], "--tolerance"),
     (["--find-max", "rate", "--require", "-1"], "--require"),
     (["--find-max", "rate", "--set", "load.max_rate_per_s=5"], "max_rate_per_s caps closed-loop load"),
+    (["--rates", "1", "--until", "forever"], "--until 'forever'"),
+    (["--rates", "1", "--max-step-duration-s", "0"], "--max-step-duration-s 0"),
+    (["--rates", "1", "--until", "decided", "--max-step-duration-s", "5"], "at least the step duration"),
+    (["--find-max", "rate", "--min-step-duration-s", "30", "--max-step-duration-s", "20"],
+     "--min-step-duration-s 30"),
 ])
 def test_bad_sweep_input_is_one_line_and_exit_2(known_scenario: Path, tmp_path: Path, args: list[str],
                                                 message: str) -> None:

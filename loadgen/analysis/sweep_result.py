@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from loadgen.analysis.capacity import Backlog, Call, ObjectiveCall, Probe, interval
+from loadgen.analysis.capacity import Backlog, Call, Probe, interval
 from loadgen.analysis.result import RunResult
 
 SCHEMA_VERSION = 1
-KNEE_FACTOR = 2.0  # the knee: the highest load whose TTFT p90 stays within this × the lightest load's
+KNEE_FACTOR = 2.0  # the knee: TTFT p90 rose less than this up to it and rises more than this beyond it
+KNEE_BEYOND = 2  # ... at this many tested loads above it, at least (one load's rise is not a knee)
 
 
 @dataclass
@@ -42,16 +43,18 @@ class Step:
     prefill_induced_per_1k_tokens: Optional[float]
     backlog: Optional[dict[str, Any]] = None
     run_dir: str = ""
+    phase: str = ""  # fixed | bracket | bisect | again: why the step ran (docs/verdicts.md, "sweep")
 
     @classmethod
     def from_result(cls, r: RunResult, load: float, duration_s: float, attempt: int, wall_s: float,
-                    calls: list[ObjectiveCall], call: Call, attainment: Optional[Call],
+                    objectives: list[dict[str, Any]], call: Call, attainment: Optional[Call],
                     log: Optional[Backlog], offered_per_s: Optional[float]) -> "Step":
+        """``objectives``: each ObjectiveCall's dict, with ``samples`` and ``needed`` (run/sweep.py)."""
         tput, st = r.throughput or {}, r.stalls or {}
         metrics = {k: {p: r.metrics[k].get(p) for p in ("p50", "p90", "p99")}  # type: ignore[misc]
                    for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms") if k in r.metrics}
         return cls(load, duration_s, attempt, wall_s, call, bool(log and log.saturated), r.verdict,
-                   [c.as_dict() for c in calls], attainment, tput.get("requests_per_s"),
+                   objectives, attainment, tput.get("requests_per_s"),
                    tput.get("output_tokens_per_s"), tput.get("goodput_requests_per_s"), offered_per_s,
                    r.requests.get("completed", 0), r.requests.get("failed", 0), metrics, st.get("per_1k_tokens"),
                    st.get("prefill_induced_per_1k_tokens"), asdict(log) if log else None)
@@ -60,9 +63,31 @@ class Step:
         unit = "req/s" if mode == "rate" else "users"
         ttft, itl = self.metrics.get("ttft_ms", {}), self.metrics.get("itl_ms", {})
         sat = ", saturated" if self.saturated else ""
-        retry = f" (again, {self.duration_s:g} s)" if self.attempt > 1 else ""
-        return (f"step {self.load:g} {unit}{retry}: {self.call.upper()}{sat} — {_n(self.requests_per_s)} req/s "
-                f"done, TTFT p99 {_n(ttft.get('p99'))} ms, ITL p99 {_n(itl.get('p99'))} ms")
+        why = f" ({'; '.join(self.undecided_reasons())})" if self.call == "undecided" else ""
+        again = ", again" if self.attempt > 1 else ""
+        return (f"step {self.load:g} {unit} ({self.duration_s:.3g} s{again}): {self.call.upper()}{sat}{why} — "
+                f"{_n(self.requests_per_s)} req/s done, TTFT p99 {_n(ttft.get('p99'))} ms, ITL p99 "
+                f"{_n(itl.get('p99'))} ms")
+
+    def undecided_reasons(self) -> list[str]:
+        """Each undecided objective and its shortfall, e.g. "ttft_ms.p99: 80 samples, needs 100"."""
+        return [undecided_text(o) for o in self.objectives if o.get("call") == "undecided"]
+
+
+def undecided_text(o: dict[str, Any]) -> str:
+    """Why one objective is undecided: the samples it had against those it needs, and the lead's reason or
+    where its interval lies (keys read defensively: older sweep.json files lack some)."""
+    parts = []
+    samples, needed = o.get("samples"), o.get("needed")
+    if samples is not None:
+        parts.append(f"{samples} samples" + (f", needs ~{needed}" if needed is not None else ""))
+    if o.get("reason"):
+        parts.append(str(o["reason"]))
+    elif o.get("ci_low") is not None and o.get("ci_high") is not None:
+        parts.append(f"its interval {_n(o['ci_low'])}–{_n(o['ci_high'])} holds the limit {_n(o.get('threshold'))}")
+    elif samples is None or needed is None:
+        parts.append("too few samples to judge")
+    return f"{o.get('objective', '?')}: " + ", ".join(parts)
 
 
 def _n(value: Optional[float]) -> str:
@@ -82,7 +107,12 @@ class Capacity:
             return f"below {self.high:g} {unit} (no load passed)"
         if self.high is None:
             return f"at least {self.low:g} {unit} (no load failed)"
-        return f"{self.low:g}–{self.high:g} {unit}"
+        return f"{self.low:g}–{self.high:g} {unit} ({self.width_share:.0%} of its upper end)"
+
+    @property
+    def width_share(self) -> Optional[float]:
+        """(high − low) / high: the sweep's --tolerance measure (None unless bracketed)."""
+        return (self.high - self.low) / self.high if self.low is not None and self.high else None
 
 
 @dataclass
@@ -133,17 +163,17 @@ def capacity_of(steps: list[Step], call_of: Any) -> Capacity:
 
 
 def knee_of(steps: list[Step]) -> Optional[float]:
-    """The highest load (below saturation) whose TTFT p90 stays within KNEE_FACTOR × the lightest load's."""
-    final = [s for s in final_steps(steps) if s.metrics.get("ttft_ms", {}).get("p90") is not None]
-    if len(final) < 2:
-        return None
-    base = final[0].metrics["ttft_ms"]["p90"]
-    knee = None
-    for s in final:
-        if s.saturated or s.metrics["ttft_ms"]["p90"] > KNEE_FACTOR * base:  # type: ignore[operator]
-            break
-        knee = s.load
-    return knee
+    """The load where the latency curve turns: the highest tested load L with at least one tested load below
+    it and KNEE_BEYOND above, whose TTFT p90 is within KNEE_FACTOR × the lightest load's (it rose less than
+    that up to L) while at every tested load above L it is more than KNEE_FACTOR × L's. None: no knee shown
+    (a curve that rises gradually, or only at its last load, has none; the highest load is never the knee)."""
+    curve = [(s.load, p90) for s in final_steps(steps)
+             if (p90 := s.metrics.get("ttft_ms", {}).get("p90")) is not None and p90 > 0]
+    for i in range(len(curve) - KNEE_BEYOND - 1, 0, -1):
+        load, p90 = curve[i]
+        if p90 <= KNEE_FACTOR * curve[0][1] and all(v > KNEE_FACTOR * p90 for _, v in curve[i + 1:]):
+            return load
+    return None
 
 
 def exit_code(cap: Capacity, require: Optional[float], calls: Optional[list[Call]] = None) -> tuple[int, list[str]]:
@@ -174,6 +204,10 @@ def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[f
     attain = capacity_of(steps, lambda s: s.attainment) if has_attainment else None
     calls = [s.call if not s.saturated else "fail" for s in final_steps(steps)] if fixed else None
     code, reasons = exit_code(cap, require, calls)
+    share = cap.width_share
+    if not fixed and share is not None and share > tolerance:
+        reasons.append(f"the capacity interval is {share:.0%} of its upper end wide, wider than --tolerance "
+                       f"{tolerance:.0%}: {stop_reason or 'the search stopped'}")
     if interrupted:
         code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
     saturated = [s.load for s in final_steps(steps) if s.saturated]

@@ -35,7 +35,7 @@ def _percent(text: str) -> float:
 
 
 def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Optional[str], engine: str,
-                 workers: int, step_duration: Optional[float]) -> None:
+                 workers: int, durations: dict[str, Optional[float]], until: str) -> None:
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
         raise fail("give exactly one of --rates, --concurrency or --find-max rate|concurrency")
     if find_max is not None and find_max not in ("rate", "concurrency"):
@@ -44,8 +44,11 @@ def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Opt
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
         raise fail("--workers N needs --engine locust and N >= 0")
-    if step_duration is not None and not (math.isfinite(step_duration) and step_duration > 0):
-        raise fail(f"--step-duration-s {step_duration}: give a finite number of seconds above 0")
+    for flag, seconds in durations.items():
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise fail(f"{flag} {seconds}: give a finite number of seconds above 0")
+    if until not in ("time", "decided"):
+        raise fail(f"--until {until!r}: choose time (each step its duration) or decided")
     if concurrency is not None and any(x != int(x) for x in _numbers(concurrency, "--concurrency")):
         raise fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
 
@@ -65,12 +68,21 @@ def sweep(
                                   "this narrow (share of its upper end)"),
     budget_s: float = typer.Option(3600.0, "--budget-s", help="wall seconds the sweep may take; a step that "
                                    "would not fit is not started"),
-    max_steps: int = typer.Option(20, "--max-steps", help="steps at most (re-runs included)"),
+    max_steps: int = typer.Option(20, "--max-steps", help="steps at most (a load run again counts again)"),
     start: Optional[float] = typer.Option(None, "--start", help="the search's first load (default: the "
                                           "scenario's rate or concurrency)"),
-    step_duration: Optional[float] = typer.Option(None, "--step-duration-s", help="measured seconds per step "
-                                                  "(default: load.duration_s); an undecided step runs again "
-                                                  "twice as long"),
+    step_duration: Optional[float] = typer.Option(None, "--step-duration-s", help="measured seconds of each "
+                                                  "fixed step, exactly (default: load.duration_s); a search "
+                                                  "sizes its steps itself (--min/--max-step-duration-s)"),
+    until: str = typer.Option("time", "--until", help="time: every step runs the duration given; decided: an "
+                              "undecided step runs again, as long as its objectives' samples need (at least "
+                              "1.5x its last), up to --max-step-duration-s; announced up front"),
+    max_step_duration_s: Optional[float] = typer.Option(None, "--max-step-duration-s", help="the longest "
+                                                        "step, for --until decided and for a search's planner "
+                                                        "(default: 8x the step duration)"),
+    min_step_duration_s: Optional[float] = typer.Option(None, "--min-step-duration-s", help="a search's "
+                                                        "shortest step, its bracketing steps (default: 10 s, or "
+                                                        "the step duration if shorter)"),
     confidence: float = typer.Option(0.95, "--confidence", help="confidence of each objective's bootstrap "
                                      "interval"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
@@ -84,10 +96,14 @@ def sweep(
     png: bool = typer.Option(False, "--png", help="also write each step's chart PNGs"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar per step"),
 ) -> None:
-    """Run the scenario at several loads and find the highest that meets its SLOs. Writes every step's run
-    directory, sweep.json, summary.md, junit.xml and sweep.html. Exit 0: capacity meets --require (or, without
+    """Run the scenario at several loads and find the highest that meets its SLOs. Fixed steps run exactly
+    the duration given (longer only with --until decided); a search brackets with short steps, then bisects
+    with steps sized to decide their objectives, within --budget-s. Writes every step's run directory,
+    sweep.json, summary.md, junit.xml and sweep.html. Exit 0: capacity meets --require (or, without
     one, was bracketed); 1: below it or no load passed; 2: bad input; 3: undecided within the budget."""
-    _check_flags(rates, concurrency, find_max, engine, workers, step_duration)
+    _check_flags(rates, concurrency, find_max, engine, workers,
+                 {"--step-duration-s": step_duration, "--max-step-duration-s": max_step_duration_s,
+                  "--min-step-duration-s": min_step_duration_s}, until)
     if out is not None:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
@@ -98,7 +114,9 @@ def sweep(
                            concurrency=[int(x) for x in _numbers(concurrency, "--concurrency")] if concurrency
                            else None, find_max=find_max, require=require,  # type: ignore[arg-type]
                            tolerance=_percent(tolerance), budget_s=budget_s, max_steps=max_steps, start=start,
-                           step_duration_s=step_duration, confidence=confidence, out=out,
+                           step_duration_s=step_duration, until=until,  # type: ignore[arg-type]
+                           max_step_duration_s=max_step_duration_s, min_step_duration_s=min_step_duration_s,
+                           confidence=confidence, out=out,
                            engine=engine, workers=workers, png=png, progress=not no_progress,
                            console=console)  # type: ignore[arg-type]
     except (ScenarioError, api.TargetError) as exc:

@@ -11,7 +11,7 @@ import altair as alt
 import polars as pl
 
 from loadgen.core.vocabulary import ObjectiveId
-from loadgen.analysis.sweep_result import SweepResult, final_steps
+from loadgen.analysis.sweep_result import SweepResult, final_steps, undecided_text
 from loadgen.report.charts import WIDE, Chart
 from loadgen.report.html import chart_section, e, page
 from loadgen.report.writers import fmt, md_escape
@@ -99,6 +99,13 @@ def sweep_charts(r: SweepResult) -> list[Chart]:
     return charts
 
 
+def points_text(r: SweepResult) -> str:
+    """The knee and the saturation point in words: never a bare None."""
+    knee = f"knee at {r.knee:g} {r.unit}" if r.knee is not None else "no knee"
+    sat = f"saturated from {r.saturation:g} {r.unit}" if r.saturation is not None else "not saturated"
+    return f"{knee}, {sat}"
+
+
 def headline(r: SweepResult) -> str:
     cap = r.capacity.text(r.unit)
     extra = f"; attainment capacity {r.attainment_capacity.text(r.unit)}" if r.attainment_capacity else ""
@@ -109,14 +116,16 @@ def steps_table_rows(r: SweepResult) -> list[list[str]]:
     rows = []
     for s in r.steps:
         m = s.metrics
-        rows.append([f"{s.load:g}" + (" (again)" if s.attempt > 1 else ""), s.call + (", saturated" if s.saturated
-                     else ""), fmt(s.requests_per_s), fmt(s.goodput_requests_per_s),
+        call = s.call + (", saturated" if s.saturated else "") + \
+            (f" ({'; '.join(s.undecided_reasons())})" if s.call == "undecided" else "")
+        rows.append([f"{s.load:g}" + (" (again)" if s.attempt > 1 else ""), f"{s.duration_s:g}", call,
+                     fmt(s.requests_per_s), fmt(s.goodput_requests_per_s),
                      fmt(m.get("ttft_ms", {}).get("p99")), fmt(m.get("itl_ms", {}).get("p99")),
                      fmt(m.get("tpot_ms", {}).get("p99")), fmt(s.stalls_per_1k_tokens), s.run_dir])
     return rows
 
 
-STEP_HEAD = ["load", "call", "done req/s", "goodput req/s", "TTFT p99", "ITL p99", "TPOT p99", "stalls/1k",
+STEP_HEAD = ["load", "seconds", "call", "done req/s", "goodput req/s", "TTFT p99", "ITL p99", "TPOT p99", "stalls/1k",
              "run"]
 
 
@@ -125,14 +134,15 @@ def render_html(r: SweepResult) -> str:
     head = "".join(f"<th>{h}</th>" for h in STEP_HEAD)
     body = []
     for s, row in zip(r.steps, steps_table_rows(r)):
-        cells = [f"<td>{e(row[0])}</td>", f"<td class=\"{CALL_CLASS[s.call]}\">{e(row[1])}</td>"]
-        cells += [f"<td>{e(v)}</td>" for v in row[2:-1]]
+        cells = [f"<td>{e(row[0])}</td>", f"<td>{e(row[1])}</td>",
+                 f"<td class=\"{CALL_CLASS[s.call]}\">{e(row[2])}</td>"]
+        cells += [f"<td>{e(v)}</td>" for v in row[3:-1]]
         cells.append(f"<td class=\"text\"><a href=\"{e(row[-1])}/report.html\">{e(row[-1])}</a></td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     reasons = "".join(f"<li>{e(x)}</li>" for x in r.reasons)
     top = (f"<h1>loadgen sweep: {e(r.name)} <span class=\"badge {code}\" id=\"verdict\">{e(headline(r))}</span>"
            f"</h1><p class=\"meta\">{len(r.steps)} steps in {r.wall_s:.0f} s; each objective judged at "
-           f"{r.confidence:.0%} confidence; knee {e(fmt(r.knee))}, saturation {e(fmt(r.saturation))}; "
+           f"{r.confidence:.0%} confidence; {e(points_text(r))}; "
            f"stopped: {e(r.stop_reason)}</p>" + (f"<ul>{reasons}</ul>" if reasons else ""))
     table = f"<h2>Steps</h2><table id=\"steps\"><tr>{head}</tr>{''.join(body)}</table>"
     return page(f"loadgen sweep: {r.name}", top + table + "".join(chart_section(c) for c in sweep_charts(r)))
@@ -141,7 +151,7 @@ def render_html(r: SweepResult) -> str:
 def summary_markdown(r: SweepResult) -> str:
     lines = [f"# loadgen sweep: {md_escape(r.name)}", "", f"**{md_escape(headline(r))}** (exit {r.exit_code})", ""]
     lines += [f"- {md_escape(x)}" for x in r.reasons]
-    lines += [f"- knee: {fmt(r.knee)}; saturation: {fmt(r.saturation)}; stopped: {md_escape(r.stop_reason)}", "",
+    lines += [f"- {md_escape(points_text(r))}; stopped: {md_escape(r.stop_reason)}", "",
               "| " + " | ".join(STEP_HEAD) + " |", "|" + "---|" * len(STEP_HEAD)]
     lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in steps_table_rows(r)]
     return "\n".join(lines) + "\n"
@@ -158,7 +168,8 @@ def junit_xml(r: SweepResult) -> bytes:
         case = ET.SubElement(suite, "testcase", classname=f"loadgen.sweep.{r.name}.step",
                              name=f"{s.load:g} {r.unit}" + (" (again)" if s.attempt > 1 else ""),
                              time=f"{s.wall_s:.3f}")
-        bad = [_objective_text(o) for o in s.objectives if o["call"] != "pass"]
+        bad = [_objective_text(o) if o["call"] == "fail" else undecided_text(o) for o in s.objectives
+               if o["call"] != "pass"]
         if s.call == "fail":
             ET.SubElement(case, "failure", message="; ".join(bad) or "saturated", type="SLOViolation").text = \
                 "\n".join(bad)
@@ -177,5 +188,5 @@ def junit_xml(r: SweepResult) -> bytes:
 
 
 def _objective_text(o: dict[str, Any]) -> str:
-    ci = f" [{fmt(o['ci_low'])}, {fmt(o['ci_high'])}]" if o["ci_low"] is not None else ""
+    ci = f" [{fmt(o['ci_low'])}, {fmt(o['ci_high'])}]" if o.get("ci_low") is not None else ""
     return f"{o['objective']} = {fmt(o['value'])}{ci} {o['call']} (limit {o['comparison']} {fmt(o['threshold'])})"

@@ -1,20 +1,119 @@
-"""Where to probe next in a capacity search, and what the probes so far say. Pure: no runs, no I/O.
+"""Where to probe next in a capacity search, for how long, and what the probes so far say. Pure: no runs, no I/O.
 
-Bracket, then bisect. From the start load, double while steps pass (halve while they fail) until a passing load
-sits below a failing one; then probe the middle of the widest gap between the highest pass, any undecided loads
-and the lowest fail, until every gap is within the tolerance. Capacity is the interval [highest pass below the
-lowest fail, lowest fail]; an undecided load (too close to call, even re-run longer) stays inside it. A
-saturated step counts as failed, so the search never climbs past saturation.
+The search spends its budget where the verdict changes (docs/verdicts.md, "sweep"):
+
+1. **Bracket** fast: from the start load, double while no step failed (halve while steps fail and none passed),
+   each step the shortest allowed: far from the capacity a verdict comes quickly, and an undecided step on the
+   way up does not stop the climb.
+2. **Certify the low end**: a failure with only undecided loads below it runs the highest of them again, as long
+   as the planner says its objectives need (halving below them only when that cannot help).
+3. **Bisect**: probe the middle of the widest gap between the highest pass, the undecided loads and the lowest
+   failure, until every gap is within the tolerance; then an undecided load left inside an interval still wider
+   than the tolerance runs again, if the planner gives it at least 1.5× its last duration.
+
+Capacity is the interval [highest pass below the lowest failure, lowest failure]; undecided loads stay inside
+it. A saturated step counts as failed, so the search never climbs past saturation.
+
+**The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: for each objective
+left undecided at the nearest probed load below and above, the samples it needs (``needed``) over the rate at
+which it gathered samples there (samples / duration), scaled to the new load (samples arrive in proportion to
+the load), times a 1.25 margin. Bracketing steps take the minimum; every step stays within [minimum, maximum]
+and within what the remaining budget allows.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Literal
 
-from loadgen.analysis.capacity import Interval, Probe, interval
+from loadgen.analysis.capacity import Call, Interval, Probe, interval
 
-__all__ = ["CapacitySearch", "Interval", "Probe", "interval"]
+__all__ = ["CapacitySearch", "Interval", "Need", "Phase", "Probe", "StepPlanner", "Trial", "interval",
+           "final_trials", "steps_left"]
+
+Phase = Literal["bracket", "bisect", "again"]
+AGAIN_FACTOR = 1.5  # a load runs again only this many times longer than its last step, or not at all
+MARGIN = 1.25  # a planned step runs this much longer than its objectives' estimate needs
+
+
+@dataclass(frozen=True)
+class Need:
+    """One objective of a finished step: the samples it had and, if undecided, the samples it needs."""
+
+    objective: str
+    samples: int
+    needed: int | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A finished step as the search and the planner see it."""
+
+    load: float
+    call: Call
+    saturated: bool = False
+    duration_s: float = 0.0
+    needs: tuple[Need, ...] = ()
+
+    @property
+    def probe(self) -> Probe:
+        return Probe(self.load, self.call, self.saturated)
+
+
+def final_trials(trials: list[Trial]) -> list[Trial]:
+    """The last trial at each load (a load run again is judged on its latest step), by load."""
+    return sorted({t.load: t for t in trials}.values(), key=lambda t: t.load)
+
+
+@dataclass
+class StepPlanner:
+    """Step durations within [min_s, max_s]; ``needed_s`` is what the objectives ask, unbounded."""
+
+    min_s: float
+    max_s: float
+    margin: float = MARGIN
+
+    def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
+        """Seconds the nearest probed loads' undecided objectives need at ``load`` (0: none known), and why."""
+        best, why = 0.0, ""
+        for t in _neighbours(load, final_trials(trials)):
+            for n in t.needs:
+                if n.needed is None or n.samples <= 0 or t.duration_s <= 0:
+                    continue
+                per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
+                seconds = self.margin * n.needed / per_s
+                if seconds > best:
+                    best, why = seconds, f"{n.objective} needs {n.needed} samples at ~{per_s:.3g}/s"
+        return best, why
+
+    def duration_s(self, load: float, trials: list[Trial], phase: Phase, allowed_s: float) -> float:
+        """The step's duration: the minimum when bracketing, else what its objectives need; never above the
+        maximum or ``allowed_s`` (what the budget leaves for it)."""
+        want = self.min_s if phase == "bracket" else max(self.min_s, self.needed_s(load, trials)[0])
+        return min(want, self.max_s, allowed_s)
+
+
+def _neighbours(load: float, trials: list[Trial]) -> list[Trial]:
+    """The trial at ``load`` if there is one, else the nearest below and the nearest above."""
+    same = [t for t in trials if t.load == load]
+    if same:
+        return same
+    below = [t for t in trials if t.load < load]
+    above = [t for t in trials if t.load > load]
+    return ([below[-1]] if below else []) + ([above[0]] if above else [])
+
+
+def steps_left(probes: list[Probe], tolerance: float) -> int:
+    """How many more bisections narrow the interval to the tolerance (3 while it is not bracketed)."""
+    span = interval(probes)
+    if span.low is None or span.high is None:
+        return 3
+    width = span.high - span.low
+    return max(1, math.ceil(math.log2(max(1.0, width / (tolerance * span.high)))))
+
+
+Plan = Callable[[float, Phase], float]  # (load, phase) → the seconds that step would run
 
 
 @dataclass
@@ -29,8 +128,34 @@ class CapacitySearch:
     integer: bool = False
     factor: float = 2.0
 
+    def next_step(self, trials: list[Trial], plan: Plan) -> tuple[float | None, Phase, str]:
+        """The next load, its phase, or None and why the search stops. ``plan``: the duration a step would get
+        (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration)."""
+        final = final_trials(trials)
+        probes = [t.probe for t in final]
+        span = interval(probes)
+        if span.high is not None and span.low is None:  # failures, no pass below: certify a load below first
+            undecided = [t for t in final if t.call == "undecided" and not t.probe.failed and t.load < span.high]
+            again = self._again(sorted(undecided, key=lambda t: -t.load), plan)
+            if again is not None:
+                return again, "again", ""
+        load, why = self.next_load(probes)
+        if load is not None:
+            return load, "bisect" if span.bracketed else "bracket", ""
+        if span.low is not None and span.high is not None and not self._narrow(span.low, span.high):
+            inside = [t for t in final if t.call == "undecided" and span.low < t.load < span.high]
+            again = self._again(sorted(inside, key=lambda t: plan(t.load, "again")), plan)
+            if again is not None:
+                return again, "again", ""
+            why = (f"the loads inside {span.low:g}–{span.high:g} stay undecided: deciding them needs longer "
+                   f"steps than the budget and --max-step-duration-s allow") if inside else why
+        return None, "bisect", why
+
+    def _again(self, candidates: list[Trial], plan: Plan) -> float | None:
+        return next((t.load for t in candidates if plan(t.load, "again") >= AGAIN_FACTOR * t.duration_s), None)
+
     def next_load(self, probes: list[Probe]) -> tuple[float | None, str]:
-        """The next load to probe, or None and why the search stops."""
+        """The next new load to probe (bracket, then bisect), or None and why the search stops."""
         if not probes:
             return self._fit(self.start), ""
         span = interval(probes)

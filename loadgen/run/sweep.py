@@ -4,14 +4,16 @@ directory under the sweep's), judged with confidence (analysis/capacity.py); fix
 
 A rate step sets ``load.rate_per_s`` (open loop) or, on a closed-loop scenario, the ceiling
 ``load.max_rate_per_s`` (its users, never more than R requests/s); a concurrency step sets ``load.concurrency``.
-An undecided step is run again, once: ``retry_factor`` times longer, or long enough for the samples a
-percentile needs (p99: 100) if that is more (at most 8×); still undecided, it stays undecided.
+Fixed steps run exactly the duration given. Only ``until="decided"`` (``--until decided``) runs an undecided
+step again, as long as the planner says its objectives need (at least 1.5× its last), up to
+``max_step_duration_s``. A search sizes every step with the planner (run/search.py) within its budget.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -20,19 +22,22 @@ from typing import Any, Callable, Literal
 
 from rich.console import Console
 
-from loadgen.analysis.capacity import attainment_call, backlog, judge, samples_factor, step_call
+from loadgen.analysis.capacity import ObjectiveCall, attainment_call, backlog, judge, step_call
 from loadgen.analysis.metrics import measured, with_request_metrics
-from loadgen.analysis.result import RunResult
-from loadgen.analysis.sweep_result import Step, SweepResult, final_steps, summarize_sweep
+from loadgen.analysis.result import RunResult, SloResult
+from loadgen.analysis.sweep_result import Step, SweepResult, summarize_sweep
 from loadgen.plan.scenario import Scenario, ScenarioError
 from loadgen.plan.scenario_file import load_scenario
 from loadgen.run.comparison import load_run_frames
-from loadgen.run.search import CapacitySearch, Probe
+from loadgen.run.search import AGAIN_FACTOR, CapacitySearch, Need, Phase, StepPlanner, Trial, steps_left
 from loadgen.run.target import TargetError
 
 Mode = Literal["rate", "concurrency"]
+Until = Literal["time", "decided"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
-MAX_RETRY_FACTOR = 8.0  # an undecided step's re-run: at most this many times longer
+MAX_STEP_FACTOR = 8.0  # default --max-step-duration-s: this many times the step duration
+MIN_STEP_S = 10.0  # default --min-step-duration-s (or the step duration, if shorter)
+UNKNOWN_NEED_FACTOR = 4  # an undecided objective without a stated need: 4× its samples halve its interval
 
 
 @dataclass
@@ -45,12 +50,26 @@ class SweepOptions:
     max_steps: int = 20
     start: float | None = None  # default: the scenario's own rate or concurrency
     step_duration_s: float | None = None  # default: the scenario's load.duration_s
-    retry_factor: float = 2.0
+    until: Until = "time"
+    max_step_duration_s: float | None = None  # default: MAX_STEP_FACTOR × the step duration
+    min_step_duration_s: float | None = None  # a search's shortest step; default min(MIN_STEP_S, step duration)
     confidence: float = 0.95
     replicates: int = 1000
     engine: str = "asyncio"
     workers: int = 0
     png: bool = True
+
+    def step_s(self, sc: Scenario) -> float:
+        duration = self.step_duration_s or sc.load.duration_s
+        if duration is None:
+            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration-s")
+        return float(duration)
+
+    def max_s(self, sc: Scenario) -> float:
+        return self.max_step_duration_s or MAX_STEP_FACTOR * self.step_s(sc)
+
+    def min_s(self, sc: Scenario) -> float:
+        return self.min_step_duration_s or min(MIN_STEP_S, self.step_s(sc))
 
     def check(self, sc: Scenario) -> None:
         """One clear line before anything is sent."""
@@ -61,20 +80,30 @@ class SweepOptions:
         if self.mode == "rate" and load.arrival not in ("constant", "poisson", "gamma", "concurrency"):
             raise ScenarioError(f"a rate sweep needs arrival constant, poisson, gamma or concurrency (capped by "
                                 f"load.max_rate_per_s); {sc.name!r} has {load.arrival!r}")
-        if (self.step_duration_s or load.duration_s) is None:
-            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration-s")
+        self.step_s(sc)
         if self.loads is not None and (not self.loads or min(self.loads) <= 0):
             raise ScenarioError("give at least one load, every one above 0")
         if self.mode == "concurrency" and any(x != int(x) for x in self.loads or []):
             raise ScenarioError(f"concurrency steps are whole users: {self.loads}")
         for name, value, lo in (("--tolerance", self.tolerance, 0.001), ("--budget-s", self.budget_s, 1.0),
-                                ("--retry-factor", self.retry_factor, 1.0), ("--max-steps", self.max_steps, 1)):
+                                ("--max-steps", self.max_steps, 1)):
             if not value >= lo:
                 raise ScenarioError(f"{name} {value}: must be at least {lo:g}")
+        self._check_durations(sc)
         if not 0.5 <= self.confidence < 1:
             raise ScenarioError(f"--confidence {self.confidence}: must be in [0.5, 1)")
         if self.require is not None and self.require <= 0:
             raise ScenarioError(f"--require {self.require}: must be above 0")
+
+    def _check_durations(self, sc: Scenario) -> None:
+        if self.until not in ("time", "decided"):
+            raise ScenarioError(f"--until {self.until!r}: choose time or decided")
+        if self.max_s(sc) < self.step_s(sc) and (self.until == "decided" or self.loads is None):
+            raise ScenarioError(f"--max-step-duration-s {self.max_s(sc):g}: at least the step duration "
+                                f"{self.step_s(sc):g} s")
+        if self.loads is None and self.min_s(sc) > self.max_s(sc):
+            raise ScenarioError(f"--min-step-duration-s {self.min_s(sc):g}: at most --max-step-duration-s "
+                                f"{self.max_s(sc):g}")
 
     def start_load(self, sc: Scenario) -> float:
         if self.start is not None:
@@ -98,32 +127,37 @@ class Sweep:
     steps: list[Step] = field(default_factory=list)
     stop_reason: str = ""
     interrupted: bool = False
+    t0: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.planner = StepPlanner(self.opts.min_s(self.scenario), self.opts.max_s(self.scenario))
 
     def execute(self) -> SweepResult:
         self.out.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
+        self.t0 = time.monotonic()
         loads = iter(self.opts.loads) if self.opts.loads is not None else None
         search = self._search()
         while not self.stop_reason:
             if len(self.steps) >= self.opts.max_steps:
                 self.stop_reason = f"--max-steps {self.opts.max_steps} reached"
-                break
-            load, reason = (next(loads, None), "every step run") if loads is not None else \
-                search.next_load(self._probes())
-            if load is None:
-                self.stop_reason = reason
-            elif self._within_budget(t0):
-                self._probe_or_stop(load, t0)
+            elif loads is not None:
+                load = next(loads, None)
+                if load is None:
+                    self.stop_reason = "every step run"
+                else:
+                    self._guarded(self._fixed_step, load)
+            else:
+                self._search_step(search)
         o = self.opts
         return summarize_sweep(self.scenario.name, o.mode, self.steps, o.require, o.tolerance, o.confidence,
-                               self.stop_reason, time.monotonic() - t0, self.out, self.interrupted,
+                               self.stop_reason, time.monotonic() - self.t0, self.out, self.interrupted,
                                fixed=o.loads is not None)
 
-    def _probe_or_stop(self, load: float, t0: float) -> None:
+    def _guarded(self, probe: Callable[..., None], load: float, *args: Any) -> None:
         """Probe ``load``; a step that cannot be planned, or a target gone after the first step, ends the sweep
         with what it has (before the first step, the error is the user's: exit 2)."""
         try:
-            self._probe(load, t0)
+            probe(load, *args)
         except (ScenarioError, TargetError) as exc:
             if not self.steps:
                 raise
@@ -135,47 +169,96 @@ class Sweep:
         lo = 1.0 if self.opts.mode == "concurrency" else start / MAX_FACTOR
         return CapacitySearch(start, lo, hi, self.opts.tolerance, integer=self.opts.mode == "concurrency")
 
-    def _probes(self) -> list[Probe]:
-        return [Probe(s.load, s.call, s.saturated) for s in final_steps(self.steps)]
+    # ---- time ------------------------------------------------------------------------------------------------
+    def _overhead_s(self) -> float:
+        """A step's wall time beyond its measured duration: its warm-up, plus the most any step took for start,
+        drain and analysis (5 s before the first)."""
+        extra = max((s.wall_s - s.duration_s - self.scenario.load.warmup_s for s in self.steps), default=5.0)
+        return self.scenario.load.warmup_s + max(0.0, extra)
 
-    def _within_budget(self, t0: float) -> bool:
-        elapsed = time.monotonic() - t0
-        need = self._estimate_s(self.opts.step_duration_s or self.scenario.load.duration_s or 0.0)
-        if elapsed + need > self.opts.budget_s:
-            self.stop_reason = (f"--budget-s {self.opts.budget_s:g} spent: {elapsed:.0f} s used, the next step "
-                                f"needs ~{need:.0f} s")
-            return False
-        return True
+    def _left_s(self) -> float:
+        """Measured seconds the budget leaves for one more step."""
+        return self.opts.budget_s - (time.monotonic() - self.t0) - self._overhead_s()
 
-    def _estimate_s(self, duration_s: float) -> float:
-        overhead = max((s.wall_s - s.duration_s - self.scenario.load.warmup_s for s in self.steps), default=5.0)
-        return self.scenario.load.warmup_s + duration_s + max(0.0, overhead)
+    def _budget_stop(self, need_s: float) -> None:
+        elapsed = time.monotonic() - self.t0
+        self.stop_reason = (f"--budget-s {self.opts.budget_s:g} spent: {elapsed:.0f} s used, the next step "
+                            f"needs ~{need_s + self._overhead_s():.0f} s")
 
-    def _probe(self, load: float, t0: float) -> None:
-        duration = self.opts.step_duration_s or self.scenario.load.duration_s
-        assert duration is not None
-        step, factor = self._step(load, duration)
-        if step.call == "undecided" and not step.saturated and self.opts.retry_factor > 1 and not self.interrupted \
+    def _allowed_s(self, k: int) -> float:
+        """What one step may take: its share of the budget over the ``k`` steps still wanted, and at least a
+        shortest step while one fits."""
+        remaining = self.opts.budget_s - (time.monotonic() - self.t0)
+        share = remaining / max(1, k) - self._overhead_s()
+        return max(share, min(self.planner.min_s, self._left_s()))
+
+    def trials(self) -> list[Trial]:
+        return [trial_of(s) for s in self.steps]
+
+    # ---- fixed steps -----------------------------------------------------------------------------------------
+    def _fixed_step(self, load: float) -> None:
+        duration = self.opts.step_s(self.scenario)
+        if duration > self._left_s():
+            self._budget_stop(duration)
+            return
+        step = self._step(load, duration, "fixed")
+        while self.opts.until == "decided" and step.call == "undecided" and not step.saturated \
+                and not self.interrupted and len(self.steps) < self.opts.max_steps:
+            longer = self.planner.duration_s(load, [trial_of(step)], "again", self._left_s())
+            if longer < AGAIN_FACTOR * step.duration_s:
+                self.console.print(f"  {load:g} stays undecided: a longer step would need ~"
+                                   f"{self.planner.needed_s(load, [trial_of(step)])[0]:.0f} s, more than "
+                                   f"--max-step-duration-s {self.planner.max_s:g} or the budget allow",
+                                   highlight=False)
+                return
+            step = self._step(load, longer, "again", attempt=step.attempt + 1)
+
+    # ---- the search ------------------------------------------------------------------------------------------
+    def _search_step(self, search: CapacitySearch) -> None:
+        trials = self.trials()
+        k = steps_left([t.probe for t in trials], self.opts.tolerance)
+
+        def plan(load: float, phase: Phase) -> float:
+            return self.planner.duration_s(load, trials, phase, self._allowed_s(k))
+        load, phase, reason = search.next_step(trials, plan)
+        if load is None:
+            self.stop_reason = reason
+            return
+        duration = plan(load, phase)
+        if duration < self.planner.min_s:
+            self._budget_stop(self.planner.min_s)
+            return
+        attempt = 1 + sum(s.load == load for s in self.steps)
+        self._guarded(self._step, load, duration, phase, attempt)
+        if self.opts.until == "decided" and self.steps and self.steps[-1].load == load and not self.stop_reason:
+            self._decide_again(self.steps[-1])
+
+    def _decide_again(self, step: Step) -> None:
+        """--until decided in a search: an undecided step runs again while the planner can give it longer."""
+        while step.call == "undecided" and not step.saturated and not self.interrupted \
                 and len(self.steps) < self.opts.max_steps:
-            longer = duration * min(MAX_RETRY_FACTOR, max(self.opts.retry_factor, 1.2 * factor))
-            if time.monotonic() - t0 + self._estimate_s(longer) <= self.opts.budget_s:
-                self._step(load, longer, attempt=2)
+            longer = self.planner.duration_s(step.load, [trial_of(step)], "again", self._left_s())
+            if longer < AGAIN_FACTOR * step.duration_s:
+                return
+            step = self._step(step.load, longer, "again", attempt=step.attempt + 1)
 
-    def _step(self, load: float, duration_s: float, attempt: int = 1) -> tuple[Step, float]:
+    # ---- one step --------------------------------------------------------------------------------------------
+    def _step(self, load: float, duration_s: float, phase: str, attempt: int = 1) -> Step:
         index = len(self.steps) + 1
-        name = f"{index:02d}-{self.opts.mode}-{load:g}" + (f"-retry{attempt - 1}" if attempt > 1 else "")
+        name = f"{index:02d}-{self.opts.mode}-{load:g}" + (f"-again{attempt - 1}" if attempt > 1 else "")
         run_dir = self.out / "steps" / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+        duration_s = round(duration_s, 1)
         sc = step_scenario(self.scenario, self.opts.mode, load, duration_s)
         wall0 = time.monotonic()
         result = self.run_step(sc, run_dir)
         if result.interrupted:  # Ctrl-C or SIGTERM: this step is judged, no other starts
             self.interrupted, self.stop_reason = True, "interrupted"
         step = judge_step(result, sc, self.opts, load, duration_s, attempt, time.monotonic() - wall0)
-        step.run_dir = str(run_dir.relative_to(self.out))
+        step.run_dir, step.phase = str(run_dir.relative_to(self.out)), phase
         self.steps.append(step)
         self._mark_plateau()
         self.console.print(step.line(self.opts.mode), highlight=False)
-        return step, samples_factor(result.slo)
+        return step
 
     def _mark_plateau(self) -> None:
         """Closed loop: more users, no more throughput (≤ +5 % for ≥ 1.25× the users) is saturation."""
@@ -185,6 +268,13 @@ class Sweep:
         for lower, upper in zip(done, done[1:]):
             if upper.load >= 1.25 * lower.load and upper.requests_per_s <= 1.05 * lower.requests_per_s:
                 upper.saturated = True
+
+
+def trial_of(step: Step) -> Trial:
+    """A step as the search and the planner see it: its call, duration and each undecided objective's need."""
+    needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed"))
+                  for o in step.objectives if o.get("call") == "undecided")
+    return Trial(step.load, step.call, step.saturated, step.duration_s, needs)
 
 
 def step_scenario(sc: Scenario, mode: Mode, load: float, duration_s: float) -> Scenario:
@@ -216,8 +306,30 @@ def judge_step(result: RunResult, sc: Scenario, opts: SweepOptions, load: float,
     calls = judge(result.slo, samples, sc.slo.goodput, opts.confidence, opts.replicates, seed=sc.seed)
     log = backlog(measured(with_request_metrics(requests))) if sc.load.arrival != "concurrency" else None
     offered = load if opts.mode == "rate" else None  # closed loop with a ceiling: at most this
-    return Step.from_result(result, load, duration_s, attempt, wall_s, calls, step_call(calls),
+    objectives = [with_evidence(c, result.slo) for c in calls]
+    return Step.from_result(result, load, duration_s, attempt, wall_s, objectives, step_call(calls),
                             attainment_call(calls), log, offered)
+
+
+def with_evidence(call: ObjectiveCall, slo: list[SloResult]) -> dict[str, Any]:
+    """The call's dict with ``samples`` and, when undecided, ``needed``: the call's own, else the run's
+    summary (its ``needed``, or the "needs >= N samples" of a percentile with too few), else an estimate of
+    UNKNOWN_NEED_FACTOR × its samples. Read defensively: a key may be missing or None."""
+    out = call.as_dict()
+    row: dict[str, Any] = next((dict(o) for o in slo if o.get("objective") == call.objective), {})
+    if not out.get("samples") and row.get("samples") is not None:  # 0: the call did not count them
+        out["samples"] = row["samples"]
+    if call.call != "undecided":
+        out.setdefault("needed", None)
+        return out
+    needed = out.get("needed") if out.get("needed") is not None else row.get("needed")
+    if needed is None:
+        found = re.search(r"needs >= (\d+) samples", str(row.get("note") or ""))
+        needed = int(found.group(1)) if found else None
+    if needed is None and out["samples"]:
+        needed = UNKNOWN_NEED_FACTOR * int(out["samples"])
+    out["needed"] = math.ceil(needed) if needed is not None else None
+    return out
 
 
 def sweep_dir(sc: Scenario, out: Path | None, reports_dir: Path) -> Path:
@@ -240,17 +352,28 @@ def write_sweep(result: SweepResult) -> None:
     write_text(out / "sweep.html", rep.render_html(result))
 
 
+def announce(sc: Scenario, opts: SweepOptions, out: Path) -> str:
+    """The sweep's first line: what it runs, for how long, and the cap on any extension."""
+    warmup = f"(+ {sc.load.warmup_s:g} s warm-up)"
+    if opts.loads is not None:
+        what = f"fixed steps {', '.join(f'{x:g}' for x in opts.loads)} by {opts.mode}, each {opts.step_s(sc):g} s"
+    else:
+        what = (f"search by {opts.mode} from {opts.start_load(sc):g}, steps sized by the planner, "
+                f"{opts.min_s(sc):g}–{opts.max_s(sc):g} s each")
+    until = (f"; --until decided: an undecided step runs again, as long as its objectives need, up to "
+             f"{opts.max_s(sc):g} s (--max-step-duration-s)") if opts.until == "decided" else ""
+    return f"sweep {sc.name!r}: {what} {warmup}{until}; budget {opts.budget_s:g} s → {out}"
+
+
 def run_sweep(sc: Scenario, opts: SweepOptions, out: Path, run_step: RunStep, console: Console) -> SweepResult:
     opts.check(sc)
-    console.print(f"sweep {sc.name!r}: {'fixed steps ' + str(opts.loads) if opts.loads is not None else 'search'}"
-                  f" by {opts.mode}, each step {opts.step_duration_s or sc.load.duration_s:g} s (+ "
-                  f"{sc.load.warmup_s:g} s warm-up); budget {opts.budget_s:g} s → {out}", highlight=False)
+    console.print(announce(sc, opts, out), highlight=False)
     result = Sweep(sc, opts, out, run_step, console).execute()
     write_sweep(result)
-    from loadgen.report.sweep_report import headline
+    from loadgen.report.sweep_report import headline, points_text
 
-    console.print(f"[bold]{headline(result)}[/]; knee {result.knee}, saturation {result.saturation}; "
-                  f"{len(result.steps)} steps in {result.wall_s:.0f} s → {out / 'sweep.html'}", highlight=False)
+    console.print(f"[bold]{headline(result)}[/]; {points_text(result)}; {len(result.steps)} steps in "
+                  f"{result.wall_s:.0f} s → {out / 'sweep.html'}", highlight=False)
     for reason in result.reasons:
         console.print(f"  {reason}", highlight=False)
     return result
