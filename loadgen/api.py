@@ -8,6 +8,7 @@
     again = api.report(result.run_dir)            # recomputed from the raw records
     diff = api.compare(result.run_dir, again.run_dir)
     advice = api.advise(result.run_dir)            # which server setting would meet the SLOs
+    many = api.repeat(scenario, 5)                 # 5 runs (seeds seed…seed+4), one combined verdict
     audit = api.check(scenario)                    # can this endpoint be measured honestly?
 
 Errors are loadgen/errors.py's one tree under ``LoadgenError``. Bad input raises an ``InputError`` with the one
@@ -36,20 +37,23 @@ if TYPE_CHECKING:
 
     from loadgen.analysis.advice_result import Advice
     from loadgen.analysis.check_result import CheckResult
+    from loadgen.analysis.repeat_result import RepeatResult
     from loadgen.analysis.result import RunResult
     from loadgen.analysis.sweep_result import SweepResult
     from loadgen.run.comparison import Comparison
     from loadgen.run.runner import RunOptions
 
 __all__ = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
-           "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError", "SweepResult",
-           "TargetError", "advise", "check", "compare", "load_scenario", "report", "run", "sweep", "ui"]
+           "RepeatResult", "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError",
+           "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat", "report", "run",
+           "sweep", "ui"]
 
 # Result types from the stages that are heavy to import (polars, altair, httpx, the advisor): each is imported
 # when first named (PEP 562), so that ``import loadgen.api`` stays light (tests/test_api_surface.py). The errors
 # are loadgen/errors.py's one tree, light already.
 _LAZY = {"Advice": "loadgen.analysis.advice_result", "CheckResult": "loadgen.analysis.check_result",
-         "Comparison": "loadgen.run.comparison", "RunResult": "loadgen.analysis.result",
+         "Comparison": "loadgen.run.comparison", "RepeatResult": "loadgen.analysis.repeat_result",
+         "RunResult": "loadgen.analysis.result",
          "SweepResult": "loadgen.analysis.sweep_result"}
 
 
@@ -112,6 +116,31 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
         if engine == "locust":
             return _run_locust(sc, opts, console, workers, source, base_url)
         return run_scenario(sc, opts, console)
+
+
+def repeat(scenario: Scenario | str | Path, n: int, *, base_url: str | None = None, out: str | Path | None = None,
+           engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0, progress: bool = False,
+           png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
+           console: Console | None = None) -> RepeatResult:
+    """``loadgen run --repeat N``: the scenario ``n`` times (2 ≤ n ≤ 100) with fresh seeds — the scenario's seed,
+    seed + 1, …, seed + n − 1 — each a full run in ``out/run-01-seed<S>/`` … (``out`` default
+    ``reports_dir/<time>-<name>-repeat/``), combined into ``out``'s repeat.json, summary.md, junit.xml and
+    repeat.html: across-run mean, t-interval and CV per metric and one verdict (docs/verdicts.md, "Repeated
+    runs"). ``exit_code``: the combined verdict's. ``console``: one line per run and the combined tables."""
+    from rich.console import Console
+
+    from loadgen.run.repeat import check_repeat, repeat_dir, run_repeat
+
+    check_repeat(n)
+    sc = _with_base_url(scenario if isinstance(scenario, Scenario) else load_scenario(scenario), base_url)
+    parent = repeat_dir(sc, Path(out) if out is not None else None, Path(reports_dir))
+    console = console or Console(quiet=True)
+
+    def run_one(one: Scenario, run_dir: Path) -> RunResult:
+        return run(one, out=run_dir, engine=engine, workers=workers, png=png, base_url=base_url, progress=progress,
+                   server_metrics=server_metrics)
+    with _redacted(console):
+        return run_repeat(sc, n, parent, run_one, console)
 
 
 @contextlib.contextmanager
@@ -246,21 +275,24 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
 
 
 def advise(run_dir: str | Path, *, tries: Sequence[str] = (), server: Sequence[str] = (), capacity: bool = False,
-           png: bool = True, progress: Callable[[str], None] | None = None) -> Advice:
+           png: bool = True, progress: Callable[[str], None] | None = None, seeds: int = 20,
+           margin_pct: float = 10.0) -> Advice:
     """What to change on the server (``loadgen advise``): fit the simulator's cost model to the run, replay the
     run's plan under the current setting (how well the model fits) and under each candidate (``tries``:
-    ``KEY=V1,V2`` items; default chunked prefill off and on with budgets 256…8192), recommend the one that meets
-    every objective with the most goodput. ``server``: ``KEY=VALUE`` items saying what the server ran with
-    (read from run.json for the embedded simulator). ``capacity``: also each candidate's highest request rate
-    meeting every objective on the calibrated simulator (open-loop runs), which then ranks them. Writes
-    advice.json and advice.md, and the advice section of report.html. ``exit_code``: 0 a setting meets every
-    objective, 1 none does."""
+    ``KEY=V1,V2`` items; default chunked prefill off and on with budgets 256…8192), each under ``seeds``
+    step-noise seeds, and recommend the one that keeps ``margin_pct`` % of every objective's limit (the stall
+    threshold lowered by it too) in 95 % of its replays with the most goodput (none: ``closest``).
+    ``server``: ``KEY=VALUE`` items saying what the server ran with (read from run.json for the embedded
+    simulator). ``capacity``: also each candidate's highest request rate meeting every objective on the
+    calibrated simulator (open-loop runs), which then ranks them. Writes advice.json and advice.md, and the
+    advice section of report.html. ``exit_code``: 0 a setting keeps the margin, 1 none does."""
     from loadgen.advise.settings import parse_items
     from loadgen.advise.whatif import AdviseOptions
     from loadgen.run.advise import advise_run
 
     opts = AdviseOptions(parse_items(list(tries), many=True),
-                         {k: v[0] for k, v in parse_items(list(server), many=False).items()}, capacity)
+                         {k: v[0] for k, v in parse_items(list(server), many=False).items()}, capacity, seeds,
+                         margin_pct / 100)
     return advise_run(Path(run_dir), opts, progress or (lambda line: None), png)
 
 

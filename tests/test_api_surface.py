@@ -10,8 +10,9 @@ import sys
 from loadgen import api
 
 PUBLIC = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
-          "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError", "SweepResult",
-          "TargetError", "advise", "check", "compare", "load_scenario", "report", "run", "sweep", "ui"]
+          "RepeatResult", "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError",
+          "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat", "report", "run",
+          "sweep", "ui"]
 
 
 def test_the_public_names_are_pinned_and_sorted() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,6 +145,7 @@ class RepeatResult:
     wall_s: float = 0.0
     started_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    out_dir: Path | None = field(default=None, compare=False)  # not serialised
 
     @property
     def exit_code(self) -> int:

@@ -49,8 +49,10 @@ def run(
                                 "captures/"),
     no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
                                       "requests all fail (default: stop after load.fail_fast_requests, 10)"),
+    repeat: int = typer.Option(1, "--repeat", min=1, help="N runs (2-100), seeds seed…seed+N-1, in OUT/run-NN-seedS/, "
+                               "and one combined verdict and report (repeat.json, repeat.html; docs/verdicts.md)"),
 ) -> None:
-    """Run a scenario, write the run directory and print the verdict."""
+    """Run a scenario, write the run directory and print the verdict (--repeat N: N runs, one verdict)."""
     if engine not in ("asyncio", "locust"):
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
@@ -67,12 +69,22 @@ def run(
             "load.duration_s": duration, "target.request_timeout_s": request_timeout,
             "load.drain_timeout_s": drain_timeout}) + (["load.fail_fast_requests=0"] if no_fail_fast else [])
         sc = load(scenario, overrides)
+        if repeat > 1:
+            raise typer.Exit(_repeat(sc, repeat, out, engine, workers, no_progress, no_png, no_server_metrics))
         result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
                          png=not no_png, server_metrics=not no_server_metrics,
                          server_metrics_period_s=server_metrics_period_s, capture=capture, console=console)
     except (ScenarioError, api.TargetError) as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)
+
+
+def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, no_progress: bool,
+            no_png: bool, no_server_metrics: bool) -> int:
+    """run --repeat N: N runs and their combined verdict's exit code."""
+    many = api.repeat(sc, n, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
+                      png=not no_png, server_metrics=not no_server_metrics, console=console)
+    return many.exit_code
 
 
 def ui(

@@ -1,5 +1,7 @@
 """``loadgen history reports/``: the key percentiles and verdicts of every run under a directory, as trends on one
-self-contained HTML page (history.html) and a console table."""
+self-contained HTML page (history.html) and a console table. A repeat (``loadgen run --repeat N``: a directory
+with repeat.json) is one entry: its combined verdict, the across-run means, the number of runs and the spread
+(coefficient of variation across its runs of TTFT p99 and ITL p99); its runs are not listed on their own."""
 
 from __future__ import annotations
 
@@ -38,11 +40,35 @@ def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
     return doc
 
 
+SPREAD_METRICS = {"ttft_p99_cv": "ttft_ms.p99", "itl_p99_cv": "itl_ms.p99"}  # column → repeat.json metric
+
+
+def _repeat_row(repeat_dir: Path, reports_dir: Path) -> dict[str, Any] | None:
+    """A repeat as one row: its combined verdict, the across-run means, its number of runs and CVs."""
+    from loadgen.analysis.repeat_result import summary_view
+
+    try:
+        doc = json.loads((repeat_dir / "repeat.json").read_text())
+        first = json.loads((repeat_dir / doc["runs"][0]["dir"] / "run.json").read_text())
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    view = summary_view(doc)
+    row = {"run": repeat_dir.relative_to(reports_dir).as_posix(), "scenario": first.get("scenario", {}).get("name"),
+           "started_at": first.get("started_at"), "verdict": doc.get("verdict"), "runs": len(doc["runs"])}
+    row.update({col: _get(view, path) for col, (path, _) in TREND_METRICS.items()})
+    row.update({col: ((doc.get("metrics") or {}).get(m) or {}).get("cv") for col, m in SPREAD_METRICS.items()})
+    return row
+
+
 def collect_runs(reports_dir: Path) -> pl.DataFrame:
-    """One row per run directory (any depth) holding summary.json and run.json, oldest first."""
-    rows = []
+    """One row per run directory (any depth) holding summary.json and run.json, and one per repeat (its runs
+    folded into it), oldest first."""
+    repeats = sorted(p.parent for p in reports_dir.rglob("repeat.json"))
+    rows = [row for row in (_repeat_row(d, reports_dir) for d in repeats) if row is not None]
     for summary_path in sorted(reports_dir.rglob("summary.json")):
         run_dir = summary_path.parent
+        if any(run_dir == d or d in run_dir.parents for d in repeats):
+            continue  # a repeat's run: its repeat's row stands for it
         try:
             summary = json.loads(summary_path.read_text())
             info = json.loads((run_dir / "run.json").read_text())
@@ -50,14 +76,24 @@ def collect_runs(reports_dir: Path) -> pl.DataFrame:
             continue  # not a run directory (or one still being written)
         row = {"run": run_dir.relative_to(reports_dir).as_posix(), "scenario": info.get("scenario", {}).get("name"),
                "started_at": info.get("started_at"), "verdict": summary.get("verdict"),
-               "requests": _get(summary, ("requests", "completed"))}
+               "requests": _get(summary, ("requests", "completed")), "runs": 1}
         row.update({col: _get(summary, path) for col, (path, _) in TREND_METRICS.items()})
         rows.append(row)
     schema = {"run": pl.String, "scenario": pl.String, "started_at": pl.String, "verdict": pl.String,
-              "requests": pl.Int64, **{c: pl.Float64 for c in TREND_METRICS}}
+              "requests": pl.Int64, **{c: pl.Float64 for c in TREND_METRICS}, "runs": pl.Int64,
+              **{c: pl.Float64 for c in SPREAD_METRICS}}
     frame = pl.DataFrame(rows, schema=schema, strict=False)
     return (frame.with_columns(started=pl.col("started_at").str.to_datetime("%Y-%m-%dT%H:%M:%S%z", strict=False))
             .sort("started", "run"))
+
+
+def spread_text(r: dict[str, Any]) -> str:
+    """A repeat's spread: ``CV TTFT p99 12%, ITL p99 3%``; ``–`` for a single run."""
+    if (r.get("runs") or 1) < 2:
+        return "–"
+    parts = [f"{label} {r[col] * 100:.0f}%" for col, label in (("ttft_p99_cv", "TTFT p99"), ("itl_p99_cv", "ITL p99"))
+             if r.get(col) is not None]
+    return "CV " + ", ".join(parts) if parts else "–"
 
 
 def trend_chart(runs: pl.DataFrame) -> alt.TopLevelMixin:
@@ -89,9 +125,9 @@ def runs_table(runs: pl.DataFrame, out_dir: Path, reports_dir: Path) -> str:
         rows.append(f"<tr><td>{name}</td><td class=\"text\">{e(r['scenario'])}</td><td>{e(r['started_at'])}</td>"
                     f"<td class=\"{e(r['verdict'])}\">{e(r['verdict'])}</td>"
                     + "".join(f"<td>{_num(r[c])}</td>" for c in ("ttft_p99_ms", "itl_p99_ms", "output_tokens_per_s"))
-                    + "</tr>")
+                    + f"<td>{r['runs'] or 1}</td><td class=\"text\">{e(spread_text(r))}</td></tr>")
     return ("<table><tr><th>run</th><th>scenario</th><th>started</th><th>verdict</th><th>TTFT p99 (ms)</th>"
-            "<th>ITL p99 (ms)</th><th>tokens/s</th></tr>" + "".join(rows) + "</table>")
+            "<th>ITL p99 (ms)</th><th>tokens/s</th><th>runs</th><th>spread</th></tr>" + "".join(rows) + "</table>")
 
 
 def _num(value: float | None) -> str:
@@ -110,9 +146,10 @@ def render_history(runs: pl.DataFrame, out_path: Path, reports_dir: Path) -> str
 
 def print_history(console: Console, runs: pl.DataFrame, last: int = 20) -> None:
     table = Table(box=None, pad_edge=False)
-    for col in ("run", "scenario", "verdict", "TTFT p99", "ITL p99", "tokens/s"):
-        table.add_column(col, justify="left" if col in ("run", "scenario", "verdict") else "right")
+    for col in ("run", "scenario", "verdict", "TTFT p99", "ITL p99", "tokens/s", "runs", "spread"):
+        table.add_column(col, justify="left" if col in ("run", "scenario", "verdict", "spread") else "right")
     for r in runs.tail(last).iter_rows(named=True):
         table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
-                      compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]))
+                      compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]),
+                      str(r["runs"] or 1), spread_text(r))
     console.print(table)
