@@ -5,22 +5,26 @@
    how far the model can be trusted.
 2. **Counterfactuals**: the same plan under each candidate setting (``settings.py``), every objective of the
    scenario judged on the replay by the same analysis as a measured run.
-3. **Recommend** the candidate that meets every objective with the most goodput, with its flags and costs;
-   with ``capacity``, each candidate's capacity on the calibrated simulator (``capacity.py``) ranks them.
+3. **Headroom**: each candidate replayed under ``seeds`` step-noise seeds, every replay judged with the margin
+   (``headroom.py``: the stall threshold lowered by it, every objective keeping it and passing with evidence).
+4. **Recommend** the candidate that keeps the margin in 95 % of its replays with the most goodput, with its flags
+   and costs (none: the closest, and how short it is); with ``capacity``, each candidate's capacity on the
+   calibrated simulator (``capacity.py``) ranks them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import polars as pl
 
 from local_target.sim.config import EngineConfig
 from loadgen.advise.capacity import MAX_FACTOR, plan_span_ns, search, tiled
+from loadgen.advise.headroom import DEFAULT_MARGIN, DEFAULT_SEEDS, headroom_of, holds, required, stressed
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
-from loadgen.analysis.advice_result import Advice, CandidateResult, costs_of, fit_rows, recommend
+from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, closest, costs_of, fit_rows, recommend
 from loadgen.analysis.calibrate import Calibration, calibrate
 from loadgen.records.schema import chunks_frame, requests_frame
 from loadgen.analysis.metrics import with_request_metrics
@@ -52,6 +56,14 @@ class AdviseOptions:
     tries: dict[str, list[Any]] = field(default_factory=dict)  # --try KEY=V1,V2
     server: dict[str, Any] = field(default_factory=dict)  # --server KEY=V: what the run's server ran with
     capacity: bool = False  # --capacity: each candidate's highest rate meeting every objective
+    seeds: int = DEFAULT_SEEDS  # --seeds: replays per candidate
+    margin: float = DEFAULT_MARGIN  # --margin: the share of each limit to keep
+
+    def check(self) -> None:
+        if self.seeds < 1:
+            raise AdviceError(f"--seeds {self.seeds}: at least 1")
+        if not 0 <= self.margin < 1:
+            raise AdviceError(f"--margin {self.margin * 100:g}: a percentage from 0 to below 100")
 
 
 def result_of(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
@@ -106,17 +118,44 @@ class _Replayer:
     load: ReplayLoad
     t0_ns: int
 
-    def result(self, settings: dict[str, Any], reqs: list[ReplayRequest] | None = None) -> RunResult:
-        records, chunk_records = replay(engine_config(self.engine, settings, self.cal), reqs or self.reqs,
-                                        self.load, self.t0_ns)
-        return result_of(self.data.scenario, requests_frame(records), chunks_frame(chunk_records), len(records))
+    def frames(self, settings: dict[str, Any], reqs: list[ReplayRequest] | None = None,
+               seed: int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """One replay's records (the scenario's seed for the step noise, or ``seed``)."""
+        load = self.load if seed is None else replace(self.load, seed=seed)
+        records, chunk_records = replay(engine_config(self.engine, settings, self.cal), reqs or self.reqs, load,
+                                        self.t0_ns)
+        return requests_frame(records), chunks_frame(chunk_records)
+
+    def result(self, settings: dict[str, Any], reqs: list[ReplayRequest] | None = None,
+               frames: tuple[pl.DataFrame, pl.DataFrame] | None = None,
+               scenario: Scenario | None = None) -> RunResult:
+        requests, chunks = frames or self.frames(settings, reqs)
+        return result_of(scenario or self.data.scenario, requests, chunks, requests.height)
+
+    def headroom(self, cand: Candidate, opts: AdviseOptions, first: tuple[pl.DataFrame, pl.DataFrame],
+                 progress: Callable[[str], None]) -> Headroom:
+        """The candidate under ``opts.seeds`` seeds (the first replay is ``first``), each judged as the scenario
+        says (the decisions) and with the stall threshold lowered by the margin (the margins); stops once more
+        replays have failed than the rule allows."""
+        judge, allowed = stressed(self.data.scenario, opts.margin), opts.seeds - required(opts.seeds)
+        runs: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+        for k in range(opts.seeds):
+            frames = first if k == 0 else self.frames(cand.fields, seed=self.load.seed + k)
+            nominal = [dict(o) for o in self.result(cand.fields, frames=frames).slo]
+            runs.append((nominal, [dict(o) for o in self.result(cand.fields, frames=frames, scenario=judge).slo]
+                         if judge is not self.data.scenario else nominal))
+            if sum(not holds(*r, opts.margin) for r in runs) > allowed:
+                break
+            if k % 5 == 4:
+                progress(f"{cand.label}: {k + 1}/{opts.seeds} replays")
+        return headroom_of(runs, opts.margin, opts.seeds)
 
     def capacity(self, cand: Candidate, progress: Callable[[str], None]) -> tuple[float | None, str]:
         """The highest request rate at which the replay meets every objective, and a note on the figure."""
         rate_per_s = len(self.reqs) / (plan_span_ns(self.reqs) / 1e9)
 
         def meets(factor: float) -> bool:
-            r = self.result(cand.fields, tiled(self.reqs, factor))
+            r = self.result(cand.fields, tiled(self.reqs, factor))  # one replay, point values
             return bool(r.slo) and all(o["passed"] is True for o in r.slo)
 
         lo, hi = search(meets, progress=lambda f, ok: progress(
@@ -127,6 +166,7 @@ class _Replayer:
 
 
 def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None) -> Advice:
+    opts.check()
     req = with_request_metrics(data.requests)
     completed = int(req.filter(pl.col("ok") & ~pl.col("warmup")).height)
     if completed < MIN_COMPLETED:
@@ -149,17 +189,20 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
     grid = candidates(current, engine, opts.tries)
     for i, cand in enumerate(grid):
         progress(f"replay {i + 1}/{len(grid)}: {cand.label}")
-        replayed = rp.result(cand.fields)
+        first = rp.frames(cand.fields)
+        replayed = rp.result(cand.fields, frames=first)
         if i == 0:
             fit = fit_rows(measured, replayed)  # the current setting's replay against the measurement
         flags = simulator_flags(cand.fields) if simulated else cand.flags(engine)
         results.append(CandidateResult.from_result(cand.label, cand.fields, flags, replayed))
+        results[-1].headroom = rp.headroom(cand, opts, first, progress)
         if opts.capacity and closed is None:
             results[-1].capacity_requests_per_s, results[-1].capacity_note = rp.capacity(cand, progress)
     chosen = recommend(results)
     notes = list(cal.notes) + _notes(source, engine, data, opts)
     return Advice(data.run_dir, engine, source, current, cal.as_dict(), fit, results, chosen,
-                  costs_of(results[chosen], results[0]) if chosen is not None else [], notes)
+                  costs_of(results[chosen], results[0]) if chosen is not None else [], notes, opts.margin,
+                  opts.seeds, closest(results) if chosen is None else None)
 
 
 def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list[str]:

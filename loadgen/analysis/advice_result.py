@@ -2,8 +2,9 @@
 measurement, every candidate setting's predicted figures and objectives, the recommendation and what it costs,
 and the exit code. ``advice.json`` is ``to_dict``.
 
-Exit codes: 0 when a candidate is predicted to meet every objective (the recommendation; it may be the current
-setting), 1 when none is, 2 for bad input (before any replay).
+Exit codes: 0 when a candidate is predicted to meet every objective with the margin asked, in at least 95 % of
+its replays (the recommendation; it may be the current setting), 1 when none is (``closest`` then names the
+one nearest to it), 2 for bad input (before any replay). The headroom rule: ``loadgen/advise/headroom.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 from loadgen.analysis.result import RunResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each candidate's headroom over seeded replays; margin, seeds, closest
 # (label, metric, statistic) of the figures compared between the measured run and its replay
 FIGURES = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"), ("ITL p50", "itl_ms", "p50"),
            ("ITL p99", "itl_ms", "p99"), ("ITL p99.9", "itl_ms", "p999"), ("worst gap", "chunk_gap_ms", "max"))
@@ -51,6 +52,56 @@ def fit_rows(measured: RunResult, predicted: RunResult) -> list[FitRow]:
 
 
 @dataclass
+class ObjectiveHeadroom:
+    """One objective's margins over a candidate's replays, as shares of its limit (positive: room)."""
+
+    objective: str
+    comparison: str
+    limit: float
+    kept: Optional[float]  # the margin kept in 95 % of the replays (None: no relative margin, a 0 limit)
+    worst: Optional[float]  # the smallest margin of any replay
+    short: int  # replays in which it did not keep the margin (or did not pass)
+    undecided: int  # replays in which it was not decided pass (its interval reached the limit, or failed)
+
+
+@dataclass
+class Headroom:
+    """A candidate's seeded replays judged with the margin (``loadgen/advise/headroom.py``)."""
+
+    margin: float
+    seeds: int  # replays asked
+    replays: int  # replays run (fewer: stopped once it could no longer qualify)
+    held: int  # replays in which every objective kept the margin and passed
+    required: int  # replays that must hold (95 % of seeds)
+    objectives: list[ObjectiveHeadroom]
+
+    @property
+    def qualifies(self) -> bool:
+        return self.held >= self.required
+
+    @property
+    def least(self) -> Optional[ObjectiveHeadroom]:
+        """The objective with the smallest margin kept (the one that limits the candidate)."""
+        with_margin = [o for o in self.objectives if o.kept is not None]
+        return min(with_margin, key=lambda o: o.kept or 0.0) if with_margin else None
+
+    @property
+    def failing(self) -> list[ObjectiveHeadroom]:
+        """The objectives short (of the margin, or of a pass) in more replays than the rule allows."""
+        return [o for o in self.objectives if o.short > self.seeds - self.required]
+
+    @property
+    def shortfall(self) -> float:
+        """How far the least margin kept is below the margin asked (0: none short of it)."""
+        least = self.least
+        return max(0.0, self.margin - least.kept) if least is not None and least.kept is not None else 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Headroom":
+        return cls(**{**d, "objectives": [ObjectiveHeadroom(**o) for o in d["objectives"]]})
+
+
+@dataclass
 class CandidateResult:
     label: str
     settings: dict[str, Any]
@@ -62,10 +113,17 @@ class CandidateResult:
     ttft_p99_by_class_ms: dict[str, Optional[float]]
     capacity_requests_per_s: Optional[float] = None  # --capacity: the highest rate meeting every objective
     capacity_note: str = ""  # "", or why there is no figure / it is a bound ("at least", "below")
+    headroom: Optional[Headroom] = None  # the seeded replays judged with the margin
 
     @property
     def meets_all(self) -> bool:
+        """The replay under the scenario's seed meets every objective (point values, no margin)."""
         return bool(self.objectives) and all(o["passed"] is True for o in self.objectives)
+
+    @property
+    def qualifies(self) -> bool:
+        """Meets every objective with the margin in 95 % of its replays (``meets_all`` without a headroom)."""
+        return self.headroom.qualifies if self.headroom is not None else self.meets_all
 
     @property
     def failed(self) -> list[str]:
@@ -91,6 +149,9 @@ class Advice:
     recommended: Optional[int]  # index into candidates
     costs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    margin: float = 0.0  # the margin asked, a share of each limit
+    seeds: int = 1  # replays per candidate
+    closest: Optional[int] = None  # when none qualifies: the candidate nearest to the margin
 
     @property
     def recommendation(self) -> Optional[CandidateResult]:
@@ -107,21 +168,25 @@ class Advice:
                 "candidates": [{**asdict(c), "meets_all": c.meets_all} for c in self.candidates],
                 "recommended": self.recommended,
                 "recommendation": None if self.recommendation is None else self.recommendation.label,
-                "costs": self.costs, "notes": self.notes, "exit_code": self.exit_code}
+                "costs": self.costs, "notes": self.notes, "margin": self.margin, "seeds": self.seeds,
+                "closest": self.closest, "exit_code": self.exit_code}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Advice":
         fit = [FitRow(r["figure"], r["measured"], r["predicted"]) for r in d["fit"]]
-        cands = [CandidateResult(**{k: v for k, v in c.items() if k != "meets_all"}) for c in d["candidates"]]
+        cands = [CandidateResult(**{k: v for k, v in c.items() if k not in ("meets_all", "headroom")},
+                                 headroom=Headroom.from_dict(c["headroom"]) if c.get("headroom") else None)
+                 for c in d["candidates"]]
         return cls(d["run_dir"], d["engine"], d["settings_source"], d["current"], d["calibration"], fit, cands,
-                   d["recommended"], d.get("costs", []), d.get("notes", []))
+                   d["recommended"], d.get("costs", []), d.get("notes", []), d.get("margin", 0.0),
+                   d.get("seeds", 1), d.get("closest"))
 
 
 def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Optional[int]:
-    """The candidate meeting every objective with the most goodput (its capacity, where ``--capacity`` found
-    them); within ``goodput_tie`` of it, the current setting if it is one of them (no change to make), else the
-    lowest TTFT p99. None when no candidate meets them all."""
-    ok = [i for i, c in enumerate(cands) if c.meets_all]
+    """The candidate that qualifies (every objective with the margin, in 95 % of its replays) with the most
+    goodput (its capacity, where ``--capacity`` found them); within ``goodput_tie`` of it, the current setting
+    if it is one of them (no change to make), else the lowest TTFT p99. None when no candidate qualifies."""
+    ok = [i for i, c in enumerate(cands) if c.qualifies]
     if not ok:
         return None
     by_capacity = any(c.capacity_requests_per_s is not None for c in cands)
@@ -135,6 +200,14 @@ def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Option
     if 0 in near:  # the current setting already does as well: no change to make
         return 0
     return min(near, key=lambda i: (cands[i].figures.get("TTFT p99") or float("inf"), i))
+
+
+def closest(cands: list[CandidateResult]) -> Optional[int]:
+    """When none qualifies: the candidate with the fewest objectives short, then the least margin kept nearest
+    the margin asked, then the most replays held, then the first."""
+    scored = [(len(c.headroom.failing), c.headroom.shortfall, -c.headroom.held / c.headroom.replays, i)
+              for i, c in enumerate(cands) if c.headroom is not None and c.headroom.replays]
+    return min(scored)[-1] if scored else None
 
 
 def costs_of(chosen: CandidateResult, base: CandidateResult) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from loadgen.analysis.advice_result import Advice, CandidateResult
+from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, ObjectiveHeadroom
 
 COLUMNS = ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap")
 
@@ -30,14 +30,64 @@ def _outcome(c: CandidateResult) -> str:
     return "meets all" if c.meets_all else "fails " + ", ".join(c.failed)
 
 
+def _margin_pct(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value * 100:.1f} %"
+
+
+def _least(h: Headroom) -> str:
+    """The objective that limits the candidate: its margin kept in 95 % of the replays."""
+    least = h.least
+    return "–" if least is None else f"{least.objective} {_margin_pct(least.kept)}"
+
+
+def _undecided(h: Headroom) -> str:
+    """The objectives not passed with evidence (the scenario's own judgment) in too many replays."""
+    out = [f"{o.objective} in {o.undecided} of {h.replays}" for o in h.failing if o.undecided > h.seeds - h.required]
+    return "; not passed with evidence: " + ", ".join(out) if out else ""
+
+
+def _rule(a: Advice) -> str:
+    return f"a {a.margin * 100:g} % margin on every objective in 95 % of {a.seeds} replays"
+
+
 def headline(a: Advice) -> str:
     rec = a.recommendation
     if rec is None:
-        return "no candidate setting is predicted to meet every objective"
+        near = a.candidates[a.closest] if a.closest is not None else None
+        if near is None or near.headroom is None:
+            return f"no candidate setting keeps {_rule(a)}"
+        h = near.headroom
+        short = f", {h.shortfall * 100:.1f} points short" if h.shortfall > 0 else ""
+        return (f"no candidate setting keeps {_rule(a)}; the closest: {near.label} (held in {h.held} of "
+                f"{h.replays}; least margin kept {_least(h)}{short}{_undecided(h)}) — {' '.join(near.flags)}")
+    kept = f" (least margin kept: {_least(rec.headroom)})" if rec.headroom is not None else ""
     if a.recommended == 0:
-        return f"keep the current setting ({rec.label.removesuffix(' (current)')}): it is predicted to meet every " \
-            "objective"
-    return f"recommended: {rec.label} — {' '.join(rec.flags)}"
+        return f"keep the current setting ({rec.label.removesuffix(' (current)')}): it keeps {_rule(a)}{kept}"
+    return f"recommended: {rec.label} — keeps {_rule(a)}{kept} — {' '.join(rec.flags)}"
+
+
+def _held(c: CandidateResult) -> str:
+    h = c.headroom
+    if h is None:
+        return "–"
+    return f"{h.held}/{h.replays}" + ("" if h.replays == h.seeds else " (stopped)")
+
+
+def _cell(o: ObjectiveHeadroom, margin: float) -> str:
+    ok = "✓" if o.kept is not None and o.kept >= margin - 1e-12 and not o.short else "✗" if o.short else "·"
+    return f"{_margin_pct(o.kept)} / {_margin_pct(o.worst)} {ok}"
+
+
+def headroom_head(a: Advice) -> list[str]:
+    first = next((c.headroom for c in a.candidates if c.headroom is not None), None)
+    return ["setting", "held"] + ([o.objective for o in first.objectives] if first is not None else [])
+
+
+def headroom_lines(a: Advice) -> list[list[str]]:
+    """Per candidate: replays held, and each objective's margin kept in 95 % of them / its worst (judged with
+    the stall threshold lowered by the margin)."""
+    return [[c.label, _held(c)] + [_cell(o, a.margin) for o in c.headroom.objectives]
+            for c in a.candidates if c.headroom is not None]
 
 
 def fit_lines(a: Advice) -> list[list[str]]:
@@ -58,13 +108,15 @@ def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
     return [[_mark(c, rec) + c.label, *(_num(c.figures.get(k)) for k in COLUMNS),
              _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
              *([_capacity(c)] if _has_capacity(a) else []),
-             ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c)]
+             ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c),
+             _held(c), *([] if short else ["–" if c.headroom is None else _least(c.headroom)
+                                           + _undecided(c.headroom)])]
             for c in a.candidates]
 
 
 def candidate_head(a: Advice, short: bool = False) -> list[str]:
-    head = SHORT_HEAD if short else CANDIDATE_HEAD
-    return head[:-1] + (["capacity" if short else "capacity req/s"] if _has_capacity(a) else []) + head[-1:]
+    head, tail = (SHORT_HEAD, 2) if short else (CANDIDATE_HEAD, 3)
+    return head[:-tail] + (["capacity" if short else "capacity req/s"] if _has_capacity(a) else []) + head[-tail:]
 
 
 def objective_head(a: Advice) -> list[str]:
@@ -78,9 +130,13 @@ def objective_lines(a: Advice) -> list[list[str]]:
     return [[c.label] + [f"{_num(o['value'], 2)} {mark[o['passed']]}" for o in c.objectives] for c in a.candidates]
 
 
-CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s", "objectives"]
-SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput", "SLOs"]
+CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s",
+                  "objectives (scenario's seed)", "replays held", "least margin kept"]
+SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput", "SLOs",
+              "held"]
 FIT_HEAD = ["figure", "measured", "replayed", "error"]
+HEADROOM_NOTE = ("Each cell: the margin kept in 95 % of the replays / the worst, as a share of the limit; the stall "
+                 "objectives count the gaps within the margin of the stall threshold (docs/verdicts.md).")
 
 
 def markdown(a: Advice) -> str:
@@ -97,6 +153,7 @@ def markdown(a: Advice) -> str:
               "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
     lines += ["", "## Every candidate, replayed", ""] + table(candidate_head(a), candidate_lines(a))
     lines += ["", "## Every objective per candidate", ""] + table(objective_head(a), objective_lines(a))
+    lines += ["", f"## Headroom: {_rule(a)}", "", HEADROOM_NOTE, ""] + table(headroom_head(a), headroom_lines(a))
     cost = a.calibration.get("cost", {})
     lines += ["", "## The fitted cost model", "", ", ".join(f"{k} = {v:.4g}" for k, v in cost.items())
               + f"; arrival delay {a.calibration.get('arrival_delay_ms', 0):.1f} ms", ""]
@@ -116,7 +173,24 @@ def console_tables(a: Advice) -> list[Any]:
         cands.add_column(h, justify="left" if h in ("setting", "SLOs") else "right", no_wrap=h == "setting")
     for row in candidate_lines(a, short=True):
         cands.add_row(*row)
-    return [fit, cands]
+    return [fit, cands] + _margins_table(a)
+
+
+def _margins_table(a: Advice) -> list[Any]:
+    """The recommended (else the closest) candidate's margin on each objective over its replays."""
+    index = a.recommended if a.recommended is not None else a.closest
+    c = a.candidates[index] if index is not None else None
+    if c is None or c.headroom is None:
+        return []
+    h = c.headroom
+    t = Table(title=f"{c.label}: margins over {h.replays} replays (needed: {a.margin * 100:g} % in 95 %)",
+              title_justify="left", box=None)
+    for head in ("objective", "limit", "kept in 95 %", "worst", "short", "undecided"):
+        t.add_column(head, justify="left" if head == "objective" else "right")
+    for o in h.objectives:
+        t.add_row(o.objective, f"{o.comparison} {_num(o.limit, 2)}", _margin_pct(o.kept), _margin_pct(o.worst),
+                  str(o.short), str(o.undecided))
+    return [t]
 
 
 def html_section(a: Advice) -> str:
@@ -134,4 +208,6 @@ def html_section(a: Advice) -> str:
             + "<h3>The fitted model's replay of the run</h3>" + table(FIT_HEAD, fit_lines(a))
             + "<h3>Every candidate, replayed</h3>" + table(candidate_head(a), candidate_lines(a))
             + "<h3>Every objective per candidate</h3>" + table(objective_head(a), objective_lines(a))
+            + f"<h3>Headroom: {html.escape(_rule(a))}</h3><p>{html.escape(HEADROOM_NOTE)}</p>"
+            + table(headroom_head(a), headroom_lines(a))
             + (f"<ul class=\"notes\">{notes}</ul>" if notes else "") + "</section>")
