@@ -21,7 +21,8 @@ import polars as pl
 
 from local_target.sim.config import EngineConfig
 from loadgen.advise.capacity import MAX_FACTOR, plan_span_ns, search, tiled
-from loadgen.advise.headroom import DEFAULT_MARGIN, DEFAULT_SEEDS, headroom_of, holds, required, stressed
+from loadgen.advise.headroom import (DEFAULT_MARGIN, DEFAULT_SEEDS, headroom_of, holds, keeps_margin, required,
+                                    stressed)
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
 from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, closest, costs_of, fit_rows, recommend
@@ -155,8 +156,8 @@ class _Replayer:
         rate_per_s = len(self.reqs) / (plan_span_ns(self.reqs) / 1e9)
 
         def meets(factor: float) -> bool:
-            r = self.result(cand.fields, tiled(self.reqs, factor))  # one replay, point values
-            return bool(r.slo) and all(o["passed"] is True for o in r.slo)
+            r = self.result(cand.fields, tiled(self.reqs, factor))  # one replay, judged on point values
+            return bool(r.slo) and all(keeps_margin(dict(o), 0.0) for o in r.slo)
 
         lo, hi = search(meets, progress=lambda f, ok: progress(
             f"{cand.label}: {f * rate_per_s:.2f} req/s {'meets every objective' if ok else 'fails'}"))

@@ -91,6 +91,12 @@ class Headroom:
         return [o for o in self.objectives if o.short > self.seeds - self.required]
 
     @property
+    def deficit(self) -> float:
+        """The margins missing, summed over the objectives, each at most 1 (a whole limit): how far the candidate
+        is from qualifying."""
+        return sum(min(1.0, max(0.0, self.margin - o.kept)) for o in self.objectives if o.kept is not None)
+
+    @property
     def shortfall(self) -> float:
         """How far the least margin kept is below the margin asked (0: none short of it)."""
         least = self.least
@@ -203,9 +209,9 @@ def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Option
 
 
 def closest(cands: list[CandidateResult]) -> Optional[int]:
-    """When none qualifies: the candidate with the fewest objectives short, then the least margin kept nearest
-    the margin asked, then the most replays held, then the first."""
-    scored = [(len(c.headroom.failing), c.headroom.shortfall, -c.headroom.held / c.headroom.replays, i)
+    """When none qualifies: the candidate missing the least margin in all (``Headroom.deficit``), then with the
+    fewest objectives short (of the margin or of a pass), then the most replays held, then the first."""
+    scored = [(round(c.headroom.deficit, 9), len(c.headroom.failing), -c.headroom.held / c.headroom.replays, i)
               for i, c in enumerate(cands) if c.headroom is not None and c.headroom.replays]
     return min(scored)[-1] if scored else None
 
