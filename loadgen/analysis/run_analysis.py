@@ -29,6 +29,9 @@ from typing import Iterator
 import polars as pl
 
 from loadgen.analysis import metrics as m
+from loadgen.analysis import steady
+from loadgen.analysis.steady import SteadyWindow
+from loadgen.plan.steady_spec import SteadyState
 
 BATCH_ROWS = 100_000
 KEY = ["worker", "seq"]
@@ -39,13 +42,20 @@ ITL_MS = CHUNK_GAP_MS / pl.col("tokens")
 
 class RunAnalysis:
     """A run's records, analysed once: ``requests`` (eager, one row a request) and ``chunks`` (a frame or a
-    lazy scan of the chunk files, read in slices)."""
+    lazy scan of the chunk files, read in slices). ``steady``: the steady window (``load.steady_state``:
+    detect, the default, or declared); ``measured`` is the requests in it, after the declared warm-up."""
 
-    def __init__(self, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> None:
+    def __init__(self, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame,
+                 steady_state: SteadyState = "detect") -> None:
         self.requests = requests
         self.chunks = chunks.lazy()
-        self.req = m.with_request_metrics(requests)
+        self.req, self.steady = steady_requests(m.with_request_metrics(requests), steady_state)
         self.measured = m.measured(self.req)
+
+    @property
+    def t0_ns(self) -> int | None:
+        """The run's time origin: the first intended send after the declared warm-up."""
+        return self.steady.origin_ns
 
     @cached_property
     def ok_index(self) -> pl.DataFrame:
@@ -121,6 +131,16 @@ class RunAnalysis:
         if "_token_stats" not in self.__dict__:
             self.__dict__["_token_stats"] = _token_stats(self.gaps)
         return self.__dict__["_token_stats"]
+
+
+def steady_requests(req: pl.DataFrame, steady_state: SteadyState) -> tuple[pl.DataFrame, SteadyWindow]:
+    """``req`` with the steady window applied, and the window (analysis/steady.py). ``transient``: cut by
+    detection; ``warmup`` becomes "outside the measured set" (the declared warm-up, or ``transient``), so that
+    every reader of it (the gaps, compare's samples, the report's views) takes the same requests."""
+    declared = m.measured(req)
+    window = steady.detect(declared) if steady_state == "detect" else steady.declared(declared)
+    cut = ~pl.col("warmup") & window.outside(pl.col("t_intended_ns"))
+    return req.with_columns(transient=cut).with_columns(warmup=pl.col("warmup") | pl.col("transient")), window
 
 
 def _token_stats(g: pl.DataFrame) -> dict[str, dict[str, float | int | None]]:

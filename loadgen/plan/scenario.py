@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from loadgen.plan.simulator_spec import SimulatorSpec
 from loadgen.plan.slo_spec import Slo
+from loadgen.plan.steady_spec import SteadyState, steady_state_field
 from loadgen.errors import ScenarioError as ScenarioError
 
 
@@ -224,6 +225,7 @@ class Load(_Strict):
                                  "warm-up included, unless the duration ends first (traces: every row)")
     warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="seconds sent and recorded first, then "
                             "excluded from every metric")
+    steady_state: SteadyState = steady_state_field()
     max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY, description="cap on concurrent requests; a send "
                                "waiting for a slot shows as queue_delay_ms")
     max_rate_per_s: float | None = Field(None, gt=0, description="closed loop: the users together never send "

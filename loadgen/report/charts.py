@@ -18,6 +18,7 @@ from loadgen.report import views as vw
 WIDE = 760
 PHASE_COLORS = {"waiting": "#c7c7c7", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}
 STALL_COLOR = "#d62728"
+EXCLUDED_COLOR = "#7f7f7f"  # shading: sends outside the measured set (warm-up, drain)
 CLASS_COLORS = ["#4c78a8", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b", "#ff9da6", "#bab0ac"]  # no
 # orange or red: those mean prefill and stalls
 
@@ -92,7 +93,7 @@ def timeline_chart(v: vw.RunViews, window: tl.Window) -> alt.TopLevelMixin:
                         title="phase", legend=alt.Legend(orient="top")),
         tooltip=["seq:Q", "phase:N", "prompt_tokens:Q", alt.Tooltip("start_s:Q", format=".3f"),
                  alt.Tooltip("end_s:Q", format=".3f"), "error_kind:N"])
-    layers: list[Any] = [base]
+    layers: list[Any] = [*excluded_layer(v, x_scale, window.start_s, window.end_s), base]
     if marks.height:
         layers.append(alt.Chart(_data(marks)).mark_bar(height=4, color=STALL_COLOR, clip=True, stroke="white", strokeWidth=0.6).encode(
             x=alt.X("t_start_s:Q", scale=x_scale), x2="t_end_s:Q", y=order,
@@ -105,6 +106,18 @@ def timeline_chart(v: vw.RunViews, window: tl.Window) -> alt.TopLevelMixin:
     return alt.layer(*layers).properties(width=WIDE, height=height)
 
 
+def excluded_layer(v: vw.RunViews, x_scale: alt.Scale, start_s: float, end_s: float) -> list[alt.Chart]:
+    """Grey shading over the stretches whose requests no figure counts (declared warm-up, detected warm-up
+    and drain: timeline.excluded_spans); none when every request counts."""
+    spans = tl.excluded_spans(v, start_s, end_s)
+    if spans.is_empty():
+        return []
+    return [alt.Chart(_data(spans)).mark_rect(color=EXCLUDED_COLOR, opacity=0.18, clip=True).encode(
+        x=alt.X("start_s:Q", scale=x_scale), x2="end_s:Q",
+        tooltip=[alt.Tooltip("what:N", title="not counted"), alt.Tooltip("requests:Q", title="requests sent"),
+                 alt.Tooltip("start_s:Q", format=".2f"), alt.Tooltip("end_s:Q", format=".2f")])]
+
+
 def itl_time_chart(v: vw.RunViews) -> alt.TopLevelMixin:
     bw = vw.bin_width_s(v.span_s)
     x = alt.X("t_s:Q", scale=alt.Scale(domain=[0, v.span_s]), title="seconds since the run's start")
@@ -114,6 +127,7 @@ def itl_time_chart(v: vw.RunViews) -> alt.TopLevelMixin:
                         scale=alt.Scale(domain=["median ITL", "worst chunk gap"], range=["#4c78a8", STALL_COLOR])),
         tooltip=[alt.Tooltip("t_s:Q", format=".2f"), "series:N", alt.Tooltip("ms:Q", format=".2f")],
     ).properties(width=WIDE, height=220)
+    itl = alt.layer(*excluded_layer(v, alt.Scale(domain=[0, v.span_s]), 0.0, v.span_s), itl)
     pre = alt.Chart(_data(vw.prefill_tokens_over_time(v, bw))).mark_area(color="#f58518", opacity=0.7, clip=True, interpolate="step-after").encode(
         x=x, y=alt.Y("prefill_tokens:Q", title="prefill tokens"),
         tooltip=[alt.Tooltip("t_s:Q", format=".2f"), "prefill_tokens:Q"],
@@ -174,6 +188,14 @@ def lengths_chart(v: vw.RunViews) -> alt.TopLevelMixin:
     return alt.hconcat(*panels)
 
 
+def excluded_note(v: vw.RunViews) -> str:
+    spans = tl.excluded_spans(v)
+    if spans.is_empty():
+        return ""
+    parts = ", ".join(f"{w} ({n} requests)" for w, n in spans.select("what", "requests").iter_rows())
+    return f" Grey: sends that no figure counts: {parts} (docs/verdicts.md, Steady state)."
+
+
 def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
     fit = (v.result.stalls or {}).get("prefill_fit") or {}
     return [
@@ -185,12 +207,13 @@ def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
               "Per-token inter-token latency; a long flat top is the tail of stalls."),
         Chart("timeline", "Request timeline", timeline_chart(v, window),
               f"Window: {window.why}. Red bars: stalls; dashed red lines link a stall to the long prompt whose "
-              "prefill caused it."),
+              "prefill caused it." + excluded_note(v)),
         Chart("itl_over_time", "ITL over time, with prefill load underneath", itl_time_chart(v),
               "Red spikes (the worst chunk gap) that line up with an orange peak are prefills admitted into "
               "the running batch." + (" Below, the server's own /metrics: requests running and waiting, KV-cache "
                                       "usage, and a red rule wherever it preempted a request (a stall there is "
-                                      "labelled preemption, not prefill)." if v.server is not None else "")),
+                                      "labelled preemption, not prefill)." if v.server is not None else "")
+              + excluded_note(v)),
         Chart("throughput", "Throughput and requests in flight", throughput_chart(v)),
         Chart("lengths", "Asked vs achieved lengths", lengths_chart(v),
               "On the dashed diagonal, the server processed exactly the asked length."),

@@ -4,10 +4,14 @@ caused it.
 
 The window defaults to the worst prefill-induced spike event (else the worst stall, else the run's first
 seconds); ``loadgen report --window START:END`` picks another, in seconds since the run's start.
+
+``excluded_spans``: the stretches of the run whose requests no figure counts (the declared warm-up, and the
+warm-up and drain that steady-state detection cut: analysis/steady.py), shaded on the report's timelines.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import polars as pl
@@ -110,3 +114,30 @@ def stall_marks(v: RunViews, w: Window) -> tuple[pl.DataFrame, pl.DataFrame]:
              .join(rows.select(culprit="seq", culprit_row="row"), on="culprit")
              .select("t_end_s", "row", "culprit_row", "seq", "culprit"))
     return marks, links
+
+
+def excluded_spans(v: RunViews, start_s: float | None = None, end_s: float | None = None) -> pl.DataFrame:
+    """start_s, end_s, what and requests: the stretches whose sends no figure counts, clipped to [start_s,
+    end_s] — the declared warm-up (to the origin, 0 s), the detected warm-up (to the first measured send) and
+    the detected drain (from the last measured send to the run's end)."""
+    r = v.requests
+    if "transient" not in r.columns or r.is_empty():
+        return pl.DataFrame(schema=SPAN_SCHEMA)
+    kept = r.filter(~pl.col("warmup"))["t_intended_s"]
+    first, last = (float(kept.min()), float(kept.max())) if kept.len() else (0.0, v.span_s)  # type: ignore[arg-type]
+    kind = (pl.when(~pl.col("transient")).then(pl.lit("declared warm-up"))
+            .when(pl.col("t_intended_s") < first).then(pl.lit("detected warm-up"))
+            .otherwise(pl.lit("detected drain")))
+    spans = r.filter(pl.col("warmup")).group_by(what=kind).agg(start_s=pl.col("t_intended_s").min(),
+                                                               requests=pl.len())
+    ends = {"declared warm-up": 0.0, "detected warm-up": first, "detected drain": max(v.span_s, last)}
+    spans = spans.with_columns(
+        start_s=pl.when(pl.col("what") == "detected drain").then(pl.lit(last)).otherwise(pl.col("start_s")),
+        end_s=pl.col("what").replace_strict(ends, return_dtype=pl.Float64))
+    lo = -math.inf if start_s is None else start_s
+    hi = math.inf if end_s is None else end_s
+    return (spans.with_columns(start_s=pl.col("start_s").clip(lo, hi), end_s=pl.col("end_s").clip(lo, hi))
+            .filter(pl.col("end_s") > pl.col("start_s")).select(list(SPAN_SCHEMA)).sort("start_s"))
+
+
+SPAN_SCHEMA = {"start_s": pl.Float64, "end_s": pl.Float64, "what": pl.String, "requests": pl.UInt32}

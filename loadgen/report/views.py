@@ -41,7 +41,7 @@ class RunViews:
               result: RunResult, server: pl.DataFrame | None = None, run: RunAnalysis | None = None) -> "RunViews":
         run = run or RunAnalysis(requests, chunks)
         req, measured = run.req, run.measured
-        t0 = int(measured["t_intended_ns"].min() if measured.height else (req["t_intended_ns"].min() or 0))
+        t0 = run.t0_ns if run.t0_ns is not None else int(req["t_intended_ns"].min() or 0)  # the declared warm-up's end
         sec = [((pl.col(c) - t0) / NS_PER_S).alias(c.replace("_ns", "_s"))
                for c in ("t_intended_ns", "t_sent_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns")]
         req = req.with_columns(sec)

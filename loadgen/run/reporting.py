@@ -108,7 +108,7 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
              "disk_error": info.get("disk_error"), "stopped_early": info.get("stopped_early")}
     server = load_server_metrics(run_dir)
-    run = RunAnalysis(requests, chunks)  # one analysis: the summary and the report's views read it
+    run = RunAnalysis(requests, chunks, scenario.load.steady_state)  # one analysis: the summary and the views read it
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run)
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
