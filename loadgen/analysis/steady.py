@@ -17,8 +17,8 @@ The rule (docs/verdicts.md, "Steady state"), applied to the requests after the d
    consecutive requests of the kept part: the kept part is cut into ``w`` windows of ``L`` requests (``L`` the
    cut length, at most a ``MIN_WINDOWS``-th of the kept part; the cut's first ``L`` requests are tested), and
    |m_cut − m̄| > t_{w−1}(1 − ALPHA/2) · s · √(1 + 1/w). Windows of the cut's own length carry the run's own
-   autocorrelation at that scale. In simulation (docs/verdicts.md) a stationary run loses requests at one end
-   in 0–0.8 % of runs (the worst: an M/M/1 queue at 80–90 % load, 6,000 requests), nominally ALPHA.
+   autocorrelation at that scale. By simulation (bench/steady_state.py, docs/verdicts.md) a stationary series
+   loses requests in at most 0.4 % of runs (M/M/1 queues at 80–90 % load), nominally ALPHA.
 4. **Not reached.** A minimum on the search's edge (half the series) that differs from the rest (3.), or after which
    the series still trends (Kendall's τ over the means of ``TREND_SEGMENTS`` consecutive parts of the second
    half; a trend inflates the windows' spread in 3.), both at ``EDGE_ALPHA`` (1 %: this flags, it cuts
