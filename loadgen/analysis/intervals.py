@@ -32,6 +32,7 @@ sample size at which today's estimate would just be decided).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -180,6 +181,7 @@ def poisson_rate_interval(events: int, exposure: float, confidence: float = 0.95
     return Interval(low, high, confidence, "mid-p Poisson" + (f", dispersion {d:.2g}" if d > 1 else ""))
 
 
+@functools.lru_cache(maxsize=4096)
 def _poisson_mid_root(k: float, level: float) -> float:
     """The mean λ at which P(X < k) + P(X = k) / 2 = ``level`` (X ~ Poisson(λ); k may be fractional: the CDF's
     continuous extension through the regularised gamma function)."""
@@ -205,6 +207,7 @@ def dispersion(event_batches: np.ndarray, exposure_batches: np.ndarray) -> float
     return max(1.0, chi2 / df * widen)
 
 
+@functools.lru_cache(maxsize=4096)
 def binomial_interval(k: int, n: int, confidence: float = 0.95) -> Interval:
     """The mid-p exact interval of a proportion k/n (Clopper-Pearson's binomial tails with half the observed
     point's probability: coverage near the nominal level; Agresti & Gottard 2007)."""

@@ -148,6 +148,8 @@ class RunResult:
     disk_error: Optional[str] = None
     conversations: Optional[dict[str, Any]] = None  # multi-turn: per turn index and per conversation
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
+    decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
+    steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)
     run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised
 
     @property

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from loadgen.core.vocabulary import ObjectiveId
 from loadgen.report.writers import COLS, ROWS, fmt
+from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
 
@@ -32,13 +33,16 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
         table.add_row(row, *(compact(result.metrics[row][c]) for c in COLS))
     console.print(table)
     if result.slo:
-        slo = Table(title="SLOs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-        for col in ("objective", "value", "threshold", "samples", "result"):
-            slo.add_column(col, justify="left" if col in ("objective", "result") else "right")
-        for o in result.slo:
+        words = decision_words(result, short=True)
+        slo = Table(title="SLOs" + (f" ({words})" if words else ""), title_justify="left", box=box.SIMPLE_HEAD,
+                    pad_edge=False)
+        for col in ("objective", "value", "interval", "limit", "margin", "result"):
+            slo.add_column(col, justify="left" if col in ("objective", "result") else "right",
+                           overflow="fold", no_wrap=col not in ("objective",))
+        for o in result.slo:  # the samples are in summary.md; an inconclusive one's reason says how many
             state = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
-            slo.add_row(o["objective"], compact(o["value"]), f"{o['comparison']} {fmt(o['threshold'])}",
-                        str(o["samples"]), state)
+            slo.add_row(o["objective"], compact(o["value"]), interval_words(dict(o)),
+                        f"{o['comparison']} {fmt(o['threshold'])}", margin_words(dict(o)), state)
         console.print(slo)
     print_conversations(console, result)
     req, tput = result.requests, result.throughput

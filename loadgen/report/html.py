@@ -18,6 +18,7 @@ from typing import Any
 from loadgen.report.charts import Chart
 from loadgen.report.conversation_report import conversations_html
 from loadgen.report.writers import COLS, ROWS, fmt, target_line
+from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
 
 CSS = """
@@ -73,10 +74,13 @@ def slo_table(result: RunResult) -> str:
     for o in result.slo:
         state = {True: "pass", False: "fail", None: "inconclusive"}[o["passed"]]
         rows.append(f"<tr><td><code>{e(o['objective'])}</code></td><td>{e(fmt(o['value']))}</td>"
-                    f"<td>{e(o['comparison'])} {e(fmt(o['threshold']))}</td><td>{e(o['samples'])}</td>"
-                    f"<td class=\"{state}\">{state}</td></tr>")
-    return ("<table id=\"slo\"><tr><th>objective</th><th>value</th><th>threshold</th><th>samples</th>"
-            "<th>result</th></tr>" + "".join(rows) + "</table>")
+                    f"<td>{e(interval_words(dict(o)))}</td>"
+                    f"<td>{e(o['comparison'])} {e(fmt(o['threshold']))}</td><td>{e(margin_words(dict(o)))}</td>"
+                    f"<td>{e(o['samples'])}</td><td class=\"{state}\" title=\"{e(o.get('note') or '')}\">{state}</td></tr>")
+    words = decision_words(result)
+    return ((f"<p class=\"decision\">{e(words)}.</p>" if words else "") +
+            "<table id=\"slo\"><tr><th>objective</th><th>value</th><th>interval</th><th>threshold</th>"
+            "<th>margin</th><th>samples</th><th>result</th></tr>" + "".join(rows) + "</table>")
 
 
 def metrics_table(result: RunResult) -> str:

@@ -49,3 +49,34 @@ def with_headline(summary: dict[str, Any]) -> dict[str, Any]:
         if key == "stalls":
             out["stall_headline"] = headline(value)
     return out
+
+
+def interval_words(o: dict[str, Any]) -> str:
+    """An objective's interval as a table cell: '[15.2, 98.6]', '[15.2, ∞)' where it has no upper end, '–'
+    where it has none (decided on its value)."""
+    if o.get("basis") != "interval" or o.get("confidence") is None:
+        return "–"
+    low = "−∞" if o.get("ci_low") is None else fmt(o["ci_low"], 3)
+    return f"[{low}, ∞)" if o.get("ci_high") is None else f"[{low}, {fmt(o['ci_high'], 3)}]"
+
+
+def margin_words(o: dict[str, Any]) -> str:
+    """The room left to the limit as a share of it: '+38%' (room), '−12%' (missed by)."""
+    pct = o.get("margin_pct")
+    return "–" if pct is None else f"{pct:+.0f}%".replace("-", "−")
+
+
+def decision_words(result: Any, short: bool = False) -> str:
+    """How the objectives were decided: 'decided on 95% intervals (docs/verdicts.md)' or on point values."""
+    rule = (getattr(result, "decision", None) or {}).get("rule")
+    confidence = (getattr(result, "decision", None) or {}).get("confidence")
+    if rule == "point":
+        if short:
+            return "point values"
+        return "decided on point values (slo.decision: point: flaky near a limit by design)"
+    if confidence is None:
+        return ""
+    if short:
+        return f"{100 * confidence:g}% intervals"
+    return (f"decided on {100 * confidence:g}% confidence intervals: pass or fail only when the whole interval "
+            "is on one side of the limit (docs/verdicts.md)")

@@ -12,7 +12,7 @@ from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import conversations_markdown
-from loadgen.report.wording import fmt
+from loadgen.report.wording import decision_words, fmt, interval_words, margin_words
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -39,11 +39,15 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
               f"goodput {tput['goodput_requests_per_s']:.2f} req/s.", ""]
     if result.slo:
-        lines += ["| SLO | value | threshold | samples | result |", "| --- | ---: | ---: | ---: | --- |"]
+        words = decision_words(result)
+        lines += [f"SLOs {words}." if words else "SLOs:", "",
+                  "| SLO | value | interval | threshold | margin | samples | result |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for o in result.slo:
             state = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
-            lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {o['comparison']} {fmt(o['threshold'])} "
-                         f"| {o['samples']} | {state} |")
+            lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {interval_words(dict(o))} | "
+                         f"{o['comparison']} {fmt(o['threshold'])} | {margin_words(dict(o))} | {o['samples']} | "
+                         f"{state} |")
         lines.append("")
     lines += ["| metric (ms) | " + " | ".join(COLS) + " |", "| --- |" + " ---: |" * len(COLS)]
     for row in ROWS:
@@ -104,7 +108,7 @@ def junit_xml(result: RunResult, name: str) -> bytes:
     for o in objectives:
         case = ET.SubElement(suite, "testcase", classname=f"loadgen.{name}.slo", name=o["objective"], time="0")
         detail = (f"{o['objective']} = {fmt(o['value'])}, threshold {o['comparison']} {fmt(o['threshold'])}, "
-                  f"{o['samples']} samples")
+                  f"{o['samples']} samples" + _junit_interval(dict(o)))
         if o["passed"] is False:
             ET.SubElement(case, "failure", message=detail, type="SLOViolation").text = detail
         elif o["passed"] is None:
@@ -117,11 +121,19 @@ def junit_xml(result: RunResult, name: str) -> bytes:
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
 
 
+def _junit_interval(o: dict[str, Any]) -> str:
+    if o.get("basis") != "interval" or o.get("confidence") is None:
+        return f", decided on its {o.get('basis') or 'point'} value"
+    return f", {100 * o['confidence']:g}% interval {interval_words(o)}, margin {margin_words(o)}"
+
+
 def _junit_properties(result: RunResult) -> dict[str, Any]:
     req, target = result.requests, result.target or {}
     props = {"verdict": result.verdict, "requests.completed": req["completed"], "requests.failed": req["failed"],
              "target.model": target.get("model"), "target.base_url": target.get("base_url"),
-             "seed": result.seed, "loadgen.version": result.loadgen_version}
+             "seed": result.seed, "loadgen.version": result.loadgen_version,
+             "decision.rule": (result.decision or {}).get("rule"),
+             "decision.confidence": (result.decision or {}).get("confidence")}
     return {k: v for k, v in props.items() if v is not None}
 
 
