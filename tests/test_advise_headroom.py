@@ -56,12 +56,17 @@ def test_ninety_five_percent_of_the_seeds_and_the_margin_kept_by_them() -> None:
 
 def test_headroom_over_replays_counts_what_held() -> None:
     ok, short = ([_o(50, 100)], [_o(50, 100)]), ([_o(50, 100)], [_o(95, 100)])
-    undecided = ([_o(50, 100, decision="inconclusive")], [_o(50, 100)])
+    undecided = ([{**_o(50, 100, decision="inconclusive"), "needed": 900, "samples": 400}], [_o(50, 100)])
     h = headroom_of([ok] * 18 + [short, undecided], 0.10, 20)
     assert (h.held, h.required, h.qualifies) == (18, 19, False)
     o = h.objectives[0]
     assert (o.short, o.undecided, o.worst, o.kept) == (2, 1, pytest.approx(0.05), pytest.approx(0.5))
-    assert headroom_of([ok] * 19 + [short], 0.10, 20).qualifies
+    assert o.needed == 900 and headroom_of([ok] * 19 + [short], 0.10, 20).qualifies
+    never = headroom_of([undecided] * 2, 0.10, 20)  # stopped after two: no interval decided it
+    assert (never.replays, never.held, [x.objective for x in never.failing]) == (2, 0, ["x"])
+    cand = CandidateResult("c", {}, [], "inconclusive", [], {}, 1.0, {}, headroom=never)
+    text = headline(Advice("run", "vllm", "run.json", {}, {}, [], [cand], None, margin=0.1, seeds=20, closest=0))
+    assert "not passed with evidence: x in 2 of 2 (needs 900 samples, has 400: a run ~2.2× as long)" in text
 
 
 def test_the_stall_threshold_is_lowered_by_the_margin() -> None:

@@ -97,9 +97,11 @@ def headroom_of(replays: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]
     for i, first in enumerate(replays[0][1]):
         pairs = [(nominal[i], judged[i]) for nominal, judged in replays]
         rel = [m for m in (relative_margin(j) for _, j in pairs) if m is not None]
+        needed = [n["needed"] for n, _ in pairs if not decided_pass(n) and n.get("needed")]
         out.append(ObjectiveHeadroom(first["objective"], first.get("comparison", "<="), first["threshold"],
                                      kept_margin(rel, seeds) if rel else None, min(rel) if rel else None,
                                      sum(not (decided_pass(n) and keeps_margin(j, margin)) for n, j in pairs),
-                                     sum(not decided_pass(n) for n, _ in pairs)))
+                                     sum(not decided_pass(n) for n, _ in pairs), replays[0][0][i].get("samples"),
+                                     max(needed) if needed else None))
     return Headroom(margin, seeds, len(replays), sum(holds(n, j, margin) for n, j in replays), required(seeds),
                     out)

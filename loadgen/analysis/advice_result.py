@@ -62,6 +62,8 @@ class ObjectiveHeadroom:
     worst: Optional[float]  # the smallest margin of any replay
     short: int  # replays in which it did not keep the margin (or did not pass)
     undecided: int  # replays in which it was not decided pass (its interval reached the limit, or failed)
+    samples: Optional[int] = None  # what the statistic was computed over in a replay (requests, tokens)
+    needed: Optional[int] = None  # the most samples any undecided replay needed to decide it (the verdict's)
 
 
 @dataclass

@@ -41,8 +41,14 @@ def _least(h: Headroom) -> str:
 
 
 def _undecided(h: Headroom) -> str:
-    """The objectives not passed with evidence (the scenario's own judgment) in too many replays."""
-    out = [f"{o.objective} in {o.undecided} of {h.replays}" for o in h.failing if o.undecided > h.seeds - h.required]
+    """The objectives not passed with evidence (the scenario's own judgment) in too many replays, and how much
+    longer a run would have to be for the verdict to decide them."""
+    out = []
+    for o in h.failing:
+        if o.undecided > h.seeds - h.required:
+            longer = (f" (needs {o.needed:,} samples, has {o.samples:,}: a run ~{o.needed / o.samples:.1f}× as long)"
+                      if o.needed and o.samples else "")
+            out.append(f"{o.objective} in {o.undecided} of {h.replays}{longer}")
     return "; not passed with evidence: " + ", ".join(out) if out else ""
 
 
@@ -66,11 +72,11 @@ def headline(a: Advice) -> str:
     return f"recommended: {rec.label} — keeps {_rule(a)}{kept} — {' '.join(rec.flags)}"
 
 
-def _held(c: CandidateResult) -> str:
+def _held(c: CandidateResult, short: bool = False) -> str:
     h = c.headroom
     if h is None:
         return "–"
-    return f"{h.held}/{h.replays}" + ("" if h.replays == h.seeds else " (stopped)")
+    return f"{h.held}/{h.replays}" + ("" if h.replays == h.seeds or short else " (stopped)")
 
 
 def _cell(o: ObjectiveHeadroom, margin: float) -> str:
@@ -109,7 +115,7 @@ def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
              _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
              *([_capacity(c)] if _has_capacity(a) else []),
              ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c),
-             _held(c), *([] if short else ["–" if c.headroom is None else _least(c.headroom)
+             _held(c, short), *([] if short else ["–" if c.headroom is None else _least(c.headroom)
                                            + _undecided(c.headroom)])]
             for c in a.candidates]
 
