@@ -66,6 +66,18 @@ def test_inconclusive_names_the_runs_that_did_not_pass_and_objectives_without_tw
     assert verdict == "inconclusive"
     assert reasons[0] == "not every run passed: run 2 (inconclusive)"
     assert reasons[1] == "b: values in 1 run(s), an interval needs 2"
+    verdict, reasons = _verdict(_summary("pass", a=5.0), _summary("inconclusive", a=None), _summary("pass", a=5.0))
+    assert reasons[1] == "a: across-run interval [5, 5] passes, but not in every run (run 2 inconclusive)"
+
+
+def test_an_objective_passes_across_runs_only_when_every_run_decided_it_pass() -> None:
+    """No errors in any run: a zero-width interval under the limit, but each run too small to decide it."""
+    undecided = [{"verdict": "inconclusive", "slo": [{"objective": "error_rate.max", "value": 0.0, "threshold": 0.01,
+                                                      "comparison": "<=", "passed": None, "decision": "inconclusive"}]}
+                 for _ in range(3)]
+    (o,) = objective_spreads(undecided, 0.95)
+    assert (o.spread.ci_low, o.spread.ci_high, o.decision) == (0.0, 0.0, "inconclusive")
+    assert combined_verdict(["inconclusive"] * 3, [o])[0] == "inconclusive"
 
 
 def _result(verdict: str, seed: int, itl_p99: float) -> dict[str, Any]:

@@ -14,7 +14,13 @@ Combined verdict
 - **PASS** when every run PASSed and every objective's across-run interval lies on its passing side (``<=``:
   high end at or below the limit; ``>=``: low end at or above it).
 - **INCONCLUSIVE** otherwise, with the reason: the runs that did not pass, the objectives whose interval
-  straddles the limit, or that lack values in two runs.
+  straddles the limit, that lack values in two runs, or that some run did not decide pass.
+
+An objective's own across-run decision follows the same rule: fail when its interval is wholly beyond the limit;
+pass when it is on the passing side *and* every run decided it pass; else inconclusive. The across-run interval
+measures how much a run's figure moves from run to run, not the evidence inside each run: where every run gives
+the same value (no errors in any) it has zero width, and each run's own interval is what says whether the
+sample was large enough — hence PASS needs both.
 
 Exit code: the combined verdict's (0 pass, 1 fail, 3 inconclusive); 4 when any run failed on loadgen itself.
 """
@@ -108,8 +114,10 @@ def objective_spreads(summaries: list[dict[str, Any]], confidence: float) -> lis
         first = next(o for o in found if o is not None)
         sp = spread([o.get("value") if o else None for o in found], confidence)
         comparison, threshold = str(first.get("comparison", "<=")), float(first["threshold"])
-        out.append(ObjectiveSpread(name, comparison, threshold, sp, [decision(o) if o else "absent" for o in found],
-                                   _side(comparison, threshold, sp)))
+        runs = [decision(o) if o else "absent" for o in found]
+        side = _side(comparison, threshold, sp)
+        out.append(ObjectiveSpread(name, comparison, threshold, sp, runs,
+                                   "inconclusive" if side == "pass" and set(runs) != {"pass"} else side))
     return out
 
 
@@ -122,10 +130,16 @@ def combined_verdict(verdicts: list[str], objectives: list[ObjectiveSpread]) -> 
     reasons = [f"run {i + 1} ({v})" for i, v in enumerate(verdicts) if v != "pass"]
     reasons = [f"not every run passed: {', '.join(reasons)}"] if reasons else []
     for o in objectives:
-        if o.decision != "pass":
-            why = (f"values in {o.spread.n} run(s), an interval needs 2" if o.spread.ci_low is None
-                   else f"across-run interval {_ci(o.spread)} straddles the limit {o.comparison} {o.threshold:g}")
-            reasons.append(f"{o.objective}: {why}")
+        if o.decision == "pass":
+            continue
+        if o.spread.ci_low is None:
+            why = f"values in {o.spread.n} run(s), an interval needs 2"
+        elif _side(o.comparison, o.threshold, o.spread) == "pass":
+            undecided = [f"run {i + 1} {d}" for i, d in enumerate(o.run_decisions) if d != "pass"]
+            why = f"across-run interval {_ci(o.spread)} passes, but not in every run ({', '.join(undecided)})"
+        else:
+            why = f"across-run interval {_ci(o.spread)} straddles the limit {o.comparison} {o.threshold:g}"
+        reasons.append(f"{o.objective}: {why}")
     return ("inconclusive", reasons) if reasons else ("pass", [])
 
 
