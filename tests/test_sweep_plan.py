@@ -39,13 +39,15 @@ def test_planner_sizes_a_step_by_the_samples_its_neighbours_need_at_the_new_load
     near = Trial(10.0, "undecided", duration_s=10, needs=(Need("ttft_ms.p99", samples=50, needed=100),))
     # 5 samples/s at 10 req/s → 10/s at 20 req/s; 100 samples × 1.25 margin / 10 per s = 12.5 s
     assert planner.needed_s(20.0, [near])[0] == pytest.approx(12.5)
-    assert "ttft_ms.p99 needs 100 samples" in planner.needed_s(20.0, [near])[1]
+    assert planner.needed_s(20.0, [near])[1] == "ttft_ms.p99: ~13 s"
     assert planner.duration_s(20.0, [near], "bisect", allowed_s=1000) == pytest.approx(12.5)
     assert planner.duration_s(20.0, [near], "bracket", allowed_s=1000) == 5  # bracketing: the shortest
     assert planner.duration_s(20.0, [near], "bisect", allowed_s=8) == 8  # what the budget allows
     assert planner.duration_s(2.0, [near], "bisect", allowed_s=1000) == 100  # 125 s wanted: the maximum
     # running a load again: what it needs, and at least 1.5× its last
     assert planner.duration_s(10.0, [near], "again", allowed_s=1000) == pytest.approx(25.0)
+    almost = Trial(10.0, "undecided", duration_s=10, needs=(Need("ttft_ms.p99", samples=95, needed=100),))
+    assert planner.duration_s(10.0, [almost], "again", allowed_s=1000) == 15  # 13.2 s needed: 1.5× the last
     decided = Trial(40.0, "fail", duration_s=10)
     assert planner.needed_s(30.0, [decided])[0] == 0 and planner.duration_s(30.0, [decided], "bisect", 99) == 5
 
@@ -57,6 +59,15 @@ def test_the_planner_reads_the_nearest_load_below_and_above_only() -> None:
     planner = StepPlanner(1, 1000)
     # 16/s at 16 → 12/s at 12: 320 × 1.25 / 12
     assert planner.needed_s(12.0, [far, below, above])[0] == pytest.approx(320 * 1.25 / 12)
+
+
+def test_between_two_loads_the_planner_interpolates_their_needs_geometrically() -> None:
+    decided = Trial(20.0, "pass", duration_s=10, needs=(Need("x", 200, None, decided=True),))
+    undecided = Trial(30.0, "undecided", duration_s=10, needs=(Need("x", 300, 4800),))
+    # at 25 req/s both gather 25 samples/s: 200 sufficed (8 s), 4800 are needed (192 s) → √(8 × 192) × 1.25
+    assert StepPlanner(1, 1000).needed_s(25.0, [decided, undecided])[0] == pytest.approx(1.25 * math.sqrt(8 * 192))
+    # a decided objective alone asks for nothing more at its own load, nor beyond the loads probed
+    assert StepPlanner(1, 1000).needed_s(20.0, [decided])[0] == 0 == StepPlanner(1, 1000).needed_s(40, [decided])[0]
 
 
 def test_steps_left_counts_the_bisections_to_the_tolerance() -> None:
@@ -87,8 +98,14 @@ def test_undecided_names_the_objective_and_its_shortfall() -> None:
     close = {"objective": "itl_ms.p99", "call": "undecided", "samples": 9000, "needed": 36000, "ci_low": 95.0,
              "ci_high": 104.0, "threshold": 100}
     line = _step(8, 10, "undecided", [short, close]).line("rate")
-    assert "UNDECIDED (ttft_ms.p99: 80 samples, needs ~100; itl_ms.p99: 9000 samples, needs ~36000, its " \
-           "interval 95–104 holds the limit 100)" in line and "(10 s)" in line
+    assert "UNDECIDED (ttft_ms.p99: 80 of ~100 samples; itl_ms.p99: 9000 of ~36000 samples)" in line
+    assert "(10 s)" in line
+    close.pop("needed")
+    assert _step(8, 10, "undecided", [close]).undecided_reasons() == [
+        "itl_ms.p99: its interval 95–104 holds the limit 100"]
+    close["reason"] = "95% interval 95–104 straddles the limit"
+    assert _step(8, 10, "undecided", [close]).undecided_reasons() == [
+        "itl_ms.p99: 95% interval 95–104 straddles the limit"]
     assert "None" not in line
     bare = _step(8, 10, "undecided", [{"objective": "ttft_ms.p99", "call": "undecided"}]).line("rate")
     assert "ttft_ms.p99: too few samples to judge" in bare
@@ -138,6 +155,7 @@ class World:
         needed = max(100, math.ceil(2 / max(margin, 1e-6) ** 2))
         call = "undecided" if samples < needed else "pass" if load < self.capacity else "fail"
         objective = {"objective": "ttft_ms.p99", "call": call, "samples": samples, "threshold": 1500.0,
+                     "value": 1500.0 * load / self.capacity, "comparison": "<=",
                      "needed": needed if call == "undecided" else None, "ci_low": None, "ci_high": None}
         step = _step(load, duration_s, call, [objective], saturated=load > 1.3 * self.capacity, attempt=attempt)
         step.wall_s = WARMUP_S + duration_s + OVERHEAD_S
@@ -190,7 +208,7 @@ def test_fixed_steps_take_exactly_the_duration_given(world: World, tmp_path: Pat
     result, text = _sweep(world, SweepOptions("rate", loads=[2, 4], step_duration_s=10), tmp_path)
     assert world.runs == [(2.0, 10.0), (4.0, 10.0)]  # both undecided (20 and 40 samples): no re-run
     assert [s.call for s in result.steps] == ["undecided", "undecided"] and result.exit_code == 3
-    assert "ttft_ms.p99: 20 samples, needs ~100" in text and "--until" not in text and "None" not in text
+    assert "ttft_ms.p99: 20 of ~100 samples" in text and "--until" not in text and "None" not in text
 
 
 def test_until_decided_runs_undecided_steps_again_up_to_the_cap_it_announces(world: World, tmp_path: Path) -> None:
@@ -212,3 +230,14 @@ def test_search_climbs_past_undecided_steps_and_certifies_the_low_end(world: Wor
     assert search.next_step(trials, plan) == (2.0, "bracket", "")  # undecided on the way up: climb on
     trials += [Trial(2.0, "undecided", duration_s=10, needs=(Need("x", 20, 100),)), Trial(4.0, "fail")]
     assert search.next_step(trials, plan) == (2.0, "again", "")  # a failure, none passed: decide 2 first
+
+
+def test_bisection_goes_first_where_the_verdict_changes() -> None:
+    search = CapacitySearch(6.0, 0.01, 1000.0, tolerance=0.05)
+    plan = lambda load, phase: 10.0  # noqa: E731  # nothing can run again: only new loads
+    leaning_fail = [Trial(12.0, "pass"), Trial(24.0, "undecided", duration_s=10, lean="fail"), Trial(48.0, "fail")]
+    assert search.next_step(leaning_fail, plan) == (18.0, "bisect", "")  # not 36: 24 leans fail
+    leaning_pass = [Trial(12.0, "pass"), Trial(24.0, "undecided", duration_s=10, lean="pass"), Trial(48.0, "fail")]
+    assert search.next_step(leaning_pass, plan) == (36.0, "bisect", "")
+    narrow = [Trial(23.0, "pass"), Trial(24.0, "undecided", duration_s=10, lean="fail"), Trial(48.0, "fail")]
+    assert search.next_step(narrow, plan) == (36.0, "bisect", "")  # the changing gap is narrow: the others

@@ -75,19 +75,19 @@ class Step:
 
 
 def undecided_text(o: dict[str, Any]) -> str:
-    """Why one objective is undecided: the samples it had against those it needs, and the lead's reason or
-    where its interval lies (keys read defensively: older sweep.json files lack some)."""
-    parts = []
+    """Why one objective is undecided, in a few words: the samples it had against those it needs (e.g.
+    "ttft_ms.p99: 62 of ~381 samples"), else the run's reason or where its interval lies. Keys are read
+    defensively: older sweep.json files lack some."""
     samples, needed = o.get("samples"), o.get("needed")
-    if samples is not None:
-        parts.append(f"{samples} samples" + (f", needs ~{needed}" if needed is not None else ""))
-    if o.get("reason"):
-        parts.append(str(o["reason"]))
+    if samples is not None and needed is not None:
+        why = f"{samples} of ~{needed} samples"
+    elif o.get("reason"):
+        why = str(o["reason"])
     elif o.get("ci_low") is not None and o.get("ci_high") is not None:
-        parts.append(f"its interval {_n(o['ci_low'])}–{_n(o['ci_high'])} holds the limit {_n(o.get('threshold'))}")
-    elif samples is None or needed is None:
-        parts.append("too few samples to judge")
-    return f"{o.get('objective', '?')}: " + ", ".join(parts)
+        why = f"its interval {_n(o['ci_low'])}–{_n(o['ci_high'])} holds the limit {_n(o.get('threshold'))}"
+    else:
+        why = "too few samples to judge"
+    return f"{o.get('objective', '?')}: {why}"
 
 
 def _n(value: Optional[float]) -> str:

@@ -5,20 +5,24 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
 1. **Bracket** fast: from the start load, double while no step failed (halve while steps fail and none passed),
    each step the shortest allowed: far from the capacity a verdict comes quickly, and an undecided step on the
    way up does not stop the climb.
-2. **Certify the low end**: a failure with only undecided loads below it runs the highest of them again, as long
-   as the planner says its objectives need (halving below them only when that cannot help).
-3. **Bisect**: probe the middle of the widest gap between the highest pass, the undecided loads and the lowest
-   failure, until every gap is within the tolerance; then an undecided load left inside an interval still wider
-   than the tolerance runs again, if the planner gives it at least 1.5× its last duration.
+2. **Certify the low end**: a failure with only undecided loads below it runs the highest of them that leans
+   pass again (else the highest), as long as the planner says its objectives need (halving below them only when
+   that cannot help).
+3. **Bisect**: probe the middle of a gap between the highest pass, the undecided loads and the lowest failure,
+   until every gap is within the tolerance: first the widest gap across which the verdict changes (an undecided
+   load leans the way its point estimates do: "fail" if one misses its limit), then the widest of the others;
+   then an undecided load left inside an interval still wider than the tolerance runs again, if the planner
+   gives it at least 1.5× its last duration.
 
 Capacity is the interval [highest pass below the lowest failure, lowest failure]; undecided loads stay inside
 it. A saturated step counts as failed, so the search never climbs past saturation.
 
-**The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: for each objective
-left undecided at the nearest probed load below and above, the samples it needs (``needed``) over the rate at
-which it gathered samples there (samples / duration), scaled to the new load (samples arrive in proportion to
-the load), times a 1.25 margin. Bracketing steps take the minimum; every step stays within [minimum, maximum]
-and within what the remaining budget allows.
+**The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
+seconds at a probed load are the samples it needs there (``needed``; a decided objective's own samples, which
+sufficed) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
+arrive in proportion to the load); between two probed loads they are interpolated geometrically; the step gets
+the most any objective needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
+[minimum, maximum] and within what the remaining budget allows.
 """
 
 from __future__ import annotations
@@ -39,11 +43,13 @@ MARGIN = 1.25  # a planned step runs this much longer than its objectives' estim
 
 @dataclass(frozen=True)
 class Need:
-    """One objective of a finished step: the samples it had and, if undecided, the samples it needs."""
+    """One objective of a finished step: the samples it had, whether it was decided and, if not, the samples
+    it needs."""
 
     objective: str
     samples: int
     needed: int | None = None
+    decided: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,7 @@ class Trial:
     saturated: bool = False
     duration_s: float = 0.0
     needs: tuple[Need, ...] = ()
+    lean: Call | None = None  # an undecided step: "fail" if a point estimate misses its limit, else "pass"
 
     @property
     def probe(self) -> Probe:
@@ -75,33 +82,48 @@ class StepPlanner:
     margin: float = MARGIN
 
     def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
-        """Seconds the nearest probed loads' undecided objectives need at ``load`` (0: none known), and why."""
-        best, why = 0.0, ""
-        for t in _neighbours(load, final_trials(trials)):
+        """Seconds the objectives need at ``load`` (0: nothing known), and why. At a load already probed: what
+        its undecided objectives need. Between two probed loads: per objective, each neighbour's seconds at
+        ``load`` — an undecided one's ``needed`` samples, a decided one's own samples (they sufficed) — over
+        the rate it gathered them, scaled to ``load``, interpolated geometrically by where ``load`` lies.
+        Beyond the probed loads: the nearest one's undecided objectives."""
+        final = final_trials(trials)
+        below = [t for t in final if t.load <= load]
+        above = [t for t in final if t.load > load]
+        if below and below[-1].load == load:
+            return self._most(load, [(below[-1], 1.0)], decided_too=False)
+        if below and above:
+            a, b = below[-1], above[0]
+            w = (load - a.load) / (b.load - a.load)
+            return self._most(load, [(a, 1 - w), (b, w)], decided_too=True)
+        near = below[-1:] or above[:1]
+        return self._most(load, [(t, 1.0) for t in near], decided_too=False)
+
+    def _most(self, load: float, weighted: list[tuple[Trial, float]], decided_too: bool) -> tuple[float, str]:
+        logs: dict[str, list[tuple[float, float]]] = {}
+        for t, weight in weighted:
             for n in t.needs:
-                if n.needed is None or n.samples <= 0 or t.duration_s <= 0:
+                want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
+                if want is None or n.samples <= 0 or t.duration_s <= 0:
                     continue
                 per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
-                seconds = self.margin * n.needed / per_s
-                if seconds > best:
-                    best, why = seconds, f"{n.objective} needs {n.needed} samples at ~{per_s:.3g}/s"
+                logs.setdefault(n.objective, []).append((weight, math.log(max(want, 1) / per_s)))
+        best, why = 0.0, ""
+        for objective, parts in logs.items():
+            total = sum(w for w, _ in parts)
+            seconds = self.margin * math.exp(sum(w * x for w, x in parts) / total) if total > 0 else 0.0
+            if seconds > best:
+                best, why = seconds, f"{objective}: ~{seconds:.0f} s"
         return best, why
 
     def duration_s(self, load: float, trials: list[Trial], phase: Phase, allowed_s: float) -> float:
-        """The step's duration: the minimum when bracketing, else what its objectives need; never above the
-        maximum or ``allowed_s`` (what the budget leaves for it)."""
+        """The step's duration: the minimum when bracketing, else what its objectives need (a load run again: at
+        least AGAIN_FACTOR × its last); never above the maximum or ``allowed_s`` (what the budget leaves)."""
         want = self.min_s if phase == "bracket" else max(self.min_s, self.needed_s(load, trials)[0])
+        if phase == "again":
+            last = max((t.duration_s for t in trials if t.load == load), default=0.0)
+            want = max(want, AGAIN_FACTOR * last)
         return min(want, self.max_s, allowed_s)
-
-
-def _neighbours(load: float, trials: list[Trial]) -> list[Trial]:
-    """The trial at ``load`` if there is one, else the nearest below and the nearest above."""
-    same = [t for t in trials if t.load == load]
-    if same:
-        return same
-    below = [t for t in trials if t.load < load]
-    above = [t for t in trials if t.load > load]
-    return ([below[-1]] if below else []) + ([above[0]] if above else [])
 
 
 def steps_left(probes: list[Probe], tolerance: float) -> int:
@@ -136,10 +158,11 @@ class CapacitySearch:
         span = interval(probes)
         if span.high is not None and span.low is None:  # failures, no pass below: certify a load below first
             undecided = [t for t in final if t.call == "undecided" and not t.probe.failed and t.load < span.high]
-            again = self._again(sorted(undecided, key=lambda t: -t.load), plan)
+            again = self._again(sorted(undecided, key=lambda t: (t.lean == "fail", -t.load)), plan)
             if again is not None:
                 return again, "again", ""
-        load, why = self.next_load(probes)
+        leans = {t.load: t.lean for t in final if t.call == "undecided"}
+        load, why = self.next_load(probes, leans)
         if load is not None:
             return load, "bisect" if span.bracketed else "bracket", ""
         if span.low is not None and span.high is not None and not self._narrow(span.low, span.high):
@@ -154,8 +177,10 @@ class CapacitySearch:
     def _again(self, candidates: list[Trial], plan: Plan) -> float | None:
         return next((t.load for t in candidates if plan(t.load, "again") >= AGAIN_FACTOR * t.duration_s), None)
 
-    def next_load(self, probes: list[Probe]) -> tuple[float | None, str]:
-        """The next new load to probe (bracket, then bisect), or None and why the search stops."""
+    def next_load(self, probes: list[Probe], leans: dict[float, Call | None] | None = None
+                  ) -> tuple[float | None, str]:
+        """The next new load to probe (bracket, then bisect), or None and why the search stops. ``leans``: the
+        way each undecided load leans (its point estimates), which puts the gap where it changes first."""
         if not probes:
             return self._fit(self.start), ""
         span = interval(probes)
@@ -168,15 +193,19 @@ class CapacitySearch:
             down = self._fit(min(tried) / self.factor)
             return (down, "") if down not in tried and min(tried) > self.min_load else \
                 (None, f"no load down to {self.min_load:g} passed")
-        return self._bisect(span, probes, tried)
+        return self._bisect(span, probes, tried, leans or {})
 
-    def _bisect(self, span: Interval, probes: list[Probe], tried: set[float]) -> tuple[float | None, str]:
+    def _bisect(self, span: Interval, probes: list[Probe], tried: set[float],
+                leans: dict[float, Call | None]) -> tuple[float | None, str]:
+        """The middle of the widest gap wider than the tolerance, a gap across which the verdict changes (a
+        pass or pass-leaning load below a fail or fail-leaning one) first."""
         assert span.low is not None and span.high is not None
         inside = sorted({span.low, span.high} | {p.load for p in probes if span.low < p.load < span.high})
-        gaps = sorted(((b - a, a, b) for a, b in zip(inside, inside[1:])), reverse=True)
-        for width, a, b in gaps:
-            if self._narrow(a, b):
-                break
+        side = {x: "pass" if x == span.low else "fail" if x == span.high else leans.get(x) or "pass"
+                for x in inside}
+        gaps = sorted(((side[a] != side[b], b - a, a, b) for a, b in zip(inside, inside[1:])
+                       if not self._narrow(a, b)), reverse=True)
+        for _, width, a, b in gaps:
             mid = self._fit((a + b) / 2)
             if a < mid < b and mid not in tried:
                 return mid, ""

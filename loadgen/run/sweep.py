@@ -11,6 +11,7 @@ step again, as long as the planner says its objectives need (at least 1.5× its 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -37,6 +38,7 @@ Until = Literal["time", "decided"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
 MAX_STEP_FACTOR = 8.0  # default --max-step-duration-s: this many times the step duration
 MIN_STEP_S = 10.0  # default --min-step-duration-s (or the step duration, if shorter)
+SATURATION_MIN_SENT = 300  # fewer sends in the backlog's window: 10 % of them is within the in-flight noise
 UNKNOWN_NEED_FACTOR = 4  # an undecided objective without a stated need: 4× its samples halve its interval
 
 
@@ -272,9 +274,13 @@ class Sweep:
 
 def trial_of(step: Step) -> Trial:
     """A step as the search and the planner see it: its call, duration and each undecided objective's need."""
-    needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed"))
-                  for o in step.objectives if o.get("call") == "undecided")
-    return Trial(step.load, step.call, step.saturated, step.duration_s, needs)
+    needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed") if o.get("call") ==
+                       "undecided" else None, o.get("call") != "undecided") for o in step.objectives)
+    misses = any(o.get("value") is not None and o.get("threshold") is not None and
+                 (o["value"] < o["threshold"] if o.get("comparison") == ">=" else o["value"] > o["threshold"])
+                 for o in step.objectives)
+    lean = ("fail" if misses else "pass") if step.call == "undecided" else None
+    return Trial(step.load, step.call, step.saturated, step.duration_s, needs, lean)
 
 
 def step_scenario(sc: Scenario, mode: Mode, load: float, duration_s: float) -> Scenario:
@@ -305,6 +311,8 @@ def judge_step(result: RunResult, sc: Scenario, opts: SweepOptions, load: float,
     _, requests, samples = load_run_frames(result.run_dir)
     calls = judge(result.slo, samples, sc.slo.goodput, opts.confidence, opts.replicates, seed=sc.seed)
     log = backlog(measured(with_request_metrics(requests))) if sc.load.arrival != "concurrency" else None
+    if log is not None and log.saturated and log.sent < SATURATION_MIN_SENT:  # too short to tell
+        log = dataclasses.replace(log, saturated=False)
     offered = load if opts.mode == "rate" else None  # closed loop with a ceiling: at most this
     objectives = [with_evidence(c, result.slo) for c in calls]
     return Step.from_result(result, load, duration_s, attempt, wall_s, objectives, step_call(calls),
