@@ -153,3 +153,19 @@ def test_gaps_just_under_the_stall_threshold_are_not_headroom(synthetic_run: Run
     wide = advise(synthetic_run, AdviseOptions(tries=tries, seeds=5, margin=0.05))
     assert wide.candidates[2].headroom is not None and wide.candidates[2].headroom.qualifies
     assert wide.recommendation is wide.candidates[2]  # 448: the lower TTFT p99 at the same goodput
+
+
+def test_between_the_grid_s_budgets_halfway_to_the_closest_one_s_neighbours() -> None:
+    from loadgen.advise.settings import budgets_between
+
+    base = {"chunked_prefill": True, "max_num_seqs": 256}
+    tried = [{**base, "max_num_batched_tokens": b} for b in (256, 512, 1024)] + [
+        {"chunked_prefill": False, "max_num_batched_tokens": 16384, "max_num_seqs": 256},
+        {**base, "max_num_seqs": 64, "max_num_batched_tokens": 384}]  # another max_num_seqs: not a neighbour
+    assert [f["max_num_batched_tokens"] for f in budgets_between(tried[1], tried, "vllm")] == [384, 768]
+    assert [f["max_num_batched_tokens"] for f in budgets_between(tried[0], tried, "vllm")] == [384]
+    tried.append({**base, "max_num_batched_tokens": 448})
+    assert [f["max_num_batched_tokens"] for f in budgets_between(tried[-1], tried, "vllm")] == [352, 480]
+    assert budgets_between(tried[3], tried, "vllm") == []  # chunked prefill off: no budget to refine
+    assert budgets_between({**base, "max_num_batched_tokens": 256},
+                           [{**base, "max_num_batched_tokens": 272}], "vllm") == []  # 256 + 8 rounds onto 256/272

@@ -16,6 +16,7 @@ from typing import Any
 from loadgen.errors import SettingsError as SettingsError
 
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
+BUDGET_STEP = 16  # budgets tried between the grid's are multiples of this
 MAX_CANDIDATES = 64
 KNOBS: dict[str, type] = {"chunked_prefill": bool, "max_num_batched_tokens": int, "max_num_seqs": int,
                           "waiting_served_ratio": float, "max_waiting_tokens": int}
@@ -106,6 +107,25 @@ def candidates(current: dict[str, Any], engine: str, tries: dict[str, list[Any]]
     if len(out) > MAX_CANDIDATES:
         raise SettingsError(f"{len(out)} candidates: at most {MAX_CANDIDATES} (fewer --try values)")
     return out
+
+
+def budgets_between(fields: dict[str, Any], tried: list[dict[str, Any]], engine: str) -> list[dict[str, Any]]:
+    """A chunked setting with its budget halfway (to ``BUDGET_STEP`` tokens) to each of its nearest tried
+    budgets below and above (the other knobs the same), those not tried yet: where to look next between the
+    grid's budgets. None for an unchunked setting."""
+    def chunked(f: dict[str, Any]) -> bool:
+        return bool(f.get("chunked_prefill")) or engine == "llamacpp"
+
+    if not chunked(fields):
+        return []
+    others = [k for k in KNOBS if k not in ("chunked_prefill", "max_num_batched_tokens")]
+    budgets = sorted({f["max_num_batched_tokens"] for f in tried
+                      if chunked(f) and all(f.get(k) == fields.get(k) for k in others)})
+    b = fields["max_num_batched_tokens"]
+    near = [x for x in budgets if x < b][-1:] + [x for x in budgets if x > b][:1]
+    mids = sorted({round((b + n) / 2 / BUDGET_STEP) * BUDGET_STEP for n in near})
+    return [{**fields, "max_num_batched_tokens": m} for m in mids
+            if m not in budgets and m != b and m >= fields.get("max_num_seqs", 1)]
 
 
 def _key(fields: dict[str, Any], engine: str) -> tuple[Any, ...]:

@@ -8,8 +8,9 @@
 3. **Headroom**: each candidate replayed under ``seeds`` step-noise seeds, every replay judged with the margin
    (``headroom.py``: the stall threshold lowered by it, every objective keeping it and passing with evidence).
 4. **Recommend** the candidate that keeps the margin in 95 % of its replays with the most goodput, with its flags
-   and costs (none: the closest, and how short it is); with ``capacity``, each candidate's capacity on the
-   calibrated simulator (``capacity.py``) ranks them.
+   and costs; with ``capacity``, each candidate's capacity on the calibrated simulator (``capacity.py``) ranks
+   them. When no candidate of the default grid qualifies, up to ``REFINE_ROUNDS`` rounds try the budgets halfway
+   between the closest one and its neighbours; still none: the closest, and how short it is.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from loadgen.advise.capacity import MAX_FACTOR, plan_span_ns, search, tiled
 from loadgen.advise.headroom import (DEFAULT_MARGIN, DEFAULT_SEEDS, headroom_of, holds, keeps_margin, required,
                                     stressed)
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
-from loadgen.advise.settings import ENGINE_DEFAULTS, KNOBS, Candidate, candidates, simulator_flags
-from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, closest, costs_of, fit_rows, recommend
+from loadgen.advise.settings import (ENGINE_DEFAULTS, KNOBS, Candidate, budgets_between, candidates, label_of,
+                                    simulator_flags)
+from loadgen.analysis.advice_result import (Advice, CandidateResult, FitRow, Headroom, closest, costs_of, fit_rows,
+                                            recommend)
 from loadgen.analysis.calibrate import Calibration, calibrate
 from loadgen.records.schema import chunks_frame, requests_frame
 from loadgen.analysis.metrics import with_request_metrics
@@ -36,6 +39,7 @@ from loadgen.report.wording import with_headline
 from loadgen.errors import AdviceError as AdviceError
 
 UNBOUNDED_KV_TOKENS = 10**12
+REFINE_ROUNDS = 3  # when no grid setting qualifies: rounds of budgets halfway to the closest one's neighbours
 MIN_COMPLETED = 20
 
 
@@ -187,18 +191,29 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
                                                        data.scenario.seed), t0)
     simulated = (data.info.get("target") or {}).get("simulator") is not None
     results: list[CandidateResult] = []
-    grid = candidates(current, engine, opts.tries)
-    for i, cand in enumerate(grid):
-        progress(f"replay {i + 1}/{len(grid)}: {cand.label}")
+    fit: list[FitRow] = []
+
+    def judge(cand: Candidate) -> CandidateResult:
+        progress(f"replay {len(results) + 1}: {cand.label}")
         first = rp.frames(cand.fields)
         replayed = rp.result(cand.fields, frames=first)
-        if i == 0:
-            fit = fit_rows(measured, replayed)  # the current setting's replay against the measurement
+        if not fit:  # the current setting (the first) under the scenario's seed: how well the model fits
+            fit.extend(fit_rows(measured, replayed))
         flags = simulator_flags(cand.fields) if simulated else cand.flags(engine)
-        results.append(CandidateResult.from_result(cand.label, cand.fields, flags, replayed))
-        results[-1].headroom = rp.headroom(cand, opts, first, progress)
+        out = CandidateResult.from_result(cand.label, cand.fields, flags, replayed)
+        out.headroom = rp.headroom(cand, opts, first, progress)
         if opts.capacity and closed is None:
-            results[-1].capacity_requests_per_s, results[-1].capacity_note = rp.capacity(cand, progress)
+            out.capacity_requests_per_s, out.capacity_note = rp.capacity(cand, progress)
+        return out
+
+    for cand in candidates(current, engine, opts.tries):
+        results.append(judge(cand))
+    for _ in range(0 if opts.tries else REFINE_ROUNDS):  # none qualifies: look between the grid's budgets
+        near = closest(results) if recommend(results) is None else None
+        more = [] if near is None else budgets_between(results[near].settings, [r.settings for r in results], engine)
+        results += [judge(Candidate(label_of(f, engine, current), f)) for f in more]
+        if not more:
+            break
     chosen = recommend(results)
     notes = list(cal.notes) + _notes(source, engine, data, opts)
     return Advice(data.run_dir, engine, source, current, cal.as_dict(), fit, results, chosen,
