@@ -68,6 +68,25 @@ def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Pa
 
 
 @pytest.mark.slow  # two real-time runs of 5 s (module fixture)
+def test_compare_over_a_repeat_reads_its_runs_summaries(runs: dict[str, Path], summaries: list[pl.DataFrame]) -> None:
+    """A repeat directory (here: the two runs under one repeat.json) is pooled from its runs' records, its
+    verdict read from repeat.json and its runs' figures from their summary.json: nothing is summarised again."""
+    from loadgen.analysis.repeat_result import combine
+
+    root = runs["base"].parent
+    stated = [json.loads((runs[name] / "summary.json").read_text()) for name in ("base", "new")]
+    entries = [{"dir": name, "seed": s["seed"], "verdict": s["verdict"], "exit_code": 0}
+               for name, s in zip(("base", "new"), stated)]
+    (root / "repeat.json").write_text(json.dumps(combine("advise_sim", entries, stated).to_dict()))
+    try:
+        doc, _ = comparison.compare_runs(runs["base"], root, comparison.CompareOptions(replicates=200))
+    finally:
+        (root / "repeat.json").unlink()
+    assert summaries == []
+    assert doc["runs"] == {"base": 1, "new": 2} and doc["verdict_change"]["base"] == stated[0]["verdict"]
+
+
+@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
 def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Path],
                                                              summaries: list[pl.DataFrame]) -> None:
     run_dir = runs["base"]

@@ -164,3 +164,26 @@ def test_bad_repeat_counts_exit_2_before_anything_is_sent(tmp_path: Path) -> Non
         res = run_cli("run", "tests/data/advise_sim.yaml", "--repeat", n, "--out", str(tmp_path / n))
         assert res.returncode == 2, res.stdout + res.stderr
         assert not (tmp_path / n).exists()
+
+
+def test_history_folds_a_repeat_into_one_entry_with_its_spread(tmp_path: Path) -> None:
+    """A reports directory with one single run and one repeat of two: two entries, the repeat's with its runs'
+    count, combined verdict, across-run means and CVs."""
+    from loadgen.report.history import collect_runs, spread_text
+
+    def write_run(run_dir: Path, verdict: str, seed: int, itl_p99: float) -> dict[str, Any]:
+        run_dir.mkdir(parents=True)
+        summary = _result(verdict, seed, itl_p99)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        (run_dir / "run.json").write_text(json.dumps({"scenario": {"name": "s"},
+                                                      "started_at": f"2026-01-0{seed}T00:00:00+0000"}))
+        return summary
+    write_run(tmp_path / "single", "pass", 1, 20.0)
+    summaries = [write_run(tmp_path / "rep" / f"run-0{i}", "pass", i + 1, v) for i, v in ((1, 30.0), (2, 40.0))]
+    runs = [{"dir": f"run-0{i}", "seed": i + 1, "verdict": "pass", "exit_code": 0} for i in (1, 2)]
+    (tmp_path / "rep" / "repeat.json").write_text(json.dumps(combine("s", runs, summaries).to_dict()))
+    rows = {r["run"]: r for r in collect_runs(tmp_path).iter_rows(named=True)}
+    assert set(rows) == {"single", "rep"}
+    assert (rows["rep"]["runs"], rows["rep"]["itl_p99_ms"], rows["single"]["runs"]) == (2, 35.0, 1)
+    assert rows["rep"]["itl_p99_cv"] == pytest.approx(math.sqrt(50) / 35)
+    assert spread_text(rows["rep"]) == "CV TTFT p99 20%, ITL p99 20%" and spread_text(rows["single"]) == "–"
