@@ -234,8 +234,8 @@ def report(
 def compare(
     base: Path = typer.Argument(..., help="the baseline run directory"),
     new: Path = typer.Argument(..., help="the run directory to judge"),
-    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency, throughput or stall-rate "
-                                    "metric regressed when its whole confidence interval is worse by more"),
+    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency or throughput metric "
+                                    "regressed when its whole confidence interval is worse by more"),
     error_rate_pp: Optional[float] = typer.Option(None, "--error-rate-pp", help="percentage points, the same "
                                                   "for the error rate (default: half of the scenario's "
                                                   "slo.error_rate.max; 1 when neither run sets one)"),
