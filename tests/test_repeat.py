@@ -91,12 +91,16 @@ def _result(verdict: str, seed: int, itl_p99: float) -> dict[str, Any]:
 def test_each_run_gets_the_next_seed_and_its_own_directory(tmp_path: Path) -> None:
     sc = load_scenario("tests/data/advise_sim.yaml", {"seed": 7})
     seen: list[tuple[int, Path]] = []
+    sources: list[Any] = []
 
     def run_one(one: Scenario, run_dir: Path) -> RunResult:
         seen.append((one.seed, run_dir))
+        sources.append(one.source)
         return RunResult.from_dict(_result("pass", one.seed, 20.0 + one.seed), run_dir)
     run_repeat(sc, 3, tmp_path, run_one, Console(quiet=True))
     assert seen == [(7, tmp_path / "run-01-seed7"), (8, tmp_path / "run-02-seed8"), (9, tmp_path / "run-03-seed9")]
+    assert [items[-1] for _, items in sources] == ["seed=7", "seed=8", "seed=9"]  # Locust workers reload these
+    assert load_scenario(*sources[1]).seed == 8
     doc = json.loads((tmp_path / "repeat.json").read_text())
     assert doc["seeds"] == [7, 8, 9] and doc["verdict"] == "pass" and doc["exit_code"] == 0
     assert doc["metrics"]["itl_ms.p99"]["values"] == [27.0, 28.0, 29.0] and doc["metrics"]["itl_ms.p99"]["mean"] == 28.0

@@ -36,6 +36,16 @@ def check_repeat(n: int) -> None:
         raise ScenarioError(f"--repeat {n}: give 2 to {MAX_REPEAT} runs (an across-run interval needs two)")
 
 
+def seeded(sc: Scenario, seed: int) -> Scenario:
+    """The scenario with its seed replaced; its source's ``--set`` items say so too (Locust workers load the
+    scenario again from its file and items, and must draw the same plan)."""
+    one = sc.model_copy(update={"seed": seed})
+    if sc.source is not None:
+        path, items = sc.source
+        one = one.with_source(path, [*items, f"seed={seed}"])
+    return one
+
+
 def run_name(index: int, seed: int) -> str:
     return f"run-{index + 1:02d}-seed{seed}"
 
@@ -50,7 +60,7 @@ def run_repeat(sc: Scenario, n: int, out: Path, run_one: RunOne, console: Consol
     for i in range(n):
         seed = sc.seed + i
         name = run_name(i, seed)
-        result = run_one(sc.model_copy(update={"seed": seed}), out / name)
+        result = run_one(seeded(sc, seed), out / name)
         runs.append({"dir": name, "seed": seed, "verdict": result.verdict, "exit_code": result.exit_code})
         summaries.append(result.to_dict())
         console.print(f"  run {i + 1}/{n} (seed {seed}): {result.verdict.upper()}", highlight=False)
