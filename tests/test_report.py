@@ -27,7 +27,7 @@ def stall_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "run"
     res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--duration", "10",
                   "--set", "load.warmup_s=1", "--no-progress")
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, 3), res.stderr  # 10 s decide few objectives: any verdict will do here
     assert summary(out)["stalls"]["prefill_induced"] > 0
     return out
 
