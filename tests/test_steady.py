@@ -152,3 +152,9 @@ def test_a_steady_run_in_virtual_time_keeps_every_figure() -> None:
     declared, _ = summarize(scenario, v.requests, v.chunks, v.summary["requests"]["planned"], run=run)
     assert declared["steady_state"]["method"] == "declared" and declared["steady_state"]["reached"] is None
     assert v.summary["metrics"] == declared["metrics"] and v.summary["requests"] == declared["requests"]
+    views = RunViews.build(v.requests, v.chunks, v.stalls, RunResult.from_dict(v.summary), run=run)
+    spans = tl.excluded_spans(views)  # the declared 5 s warm-up only, before the origin: drawn on no chart
+    assert spans["what"].to_list() == ["declared warm-up"] and spans["end_s"].to_list() == [0.0]
+    assert spans["requests"].to_list() == [int(v.requests["warmup"].sum())]
+    charts = build_charts(views, tl.Window(0.0, 6.0, "the run's first seconds"))
+    assert not any("Grey" in c.note for c in charts)

@@ -188,8 +188,9 @@ def lengths_chart(v: vw.RunViews) -> alt.TopLevelMixin:
     return alt.hconcat(*panels)
 
 
-def excluded_note(v: vw.RunViews) -> str:
-    spans = tl.excluded_spans(v)
+def excluded_note(v: vw.RunViews, start_s: float, end_s: float) -> str:
+    """The chart's note on its grey shading (none where nothing is shaded between start_s and end_s)."""
+    spans = tl.excluded_spans(v, start_s, end_s)
     if spans.is_empty():
         return ""
     parts = ", ".join(f"{w} ({n} requests)" for w, n in spans.select("what", "requests").iter_rows())
@@ -207,13 +208,13 @@ def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
               "Per-token inter-token latency; a long flat top is the tail of stalls."),
         Chart("timeline", "Request timeline", timeline_chart(v, window),
               f"Window: {window.why}. Red bars: stalls; dashed red lines link a stall to the long prompt whose "
-              "prefill caused it." + excluded_note(v)),
+              "prefill caused it." + excluded_note(v, window.start_s, window.end_s)),
         Chart("itl_over_time", "ITL over time, with prefill load underneath", itl_time_chart(v),
               "Red spikes (the worst chunk gap) that line up with an orange peak are prefills admitted into "
               "the running batch." + (" Below, the server's own /metrics: requests running and waiting, KV-cache "
                                       "usage, and a red rule wherever it preempted a request (a stall there is "
                                       "labelled preemption, not prefill)." if v.server is not None else "")
-              + excluded_note(v)),
+              + excluded_note(v, 0.0, v.span_s)),
         Chart("throughput", "Throughput and requests in flight", throughput_chart(v)),
         Chart("lengths", "Asked vs achieved lengths", lengths_chart(v),
               "On the dashed diagonal, the server processed exactly the asked length."),
