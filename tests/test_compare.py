@@ -69,7 +69,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         out[name] = root / name
         res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out[name]), *SHORT,
                       "--set", f"target.simulator.time_scale={scale}")
-        assert res.returncode == 0, res.stderr
+        assert res.returncode in (0, 1, 3), res.stdout + res.stderr  # 3: too few requests to decide an objective
     return out
 
 
@@ -237,6 +237,8 @@ def test_a_worse_verdict_is_said_first_everywhere_and_fails_the_comparison(short
     assert doc["verdict_change"]["objectives_changed"] == ["itl_ms.p99"]
     assert (new / "compare.md").read_text().startswith("## loadgen compare — ❌ verdict PASS → FAIL (worse)")
     assert "VerdictWorse" in (new / "compare-junit.xml").read_text()
+    xmlschema = pytest.importorskip("xmlschema")
+    xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit-10.xsd")).validate(str(new / "compare-junit.xml"))
     assert "verdict PASS → FAIL (worse)" in (new / "compare.html").read_text()
     back = run_cli("compare", str(new), str(base), "--out", str(tmp_path / "back"), "--replicates", "200")
     assert back.returncode == 0, back.stdout + back.stderr

@@ -111,6 +111,19 @@ def test_each_run_gets_the_next_seed_and_its_own_directory(tmp_path: Path) -> No
     xmlschema.XMLSchema(str(XSD)).validate(str(tmp_path / "junit.xml"))
 
 
+def test_an_interrupted_run_ends_the_repeat_inconclusive(tmp_path: Path) -> None:
+    sc = load_scenario("tests/data/advise_sim.yaml")
+
+    def run_one(one: Scenario, run_dir: Path) -> RunResult:
+        result = RunResult.from_dict(_result("pass", one.seed, 20.0), run_dir)
+        result.interrupted = one.seed == sc.seed + 1
+        return result
+    result = run_repeat(sc, 4, tmp_path, run_one, Console(quiet=True))
+    assert [r["seed"] for r in result.runs] == [sc.seed, sc.seed + 1]
+    assert (result.verdict, result.exit_code) == ("inconclusive", 3)
+    assert result.reasons[0] == "interrupted: 2 of 4 runs done"
+
+
 def test_the_exit_code_is_the_combined_verdict_s() -> None:
     runs = [{"dir": f"run-{i}", "seed": i, "verdict": "fail", "exit_code": 1} for i in (1, 2)]
     failed = combine("r", runs, [_result("fail", 1, 80.0), _result("fail", 2, 81.0)])

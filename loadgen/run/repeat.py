@@ -64,7 +64,12 @@ def run_repeat(sc: Scenario, n: int, out: Path, run_one: RunOne, console: Consol
         runs.append({"dir": name, "seed": seed, "verdict": result.verdict, "exit_code": result.exit_code})
         summaries.append(result.to_dict())
         console.print(f"  run {i + 1}/{n} (seed {seed}): {result.verdict.upper()}", highlight=False)
+        if result.interrupted:
+            break  # Ctrl-C or SIGTERM: the runs done so far are combined, the verdict inconclusive
     result = combine(sc.name, runs, summaries, confidence, time.monotonic() - t0)
+    if len(runs) < n:
+        result.verdict = "inconclusive"
+        result.reasons.insert(0, f"interrupted: {len(runs)} of {n} runs done")
     result.out_dir = out
     write_repeat(result, out)
     from loadgen.report.repeat_report import print_repeat
