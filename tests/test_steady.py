@@ -10,6 +10,7 @@ import pytest
 
 from loadgen import api
 from loadgen.analysis import steady as st
+from loadgen.analysis.compare import run_samples
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
@@ -129,6 +130,14 @@ def test_a_flooded_start_is_cut_from_the_figures(burst) -> None:
     ttft = burst.summary["metrics"]["ttft_ms"]
     assert ttft["count"] == detected.measured.height
     assert ttft["p99"] < declared.measured.filter(pl.col("ok"))["ttft_ms"].quantile(0.99) / 5
+
+
+def test_compare_samples_the_same_window(burst) -> None:
+    run = RunAnalysis(burst.requests, burst.chunks)
+    samples = run_samples(burst.requests, burst.chunks, burst.stalls, run)
+    assert samples.n == run.measured.height < burst.requests.height
+    assert len(samples.itl_ms) == run.token_stats()["itl_ms"]["count"] and samples.itl_request.max() < samples.n
+    assert np.nanquantile(samples.ttft_ms, 0.99) == pytest.approx(burst.summary["metrics"]["ttft_ms"]["p99"])
 
 
 def test_the_timeline_shades_the_cut_warm_up(burst) -> None:
