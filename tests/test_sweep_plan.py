@@ -240,4 +240,10 @@ def test_bisection_goes_first_where_the_verdict_changes() -> None:
     leaning_pass = [Trial(12.0, "pass"), Trial(24.0, "undecided", duration_s=10, lean="pass"), Trial(48.0, "fail")]
     assert search.next_step(leaning_pass, plan) == (36.0, "bisect", "")
     narrow = [Trial(23.0, "pass"), Trial(24.0, "undecided", duration_s=10, lean="fail"), Trial(48.0, "fail")]
-    assert search.next_step(narrow, plan) == (36.0, "bisect", "")  # the changing gap is narrow: the others
+    # the changing gap is narrow: a decided failure is sought just above the undecided load, not at 36
+    assert search.next_step(narrow, plan) == (26.4, "bisect", "")
+    below = [Trial(10.0, "pass"), Trial(20.0, "undecided", duration_s=10, lean="pass"),
+             Trial(20.5, "undecided", duration_s=10, lean="fail"), Trial(30.0, "fail")]
+    assert search.next_step(below, plan) == (18.18, "bisect", "")  # [10, 20], the widest: just below 20 (/1.1)
+    below[0] = Trial(19.0, "pass")
+    assert search.next_step(below, plan) == (22.55, "bisect", "")  # [20.5, 30]: just above 20.5 (× 1.1)

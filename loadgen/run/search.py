@@ -10,8 +10,10 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
    that cannot help).
 3. **Bisect**: probe the middle of a gap between the highest pass, the undecided loads and the lowest failure,
    until every gap is within the tolerance: first the widest gap across which the verdict changes (an undecided
-   load leans the way its point estimates do: "fail" if one misses its limit), then the widest of the others;
-   then an undecided load left inside an interval still wider than the tolerance runs again, if the planner
+   load leans the way its point estimates do: "fail" if one misses its limit), then the widest of the others —
+   a gap between an undecided load and a decided call on the same side is probed no farther than
+   max(10 %, 2 × tolerance) from the undecided load, where a decided call narrows the interval most; then an
+   undecided load left inside an interval still wider than the tolerance runs again, if the planner
    gives it at least 1.5× its last duration.
 
 Capacity is the interval [highest pass below the lowest failure, lowest failure]; undecided loads stay inside
@@ -197,19 +199,31 @@ class CapacitySearch:
 
     def _bisect(self, span: Interval, probes: list[Probe], tried: set[float],
                 leans: dict[float, Call | None]) -> tuple[float | None, str]:
-        """The middle of the widest gap wider than the tolerance, a gap across which the verdict changes (a
-        pass or pass-leaning load below a fail or fail-leaning one) first."""
+        """A load inside the widest gap wider than the tolerance, a gap across which the verdict changes (a
+        pass or pass-leaning load below a fail or fail-leaning one) first: its middle, or, in a gap that only
+        certifies an undecided load's side, no farther than ``fog_step`` from that load."""
         assert span.low is not None and span.high is not None
         inside = sorted({span.low, span.high} | {p.load for p in probes if span.low < p.load < span.high})
         side = {x: "pass" if x == span.low else "fail" if x == span.high else leans.get(x) or "pass"
                 for x in inside}
+        undecided = set(leans)
         gaps = sorted(((side[a] != side[b], b - a, a, b) for a, b in zip(inside, inside[1:])
                        if not self._narrow(a, b)), reverse=True)
-        for _, width, a, b in gaps:
-            mid = self._fit((a + b) / 2)
-            if a < mid < b and mid not in tried:
-                return mid, ""
+        for changes, width, a, b in gaps:
+            mid = (a + b) / 2
+            if not changes and side[a] == "fail" and a in undecided:  # a decided failure just above the fog
+                mid = min(mid, a * (1 + self.fog_step))
+            elif not changes and side[b] == "pass" and b in undecided:  # a decided pass just below it
+                mid = max(mid, b / (1 + self.fog_step))
+            load = self._fit(mid)
+            if a < load < b and load not in tried:
+                return load, ""
         return None, "within tolerance"
+
+    @property
+    def fog_step(self) -> float:
+        """How far beyond an undecided load to look for a decided call: twice the tolerance, at least 10 %."""
+        return max(0.1, 2 * self.tolerance)
 
     def _narrow(self, a: float, b: float) -> bool:
         if self.integer:
