@@ -53,6 +53,18 @@ def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Opt
         raise fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
 
 
+# the step-duration flags (docs/verdicts.md, "sweep"): one line each in the command's signature below
+STEP_DURATION = typer.Option(None, "--step-duration-s", help="measured seconds of each fixed step, exactly (default: "
+                             "load.duration_s); a search sizes its steps itself (--min/--max-step-duration-s)")
+UNTIL = typer.Option("time", "--until", help="time: every step runs the duration given; decided: an undecided "
+                     "step runs again, as long as its objectives' samples need (at least 1.5x its last), up to "
+                     "--max-step-duration-s; announced up front")
+MAX_STEP = typer.Option(None, "--max-step-duration-s", help="the longest step, for --until decided and for a "
+                        "search's planner (default: 8x the step duration)")
+MIN_STEP = typer.Option(None, "--min-step-duration-s", help="a search's shortest step, its bracketing steps "
+                        "(default: 10 s, or the step duration if shorter)")
+
+
 def sweep(
     scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
     rates: Optional[str] = typer.Option(None, "--rates", help="fixed steps of request rate, e.g. 1,2,4,8 "
@@ -71,18 +83,10 @@ def sweep(
     max_steps: int = typer.Option(20, "--max-steps", help="steps at most (a load run again counts again)"),
     start: Optional[float] = typer.Option(None, "--start", help="the search's first load (default: the "
                                           "scenario's rate or concurrency)"),
-    step_duration: Optional[float] = typer.Option(None, "--step-duration-s", help="measured seconds of each "
-                                                  "fixed step, exactly (default: load.duration_s); a search "
-                                                  "sizes its steps itself (--min/--max-step-duration-s)"),
-    until: str = typer.Option("time", "--until", help="time: every step runs the duration given; decided: an "
-                              "undecided step runs again, as long as its objectives' samples need (at least "
-                              "1.5x its last), up to --max-step-duration-s; announced up front"),
-    max_step_duration_s: Optional[float] = typer.Option(None, "--max-step-duration-s", help="the longest "
-                                                        "step, for --until decided and for a search's planner "
-                                                        "(default: 8x the step duration)"),
-    min_step_duration_s: Optional[float] = typer.Option(None, "--min-step-duration-s", help="a search's "
-                                                        "shortest step, its bracketing steps (default: 10 s, or "
-                                                        "the step duration if shorter)"),
+    step_duration: Optional[float] = STEP_DURATION,
+    until: str = UNTIL,
+    max_step_duration_s: Optional[float] = MAX_STEP,
+    min_step_duration_s: Optional[float] = MIN_STEP,
     confidence: float = typer.Option(0.95, "--confidence", help="confidence of each objective's bootstrap "
                                      "interval"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
@@ -116,9 +120,8 @@ def sweep(
                            tolerance=_percent(tolerance), budget_s=budget_s, max_steps=max_steps, start=start,
                            step_duration_s=step_duration, until=until,  # type: ignore[arg-type]
                            max_step_duration_s=max_step_duration_s, min_step_duration_s=min_step_duration_s,
-                           confidence=confidence, out=out,
-                           engine=engine, workers=workers, png=png, progress=not no_progress,
-                           console=console)  # type: ignore[arg-type]
+                           confidence=confidence, out=out, engine=engine, workers=workers, png=png,
+                           progress=not no_progress, console=console)  # type: ignore[arg-type]
     except (ScenarioError, api.TargetError) as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)
