@@ -64,10 +64,11 @@ class AsyncioEngine:
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
         self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
 
-    def stop(self, reason: str | None = None) -> None:
-        """Stop sending and cancel what is in flight (each is recorded as cancelled, with ``reason``)."""
+    def stop(self, reason: str | None = None, drain: bool = False) -> None:
+        """Stop sending and cancel what is in flight (each is recorded as cancelled, with ``reason``); ``drain``:
+        let it end instead, by the run's hard end at the latest (``load.until: decided``: run/until.py)."""
         self._stop_sending = True
-        for seq, (task, _) in list(self.stats.in_flight.items()):
+        for seq, (task, _) in [] if drain else list(self.stats.in_flight.items()):
             if reason is not None:
                 self._timeouts.setdefault(seq, ("cancelled", reason))
             task.cancel()

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from loadgen.plan.simulator_spec import SimulatorSpec
 from loadgen.plan.slo_spec import Slo
 from loadgen.plan.steady_spec import SteadyState, steady_state_field
+from loadgen.plan.until_spec import Until, UntilRule, max_duration_field, until_field
 from loadgen.errors import ScenarioError as ScenarioError
 
 
@@ -208,7 +209,7 @@ class Ramp(_Strict):
         return (r1 - r0) / math.log(r1 / r0)
 
 
-class Load(_Strict):
+class Load(_Strict, UntilRule):
     arrival: Literal["constant", "poisson", "gamma", "concurrency", "stages", "trace", "ramp"] = Field(
         "poisson", description="constant, poisson, gamma: open loop at rate_per_s; concurrency: closed loop; "
         "stages, trace, ramp: the block of that name")
@@ -225,6 +226,8 @@ class Load(_Strict):
                                  "warm-up included, unless the duration ends first (traces: every row)")
     warmup_s: float = Field(0.0, ge=0, le=MAX_DURATION_S, description="seconds sent and recorded first, then "
                             "excluded from every metric")
+    until: Until = until_field()
+    max_duration_s: float | None = max_duration_field()
     steady_state: SteadyState = steady_state_field()
     max_in_flight: int = Field(256, ge=1, le=MAX_CONCURRENCY, description="cap on concurrent requests; a send "
                                "waiting for a slot shows as queue_delay_ms")

@@ -20,6 +20,7 @@ from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.drivers.locust_messages import DONE_MESSAGE, RECORDS_MESSAGE, unpack  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.run.until import refuse_engine  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.report.llm_tab import LLM_TAB, LLM_TABLE, live_rows  # noqa: E402
 from loadgen.run.locust_run import send_slices, start_scraper, users_for, workers_left  # noqa: E402
@@ -38,6 +39,7 @@ class UiSession:
     def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, host: str, port: int,
                  web_login: bool, master: bool, master_bind: tuple[str, int]) -> None:
         self.scenario, self.opts, self.console = scenario, opts, console
+        refuse_engine(scenario, "locust (the web UI)")  # load.until: decided is the asyncio engine's
         self.plan = build_plan(scenario)
         self.master, (self.master_host, self.master_port) = master, master_bind
         auth_headers(scenario)

@@ -35,6 +35,8 @@ from loadgen.drivers.scrape import Scraper
 from loadgen.run.guards import Captures, FailFast
 from loadgen.run.reporting import rebuild_reports, report_records
 from loadgen.run.session import RunSession, generator_figures
+from loadgen.run.until import DecidedWatch
+from loadgen.plan.until_spec import horizon
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
 
@@ -54,7 +56,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     """Run and report; returns the result (its run directory set). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
-    plan = build_plan(scenario)
+    plan = build_plan(horizon(scenario))  # until: decided: planned for its maximum
     session = RunSession(scenario.name, opts, console)
     run_dir = session.run_dir
     sim = None
@@ -128,6 +130,7 @@ class Run:
         self.cut_short: str | None = None  # the driver's reason the plan did not run whole (Locust: a worker left)
         self.captures = Captures(self.run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.until = DecidedWatch(scenario, session) if scenario.load.until == "decided" else None
 
     @property
     def disk_error(self) -> str | None:
@@ -156,7 +159,7 @@ class Run:
                 loop.remove_signal_handler(sig)
 
     async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
-        prep = Preparation(self.scenario, self.plan, base_url)
+        prep = Preparation(horizon(self.scenario), self.plan, base_url)
         async with prep.open_client() as client:
             prepared = await prep.prepare(client)
             target = prepared.target
@@ -275,6 +278,20 @@ class Run:
                 f"running  in flight {len(st.in_flight):>4}  failed {st.failed:>4}  tokens {st.output_tokens:>8}"))
             if self.session.flush_due() and await asyncio.to_thread(self.session.flush):
                 engine.stop()  # the disk is full: the session said so and made the run inconclusive
+            elapsed_s = (time.monotonic_ns() - st.t0_ns) / 1e9
+            if self.until is not None and st.t0_ns and self.until.due(elapsed_s) and not engine.stopping:
+                await self._check_decided(engine, elapsed_s)
+
+    async def _check_decided(self, engine: AsyncioEngine, elapsed_s: float) -> None:
+        """``load.until: decided``: every objective decided on the records so far ends the run (run/until.py)."""
+        assert self.until is not None
+        decided = await asyncio.to_thread(self.until.check, elapsed_s)
+        if self.disk_error:
+            engine.stop()  # the check's flush found the disk full
+        elif decided:
+            self.console.print(f"every objective decided after {elapsed_s:.1f} s: the run ends (load.until: "
+                               "decided)", highlight=False)
+            self.until.stop(engine)
 
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -340,6 +357,8 @@ class Run:
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
                 "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
                 "generator": self.generator, "scenario": scenario}
+        if self.until is not None:
+            info.update(self.until.info(finished, self.interrupted))
         return info
 
 
