@@ -33,6 +33,7 @@ class RequestCounts(TypedDict, total=False):
     planned: Optional[int]
     sent: int
     warmup: int
+    transient: int  # cut as warm-up or drain transients by steady-state detection (analysis/steady.py)
     completed: int
     failed: int
     cancelled: int

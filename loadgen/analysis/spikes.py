@@ -245,7 +245,7 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
     summary.update(baseline_itl_ms=dict(sorted(base.items())), long_prompt_tokens=long_tokens,
                    spike_factor=cfg.spike_factor, min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms,
                    prefill_fit=fit.as_dict(), top_culprits=top_culprits(stalls, all_requests),
-                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok),
+                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok, t0_ns=run.t0_ns),
                    sensitivity=near)
     if cfg.fluidity_target_itl_ms:
         summary["fluidity"] = m.fluidity(ok, run.chunks, cfg.fluidity_target_itl_ms)
@@ -348,10 +348,12 @@ def top_culprits(stalls: pl.DataFrame, requests: pl.DataFrame, n: int = 10) -> l
 
 
 def worst_events(events: pl.DataFrame, requests: pl.DataFrame, measured: pl.DataFrame,
-                 n: int = 10) -> list[dict[str, Any]]:
+                 n: int = 10, t0_ns: int | None = None) -> list[dict[str, Any]]:
+    """The worst spike events, ``at_s`` seconds since ``t0_ns`` (the run's origin: the first send after the
+    declared warm-up; default the first measured request's)."""
     if events.is_empty():
         return []
-    t0 = measured["t_intended_ns"].min() if measured.height else 0
+    t0 = t0_ns if t0_ns is not None else measured["t_intended_ns"].min() if measured.height else 0
     prompts = dict(zip(requests["seq"].to_list(), requests["prompt_tokens"].to_list()))
     out = []
     for e in events.sort("max_gap_ms", descending=True).head(n).iter_rows(named=True):

@@ -24,7 +24,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     """The summary (summary.json) and the derived tables written beside it (``stalls``). ``server``: the
     scraped server metrics (server_metrics.parquet), whose preemptions confirm stall causes. ``run``: these
     records' analysis, when the caller keeps it for the report's views (else made here)."""
-    run = run or RunAnalysis(requests, chunks)
+    run = run or RunAnalysis(requests, chunks, scenario.load.steady_state)
     req, measured = run.req, run.measured
     good = _good(measured, scenario)
     counts = m.request_counts(measured)
@@ -40,10 +40,14 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
     result, reasons = evidence(result, reasons, counts, extra or {})
+    if run.steady.reached is False:  # the figures are over a run that never settled: say so beside the verdict
+        reasons = reasons + [f"steady state was not reached ({run.steady.reason}): the figures are over every "
+                             "measured request"]
     return {
         "verdict": result,
         "reasons": reasons,
-        "requests": {"planned": planned, "sent": requests.height, "warmup": requests.height - measured.height,
+        "requests": {"planned": planned, "sent": requests.height, "warmup": int(requests["warmup"].sum()),
+                     "transient": run.steady.transient,
                      **counts},
         "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
         "metrics": metric_table,

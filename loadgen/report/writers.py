@@ -35,7 +35,8 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
     lines += [f"\nNote: {md_escape(n)}" for n in result.notes]
     lines += [f"\nFinding: {md_escape(f['summary'])} (see `loadgen check`)" for f in result.findings]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
-              f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded). "
+              f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded"
+              f"{_transient_words(result)}). "
               f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
               f"goodput {tput['goodput_requests_per_s']:.2f} req/s.", ""]
     if result.slo:
@@ -119,6 +120,16 @@ def junit_xml(result: RunResult, name: str) -> bytes:
     root.append(suite)
     ET.indent(root)
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")
+
+
+def _transient_words(result: RunResult) -> str:
+    """', 12 cut as transient by steady-state detection (from 3.3 s)' where detection cut any."""
+    st = result.steady_state or {}
+    cut = st.get("transient_requests") or 0
+    if not cut:
+        return ""
+    start = f" (window from {st['start_s']:.1f} s)" if st.get("start_s") is not None else ""
+    return f"; {cut} cut as warm-up or drain transients by steady-state detection{start}"
 
 
 def _junit_interval(o: dict[str, Any]) -> str:

@@ -98,7 +98,7 @@ def _load(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], pl.DataFrame, 
         requests, chunks = scan_whole_records(run_dir)
     except RunDirError as exc:
         raise CompareError(str(exc)) from None
-    run = RunAnalysis(requests, chunks)
+    run = RunAnalysis(requests, chunks, scenario.load.steady_state)
     stored = stored_summary(run_dir)
     summary, stalls = stored if stored is not None else _summarized(scenario, requests, chunks, info, run)
     return info, summary, requests, run_samples(requests, chunks, stalls, run, point_figures(summary))
