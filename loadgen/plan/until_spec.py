@@ -56,11 +56,14 @@ def check_until(load: Any) -> None:
     if load.duration_s is not None and load.duration_s > top:
         raise ValueError(f"load.duration_s ({load.duration_s:g}) is the least a run with until: decided lasts: "
                          f"it cannot exceed load.max_duration_s ({top:g})")
-    from loadgen.plan.scenario import MAX_PLAN_REQUESTS
-
-    if load.rate_per_s is not None and load.rate_per_s * (load.warmup_s + top) > MAX_PLAN_REQUESTS:
-        raise ValueError(f"the plan for load.max_duration_s would hold ~{load.rate_per_s * (load.warmup_s + top):,.0f}"
-                         f" requests, over the {MAX_PLAN_REQUESTS:,} that are planned up front")
+    if load.duration_s is None:
+        return
+    try:  # the plan is made for the maximum: that load must hold too (its plan's size above all)
+        type(load).model_validate({**load.model_dump(), "duration_s": top, "until": "duration",
+                                   "max_duration_s": None})
+    except ValueError as exc:
+        errors = getattr(exc, "errors", lambda: [{"msg": str(exc)}])()
+        raise ValueError(f"at load.max_duration_s: {errors[0]['msg'].removeprefix('Value error, ')}") from None
 
 
 def horizon(scenario: Any) -> Any:
