@@ -39,21 +39,22 @@ if TYPE_CHECKING:
     from loadgen.analysis.check_result import CheckResult
     from loadgen.analysis.repeat_result import RepeatResult
     from loadgen.analysis.result import RunResult
+    from loadgen.analysis.size_result import SizeResult
     from loadgen.analysis.sweep_result import SweepResult
     from loadgen.run.comparison import Comparison
     from loadgen.run.runner import RunOptions
 
 __all__ = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
            "RepeatResult", "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError",
-           "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat", "report", "run",
-           "sweep", "ui"]
+           "SizeResult", "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat",
+           "report", "run", "size", "sweep", "ui"]
 
 # Result types from the stages that are heavy to import (polars, altair, httpx, the advisor): each is imported
 # when first named (PEP 562), so that ``import loadgen.api`` stays light (tests/test_api_surface.py). The errors
 # are loadgen/errors.py's one tree, light already.
 _LAZY = {"Advice": "loadgen.analysis.advice_result", "CheckResult": "loadgen.analysis.check_result",
          "Comparison": "loadgen.run.comparison", "RepeatResult": "loadgen.analysis.repeat_result",
-         "RunResult": "loadgen.analysis.result",
+         "RunResult": "loadgen.analysis.result", "SizeResult": "loadgen.analysis.size_result",
          "SweepResult": "loadgen.analysis.sweep_result"}
 
 
@@ -305,3 +306,32 @@ def check(scenario: Scenario | str | Path, *, base_url: str | None = None) -> Ch
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     return run_check(_with_base_url(sc, base_url))
+
+
+def size(scenario: Scenario | str | Path | None = None, *, from_run: str | Path | None = None,
+         confidence: float = 0.95, power: float = 0.8, regression_pct: float = 10.0,
+         compare_threshold_pct: float = 0.0, pilot_s: float = 20.0, assurance: float = 0.8,
+         base_url: str | None = None,
+         reports_dir: str | Path = "reports", console: Console | None = None) -> SizeResult:
+    """``loadgen size``: per objective, the samples, requests and seconds a run needs to certify it at
+    ``confidence`` with ``power``, and the requests per run for compare to detect a ``regression_pct`` change
+    (beyond ``compare_threshold_pct``); then the load.duration_s and load.requests to set (docs/verdicts.md,
+    Sizing a run). The pilot: ``from_run`` (a run directory; judged by ``scenario``'s objectives when given),
+    else a run of ``scenario`` for ``pilot_s`` measured seconds on its target (under ``reports_dir``).
+    ``assurance``: the pilot's estimates are taken at their one-sided bound at this level (0.5: as measured)."""
+    from rich.console import Console
+
+    from loadgen.analysis.size_result import SizeOptions
+    from loadgen.run.size import size as size_pilot
+
+    sc = None if scenario is None else scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    opts = SizeOptions(confidence, power, regression_pct, compare_threshold_pct, assurance)
+    out = console or Console(quiet=True)
+
+    def run_pilot(pilot: Scenario) -> Path:
+        out.print(f"pilot: {pilot_s:g} s of {pilot.name} on its target", highlight=False)
+        result = run(pilot, base_url=base_url, reports_dir=reports_dir, console=Console(quiet=True))
+        out.print(f"pilot run: {result.run_dir} ({result.verdict.upper()})", highlight=False)
+        assert result.run_dir is not None
+        return Path(result.run_dir)
+    return size_pilot(sc, None if from_run is None else Path(from_run), opts, pilot_s, run_pilot)

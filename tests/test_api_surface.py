@@ -11,8 +11,8 @@ from loadgen import api
 
 PUBLIC = ["Advice", "AdviceError", "CheckResult", "CompareError", "Comparison", "InputError", "LoadgenError",
           "RepeatResult", "RunDirError", "RunResult", "Scenario", "ScenarioError", "ServerFault", "SettingsError",
-          "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat", "report", "run",
-          "sweep", "ui"]
+          "SizeResult", "SweepResult", "TargetError", "advise", "check", "compare", "load_scenario", "repeat",
+          "report", "run", "size", "sweep", "ui"]
 
 
 def test_the_public_names_are_pinned_and_sorted() -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import typer
 
-from loadgen.cli import advise, commands, dataset, sweep, target
+from loadgen.cli import advise, commands, dataset, size, sweep, target
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
 
 for command in (commands.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
-                commands.report, commands.compare, commands.history, sweep.sweep, advise.advise):
+                commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size):
     app.command()(command)
 app.add_typer(target.app, name="target")
 app.add_typer(dataset.app, name="dataset")
