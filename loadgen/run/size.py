@@ -53,7 +53,7 @@ def size_from_run(run_dir: Path, opts: SizeOptions, scenario: Scenario | None = 
     ``scenario``, that scenario's objectives judged on the run's records."""
     info, own = read_run_info(run_dir)
     requests, chunks = scan_whole_records(run_dir)
-    run = RunAnalysis(requests, chunks)
+    run = RunAnalysis(requests, chunks, (scenario or own).load.steady_state)  # the summary's own window
     stored = stored_summary(run_dir) if scenario is None else None
     summary: dict[str, Any] = stored[0] if stored is not None else \
         summarize(scenario or own, requests, chunks, info.get("planned"), run=run)[0]
