@@ -51,6 +51,14 @@ def fit_rows(measured: RunResult, predicted: RunResult) -> list[FitRow]:
     return [FitRow(k, m[k], p[k]) for k in m]
 
 
+def meets_point(o: dict[str, Any]) -> bool:
+    """The objective's value is on the passing side of its limit (point verdict; no value: not met)."""
+    value, limit = o.get("value"), o.get("threshold")
+    if value is None or limit is None:
+        return o.get("passed") is True
+    return bool(value >= limit if o.get("comparison", "<=") == ">=" else value <= limit)
+
+
 @dataclass
 class ObjectiveHeadroom:
     """One objective's margins over a candidate's replays, as shares of its limit (positive: room)."""
@@ -125,8 +133,9 @@ class CandidateResult:
 
     @property
     def meets_all(self) -> bool:
-        """The replay under the scenario's seed meets every objective (point values, no margin)."""
-        return bool(self.objectives) and all(o["passed"] is True for o in self.objectives)
+        """The replay under the scenario's seed meets every objective on its point value (no margin, no
+        interval: ``headroom`` has those)."""
+        return bool(self.objectives) and all(meets_point(o) for o in self.objectives)
 
     @property
     def qualifies(self) -> bool:
@@ -135,7 +144,7 @@ class CandidateResult:
 
     @property
     def failed(self) -> list[str]:
-        return [o["objective"] for o in self.objectives if o["passed"] is not True]
+        return [o["objective"] for o in self.objectives if not meets_point(o)]
 
     @classmethod
     def from_result(cls, label: str, settings: dict[str, Any], flags: list[str], r: RunResult) -> "CandidateResult":
