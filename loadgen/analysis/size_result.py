@@ -297,6 +297,7 @@ def size_run(pilot_dir: str, summary: dict[str, Any], run: RunAnalysis, opts: Si
         needed = max(r.requests or 0 for r in sized)
         result.requests = math.ceil(needed * pilot.arrivals_per_measured) + pilot.warmup
     if any(not r.reliable for r in result.rows):
-        result.notes.append("some objectives sit within the pilot's own noise of their limit: their size is "
-                            "from the estimate and may be too small (a longer pilot, or load.until: decided)")
+        result.notes.append("?: the pilot is too short to tell that objective's side (its estimate is within its "
+                            "own noise of the limit): run a longer pilot (--pilot-s), or let load.until: decided "
+                            "find the length")
     return result

@@ -194,8 +194,7 @@ def exact_poisson(events: float, exposure: float, confidence: float, dispersion:
     return iv.Interval(low, float(stats.gamma.ppf(1 - a, k + 1)) / e, confidence, "Garwood")
 
 
-UNRELIABLE = "the pilot's estimate is within its own noise of the limit: sized at the estimate, which may be " \
-             "too few; run a longer pilot, or use load.until: decided"
+UNRELIABLE = "the pilot cannot tell its side at its assurance: sized at its estimate, which may be too few"
 ON_LIMIT = "cannot be decided: the estimate sits on the limit"
 
 
