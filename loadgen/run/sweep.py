@@ -187,12 +187,16 @@ class Sweep:
         self.stop_reason = (f"--budget-s {self.opts.budget_s:g} spent: {elapsed:.0f} s used, the next step "
                             f"needs ~{need_s + self._overhead_s():.0f} s")
 
-    def _allowed_s(self, k: int) -> float:
-        """What one step may take: its share of the budget over the ``k`` steps still wanted, and at least a
-        shortest step while one fits."""
+    def _allowed_s(self, k: int, need_s: float) -> float:
+        """What one step may take: all it needs if half of what is left of the budget pays for it (one decided
+        step is worth more than several undecided ones), else its share of the budget over the ``k`` steps
+        still wanted, and at least a shortest step while one fits."""
+        left = self._left_s()
+        if 0 < need_s <= left / 2:  # need_s has the planner's margin in it already
+            return left
         remaining = self.opts.budget_s - (time.monotonic() - self.t0)
         share = remaining / max(1, k) - self._overhead_s()
-        return max(share, min(self.planner.min_s, self._left_s()))
+        return max(share, min(self.planner.min_s, left))
 
     def trials(self) -> list[Trial]:
         return [trial_of(s) for s in self.steps]
@@ -221,7 +225,8 @@ class Sweep:
         k = steps_left([t.probe for t in trials], self.opts.tolerance)
 
         def plan(load: float, phase: Phase) -> float:
-            return self.planner.duration_s(load, trials, phase, self._allowed_s(k))
+            need = self.planner.needed_s(load, trials)[0] if phase != "bracket" else 0.0
+            return self.planner.duration_s(load, trials, phase, self._allowed_s(k, need))
         load, phase, reason = search.next_step(trials, plan)
         if load is None:
             self.stop_reason = reason
