@@ -154,3 +154,27 @@ def test_bad_input_is_one_line_and_exit_2(golden: Path, tmp_path: Path, args: li
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1
     assert (message or "no run.json") in res.stderr
+
+
+@pytest.mark.slow
+def test_size_runs_a_pilot_of_the_scenario_on_its_target(tmp_path: Path) -> None:
+    """Without --from: --pilot-s seconds of the scenario (its 60 s and until: decided set aside) against the
+    embedded simulator, kept under reports/, then sized."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(json.dumps({
+        "name": "pilot", "seed": 2, "target": {"base_url": "embedded", "model": "auto", "api": "chat",
+                                               "simulator": {"preset": "a100-llama-7b"}},
+        "load": {"arrival": "poisson", "rate_per_s": 15, "duration_s": 60, "until": "decided",
+                 "max_duration_s": 600},
+        "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 200},
+                                  "output_tokens": {"dist": "fixed", "value": 20}}]},
+        "slo": {"ttft_ms": {"p50": 5000, "p99": 5000}}}))
+    res = run_cli("size", str(scenario), "--pilot-s", "3", "--json", timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    pilot = Path(doc["pilot"]) if Path(doc["pilot"]).is_absolute() else tmp_path / doc["pilot"]
+    run = json.loads((pilot / "run.json").read_text())
+    assert run["scenario"]["load"]["duration_s"] == 3 and run["scenario"]["load"]["until"] == "duration"
+    rows = {r["objective"]: r for r in doc["objectives"]}
+    assert rows["ttft_ms.p50"]["decision"] == "pass" and rows["ttft_ms.p99"]["requests"] >= 367
+    assert doc["recommended"]["load.duration_s"] >= 367 / doc["request_rate_per_s"] - 1
