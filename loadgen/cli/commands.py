@@ -143,10 +143,11 @@ def validate(
     """Validate a scenario file without sending anything: print its plan's size, or exit 2 naming the bad
     field, value and line. (To audit the endpoint itself, use `loadgen check`.)"""
     from loadgen.plan.schedule import build_plan
+    from loadgen.plan.until_spec import horizon
 
     try:
         sc = load(scenario, set_)
-        plan = build_plan(sc)
+        plan = build_plan(horizon(sc))  # until: decided: the plan made for its maximum
     except ScenarioError as exc:
         raise fail(str(exc)) from None
     size = plan.size if plan.size is not None else f"closed loop × {sc.load.concurrency}"
