@@ -10,6 +10,7 @@
     advice = api.advise(result.run_dir)            # which server setting would meet the SLOs
     many = api.repeat(scenario, 5)                 # 5 runs (seeds seed…seed+4), one combined verdict
     audit = api.check(scenario)                    # can this endpoint be measured honestly?
+    sized = api.size(scenario, from_run=result.run_dir)  # how long to run to certify each objective
 
 Errors are loadgen/errors.py's one tree under ``LoadgenError``. Bad input raises an ``InputError`` with the one
 line the CLI prints, before anything is sent: ``ScenarioError`` (a scenario, flag or override), ``CompareError``
