@@ -133,8 +133,10 @@ def _transient_words(result: RunResult) -> str:
 
 
 def _junit_interval(o: dict[str, Any]) -> str:
-    if o.get("basis") != "interval" or o.get("confidence") is None:
-        return f", decided on its {o.get('basis') or 'point'} value"
+    if o.get("basis") is None:  # a summary written before intervals
+        return ""
+    if o["basis"] != "interval" or o.get("confidence") is None:
+        return ", decided on what was observed" if o["basis"] == "observed" else ", decided on its point value"
     return f", {100 * o['confidence']:g}% interval {interval_words(o)}, margin {margin_words(o)}"
 
 
