@@ -97,27 +97,18 @@ def quantile_interval(values: np.ndarray, q: float, confidence: float = 0.95) ->
                     confidence, "order statistics")
 
 
-def design_effect(below: np.ndarray, clusters: np.ndarray) -> float:
-    """Kish's design effect of the share ``below.mean()`` when samples come in ``clusters`` (ratio estimator's
-    variance over the binomial one); 1.0 when it cannot be measured or is below 1."""
-    n = len(below)
-    p = float(below.mean()) if n else 0.0
-    _, inverse, sizes = np.unique(clusters, return_inverse=True, return_counts=True)
-    k = len(sizes)
-    if n == 0 or k < 2 or p in (0.0, 1.0):
-        return 1.0
-    sums = np.bincount(inverse, weights=below.astype(float), minlength=k)
-    var = k / (k - 1) * float(np.sum((sums - p * sizes) ** 2)) / n**2
-    return max(1.0, var / (p * (1 - p) / n))
-
-
-def time_batches(t_ns: np.ndarray, batches: int = TIME_BATCHES) -> np.ndarray:
-    """Each sample's time batch: the run's span cut in ``batches`` equal parts."""
+def time_batches(t_ns: np.ndarray, weights: np.ndarray | None = None, batches: int = TIME_BATCHES) -> np.ndarray:
+    """Each sample's time batch: the run's span cut in ``batches`` consecutive parts of about equal exposure
+    (``weights``, e.g. tokens; equal counts without), as the verdict's batches are
+    (``objective_intervals._time_batch``)."""
     if len(t_ns) == 0:
         return np.zeros(0, dtype=np.int64)
-    t0, t1 = int(t_ns.min()), int(t_ns.max())
-    width = max(1, (t1 - t0 + batches) // batches)
-    return ((t_ns - t0) // width).astype(np.int64)
+    order = np.argsort(t_ns, kind="stable")
+    w = np.ones(len(t_ns)) if weights is None else weights.astype(float)
+    cum = np.cumsum(w[order])
+    edges = [float(t_ns[order][min(int(np.searchsorted(cum, cum[-1] * k / batches)), len(cum) - 1)])
+             for k in range(1, batches)]
+    return np.searchsorted(np.array(edges), t_ns, side="right").astype(np.int64)
 
 
 def clustered_quantile_interval(values: np.ndarray, clusters: list[np.ndarray], q: float,
@@ -136,8 +127,7 @@ def clustered_quantile_interval(values: np.ndarray, clusters: list[np.ndarray], 
         return Interval(None, None, confidence, "order statistics, batch means")
     cum = np.cumsum(w)
     estimate = values[min(int(np.searchsorted(cum, q * n, side="left")), len(values) - 1)]
-    below = (values <= estimate).astype(float)
-    deff = max((_weighted_deff(below, c, w) for c in clusters), default=1.0)
+    deff = weighted_design_effect((values <= estimate).astype(float), clusters, w)
     n_eff = n / deff
     lo, hi = order_ranks(n_eff, q, confidence)
 
@@ -150,20 +140,26 @@ def clustered_quantile_interval(values: np.ndarray, clusters: list[np.ndarray], 
                     f"order statistics, batch means (deff {deff:.2g})")
 
 
-def _weighted_deff(below: np.ndarray, clusters: np.ndarray, w: np.ndarray) -> float:
-    if float(w.max(initial=0)) == 1.0 and float(w.min(initial=1)) == 1.0:
-        return design_effect(below, clusters)
+def weighted_design_effect(below: np.ndarray, clusters: list[np.ndarray], w: np.ndarray | None = None) -> float:
+    """Kish's design effect of the (``w``-weighted) share ``below`` (0/1 per sample) when samples come in
+    clusters — the ratio estimator's variance over the binomial one —, the largest over the groupings; 1.0
+    when it cannot be measured or is below 1."""
+    w = np.ones(len(below)) if w is None else w.astype(float)
     n = float(w.sum())
-    p = float((below * w).sum() / n)
-    _, inverse = np.unique(clusters, return_inverse=True)
-    k = int(inverse.max()) + 1 if len(inverse) else 0
-    if k < 2 or p in (0.0, 1.0):
+    p = float((below * w).sum()) / n if n else 0.0
+    if n == 0 or p in (0.0, 1.0):
         return 1.0
-    sums = np.bincount(inverse, weights=below * w, minlength=k)
-    sizes = np.bincount(inverse, weights=w, minlength=k)
-    var = k / (k - 1) * float(np.sum((sums - p * sizes) ** 2)) / n**2
-    # the weighted samples are repeats of one value: the binomial variance is over the distinct samples
-    return max(1.0, var / (p * (1 - p) / n))
+    out = 1.0
+    for c in clusters:
+        _, inverse = np.unique(c, return_inverse=True)
+        k = int(inverse.max()) + 1 if len(inverse) else 0
+        if k < 2:
+            continue
+        sums = np.bincount(inverse, weights=below * w, minlength=k)
+        sizes = np.bincount(inverse, weights=w, minlength=k)
+        var = k / (k - 1) * float(np.sum((sums - p * sizes) ** 2)) / n**2
+        out = max(out, var / (p * (1 - p) / n))
+    return out
 
 
 def poisson_rate_interval(events: int, exposure: float, confidence: float = 0.95,

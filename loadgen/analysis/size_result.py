@@ -110,29 +110,14 @@ class PilotFigures:
         tokens = g["tokens"].to_numpy().astype(float)
         one_token = metric == "chunk_gap_ms" or bool((tokens == 1).all())
         values, weights = (gap_ms, np.ones(len(gap_ms))) if one_token else (gap_ms / tokens, tokens)
-        clusters = [g["i"].to_numpy(), iv.time_batches(g["t_ns"].to_numpy())]
+        clusters = [g["i"].to_numpy(), iv.time_batches(g["t_ns"].to_numpy(), tokens)]
         return values, weights, clusters
 
 
 def weighted_deff(below: np.ndarray, clusters: list[np.ndarray], w: np.ndarray) -> float:
-    """Kish's design effect of the weighted share ``below`` (0/1 per sample), the largest over the groupings."""
-    n = float(w.sum())
-    if n == 0:
-        return 1.0
-    p = float((below * w).sum()) / n
-    if p in (0.0, 1.0):
-        return 1.0
-    out = 1.0
-    for c in clusters:
-        _, inverse = np.unique(c, return_inverse=True)
-        k = int(inverse.max()) + 1 if len(inverse) else 0
-        if k < 2:
-            continue
-        sums = np.bincount(inverse, weights=below * w, minlength=k)
-        sizes = np.bincount(inverse, weights=w, minlength=k)
-        var = k / (k - 1) * float(np.sum((sums - p * sizes) ** 2)) / n**2
-        out = max(out, var / (p * (1 - p) / n))
-    return out
+    """Kish's design effect of the weighted share ``below``, the largest over the groupings (the verdict's own:
+    ``intervals.weighted_design_effect``)."""
+    return iv.weighted_design_effect(below, clusters, w)
 
 
 def planned_deff(values: np.ndarray, weights: np.ndarray, clusters: list[np.ndarray], q: float, limit: float,
