@@ -227,7 +227,9 @@ class Sweep:
         def plan(load: float, phase: Phase) -> float:
             need = self.planner.needed_s(load, trials)[0] if phase != "bracket" else 0.0
             return self.planner.duration_s(load, trials, phase, self._allowed_s(k, need))
-        load, phase, reason = search.next_step(trials, plan)
+        def decisive(load: float) -> bool:
+            return plan(load, "again") >= self.planner.needed_s(load, trials)[0]
+        load, phase, reason = search.next_step(trials, plan, decisive)
         if load is None:
             self.stop_reason = reason
             return
