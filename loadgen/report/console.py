@@ -51,6 +51,10 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
                   f"{tput['requests_per_s']:.2f} req/s, {tokens}, "
                   f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
+    steady = result.steady_state or {}
+    if steady.get("transient_requests"):
+        console.print(f"steady state: {steady['warmup_requests']} warm-up and {steady['drain_requests']} drain "
+                      f"request(s) cut by MSER-5 (figures from {steady.get('start_s') or 0:.1f} s)", highlight=False)
     if result.stall_headline:
         console.print(result.stall_headline, highlight=False, markup=False)
     for note in result.notes:
