@@ -20,11 +20,11 @@ Capacity is the interval [highest pass below the lowest failure, lowest failure]
 it. A saturated step counts as failed, so the search never climbs past saturation.
 
 **The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
-seconds at a probed load are the samples it needs there (``needed``; a decided objective's own samples, which
-sufficed) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
-arrive in proportion to the load); between two probed loads they are interpolated geometrically; the step gets
-the most any objective needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
-[minimum, maximum] and within what the remaining budget allows.
+seconds at a probed load are the samples it needs there (``needed``; for a decided objective, the samples a
+shortest step gathers there) over the rate at which it gathered samples (samples / duration), scaled to the
+new load (samples arrive in proportion to the load); between two probed loads they are interpolated
+geometrically; the step gets the most any objective needs, times a 1.25 margin. Bracketing steps take the
+minimum; every step stays within [minimum, maximum] and within what the remaining budget allows.
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ class StepPlanner:
     def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
         """Seconds the objectives need at ``load`` (0: nothing known), and why. At a load already probed: what
         its undecided objectives need. Between two probed loads: per objective, each neighbour's seconds at
-        ``load`` — an undecided one's ``needed`` samples, a decided one's own samples (they sufficed) — over
-        the rate it gathered them, scaled to ``load``, interpolated geometrically by where ``load`` lies.
+        ``load`` — an undecided one's ``needed`` samples, a decided one's samples in a shortest step (it was
+        decided; how much sooner it could have been is unknown) — over the rate it gathered them, scaled to
+        ``load``, interpolated geometrically by where ``load`` lies.
         Beyond the probed loads: the nearest one's undecided objectives."""
         final = final_trials(trials)
         below = [t for t in final if t.load <= load]
@@ -105,7 +106,9 @@ class StepPlanner:
         logs: dict[str, list[tuple[float, float]]] = {}
         for t, weight in weighted:
             for n in t.needs:
-                want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
+                want = n.needed if n.needed is not None else \
+                    n.samples * min(1.0, self.min_s / t.duration_s) if n.decided and decided_too and t.duration_s \
+                    else None  # a decided objective: as if it had been decided in a shortest step
                 if want is None or n.samples <= 0 or t.duration_s <= 0:
                     continue
                 per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
