@@ -5,9 +5,9 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
 1. **Bracket** fast: from the start load, double while no step failed (halve while steps fail and none passed),
    each step the shortest allowed: far from the capacity a verdict comes quickly, and an undecided step on the
    way up does not stop the climb.
-2. **Certify the low end**: a failure with only undecided loads below it runs one of them again, as long as
-   the planner says its objectives need: the highest that leans pass and whose need the budget can pay, else the
-   highest that leans pass, else the highest (halving below them only when none can run longer).
+2. **Certify the low end**: a failure with only undecided loads below it runs the highest of them that leans
+   pass again (else the highest), as long as the planner says its objectives need (halving below them only when
+   that cannot help).
 3. **Bisect**: probe the middle of a gap between the highest pass, the undecided loads and the lowest failure,
    until every gap is within the tolerance: first the widest gap across which the verdict changes (an undecided
    load leans the way its point estimates do: "fail" if one misses its limit), then the widest of the others —
@@ -20,11 +20,11 @@ Capacity is the interval [highest pass below the lowest failure, lowest failure]
 it. A saturated step counts as failed, so the search never climbs past saturation.
 
 **The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
-seconds at a probed load are the samples it needs there (``needed``; for a decided objective, the samples a
-shortest step gathers there) over the rate at which it gathered samples (samples / duration), scaled to the
-new load (samples arrive in proportion to the load); between two probed loads they are interpolated
-geometrically; the step gets the most any objective needs, times a 1.25 margin. Bracketing steps take the
-minimum; every step stays within [minimum, maximum] and within what the remaining budget allows.
+seconds at a probed load are the samples it needs there (``needed``; a decided objective's own samples, which
+sufficed) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
+arrive in proportion to the load); between two probed loads they are interpolated geometrically; the step gets
+the most any objective needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
+[minimum, maximum] and within what the remaining budget allows.
 """
 
 from __future__ import annotations
@@ -86,9 +86,8 @@ class StepPlanner:
     def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
         """Seconds the objectives need at ``load`` (0: nothing known), and why. At a load already probed: what
         its undecided objectives need. Between two probed loads: per objective, each neighbour's seconds at
-        ``load`` — an undecided one's ``needed`` samples, a decided one's samples in a shortest step (it was
-        decided; how much sooner it could have been is unknown) — over the rate it gathered them, scaled to
-        ``load``, interpolated geometrically by where ``load`` lies.
+        ``load`` — an undecided one's ``needed`` samples, a decided one's own samples (they sufficed) — over
+        the rate it gathered them, scaled to ``load``, interpolated geometrically by where ``load`` lies.
         Beyond the probed loads: the nearest one's undecided objectives."""
         final = final_trials(trials)
         below = [t for t in final if t.load <= load]
@@ -106,9 +105,7 @@ class StepPlanner:
         logs: dict[str, list[tuple[float, float]]] = {}
         for t, weight in weighted:
             for n in t.needs:
-                want = n.needed if n.needed is not None else \
-                    n.samples * min(1.0, self.min_s / t.duration_s) if n.decided and decided_too and t.duration_s \
-                    else None  # a decided objective: as if it had been decided in a shortest step
+                want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
                 if want is None or n.samples <= 0 or t.duration_s <= 0:
                     continue
                 per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
@@ -155,18 +152,15 @@ class CapacitySearch:
     integer: bool = False
     factor: float = 2.0
 
-    def next_step(self, trials: list[Trial], plan: Plan,
-                  decisive: Callable[[float], bool] = lambda load: True) -> tuple[float | None, Phase, str]:
+    def next_step(self, trials: list[Trial], plan: Plan) -> tuple[float | None, Phase, str]:
         """The next load, its phase, or None and why the search stops. ``plan``: the duration a step would get
-        (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration); ``decisive``: whether
-        that duration covers all its objectives need (the low end is certified on such a load first)."""
+        (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration)."""
         final = final_trials(trials)
         probes = [t.probe for t in final]
         span = interval(probes)
         if span.high is not None and span.low is None:  # failures, no pass below: certify a load below first
             undecided = [t for t in final if t.call == "undecided" and not t.probe.failed and t.load < span.high]
-            order = sorted(undecided, key=lambda t: (t.lean == "fail", not decisive(t.load), -t.load))
-            again = self._again(order, plan)
+            again = self._again(sorted(undecided, key=lambda t: (t.lean == "fail", -t.load)), plan)
             if again is not None:
                 return again, "again", ""
         leans = {t.load: t.lean for t in final if t.call == "undecided"}

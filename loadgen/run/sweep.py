@@ -227,9 +227,7 @@ class Sweep:
         def plan(load: float, phase: Phase) -> float:
             need = self.planner.needed_s(load, trials)[0] if phase != "bracket" else 0.0
             return self.planner.duration_s(load, trials, phase, self._allowed_s(k, need))
-        def decisive(load: float) -> bool:
-            return plan(load, "again") >= self.planner.needed_s(load, trials)[0]
-        load, phase, reason = search.next_step(trials, plan, decisive)
+        load, phase, reason = search.next_step(trials, plan)
         if load is None:
             self.stop_reason = reason
             return
