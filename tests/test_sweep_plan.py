@@ -27,7 +27,8 @@ WARMUP_S, OVERHEAD_S = 5.0, 6.0  # the simulated world's warm-up and per-step st
 
 def _step(load: float, duration_s: float, call: str, objectives: list[dict[str, Any]] | None = None,
           ttft_p90: float | None = 50.0, saturated: bool = False, attempt: int = 1) -> Step:
-    return Step(load, duration_s, attempt, duration_s + WARMUP_S + OVERHEAD_S, call, saturated,  # type: ignore[arg-type]
+    wall_s = duration_s + WARMUP_S + OVERHEAD_S
+    return Step(load, duration_s, attempt, wall_s, call, saturated,  # type: ignore[arg-type]
                 {"pass": "pass", "fail": "fail"}.get(call, "inconclusive"), objectives or [], None, load, None,
                 None, load, int(load * duration_s), 0, {"ttft_ms": {"p50": None, "p90": ttft_p90, "p99": None}},
                 None, None)
