@@ -22,8 +22,9 @@ it. A saturated step counts as failed, so the search never climbs past saturatio
 **The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
 seconds at a probed load are the samples it needs there (``needed``; a decided objective's own samples, which
 sufficed) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
-arrive in proportion to the load); between two probed loads they are interpolated geometrically; the step gets
-the most any objective needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
+arrive in proportion to the load); between two probed loads the smaller of the two counts, and never less than
+the objective's floor (the fewest samples it was said to need while 20 % inside its limit); the step gets the most any objective
+needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
 [minimum, maximum] and within what the remaining budget allows.
 """
 
@@ -41,6 +42,7 @@ __all__ = ["CapacitySearch", "Interval", "Need", "Phase", "Probe", "StepPlanner"
 Phase = Literal["bracket", "bisect", "again"]
 AGAIN_FACTOR = 1.5  # a load runs again only this many times longer than its last step, or not at all
 MARGIN = 1.25  # a planned step runs this much longer than its objectives' estimate needs
+FLOOR_ROOM = 0.2  # an objective this far inside its limit and undecided lacks samples, not margin
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Need:
     samples: int
     needed: int | None = None
     decided: bool = False
+    room: float | None = None  # how far its point estimate is inside its limit, as a share of it (< 0: outside)
 
 
 @dataclass(frozen=True)
@@ -84,39 +87,53 @@ class StepPlanner:
     margin: float = MARGIN
 
     def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
-        """Seconds the objectives need at ``load`` (0: nothing known), and why. At a load already probed: what
-        its undecided objectives need. Between two probed loads: per objective, each neighbour's seconds at
-        ``load`` — an undecided one's ``needed`` samples, a decided one's own samples (they sufficed) — over
-        the rate it gathered them, scaled to ``load``, interpolated geometrically by where ``load`` lies.
-        Beyond the probed loads: the nearest one's undecided objectives."""
+        """Seconds the objectives need at ``load`` (0: nothing known), and why. Per objective: at a load already
+        probed, what it needs there if undecided; between two probed loads, the smaller of the two neighbours'
+        seconds at ``load`` (an undecided one's ``needed`` samples, a decided one's own samples, which sufficed);
+        beyond them, the nearest one's if undecided — and never less than its floor: the fewest samples it was
+        said to need where it had ample room (a p99's interval needs some hundreds of samples whatever the
+        margin)."""
         final = final_trials(trials)
         below = [t for t in final if t.load <= load]
         above = [t for t in final if t.load > load]
         if below and below[-1].load == load:
-            return self._most(load, [(below[-1], 1.0)], decided_too=False)
-        if below and above:
-            a, b = below[-1], above[0]
-            w = (load - a.load) / (b.load - a.load)
-            return self._most(load, [(a, 1 - w), (b, w)], decided_too=True)
-        near = below[-1:] or above[:1]
-        return self._most(load, [(t, 1.0) for t in near], decided_too=False)
+            seconds = self._seconds(load, below[-1], decided_too=False)
+        elif below and above:
+            a, b = self._seconds(load, below[-1], True), self._seconds(load, above[0], True)
+            seconds = {o: min(a.get(o, math.inf), b.get(o, math.inf)) for o in a.keys() | b.keys()}
+        else:
+            seconds = self._seconds(load, (below[-1:] or above[:1])[0], False) if final else {}
+        for objective, floor_s in self._floors(load, final).items():
+            seconds[objective] = max(seconds.get(objective, 0.0), floor_s)
+        objective, most = max(seconds.items(), key=lambda kv: kv[1], default=("", 0.0))
+        return most, f"{objective}: ~{most:.0f} s" if objective else ""
 
-    def _most(self, load: float, weighted: list[tuple[Trial, float]], decided_too: bool) -> tuple[float, str]:
-        logs: dict[str, list[tuple[float, float]]] = {}
-        for t, weight in weighted:
-            for n in t.needs:
-                want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
-                if want is None or n.samples <= 0 or t.duration_s <= 0:
-                    continue
+    def _seconds(self, load: float, t: Trial, decided_too: bool) -> dict[str, float]:
+        out = {}
+        for n in t.needs:
+            want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
+            if want is not None and n.samples > 0 and t.duration_s > 0:
                 per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
-                logs.setdefault(n.objective, []).append((weight, math.log(max(want, 1) / per_s)))
-        best, why = 0.0, ""
-        for objective, parts in logs.items():
-            total = sum(w for w, _ in parts)
-            seconds = self.margin * math.exp(sum(w * x for w, x in parts) / total) if total > 0 else 0.0
-            if seconds > best:
-                best, why = seconds, f"{objective}: ~{seconds:.0f} s"
-        return best, why
+                out[n.objective] = self.margin * want / per_s
+        return out
+
+    def _floors(self, load: float, final: list[Trial]) -> dict[str, float]:
+        """Per objective, the fewest samples it was said to need where its point estimate had FLOOR_ROOM of
+        room inside its limit (what its interval needs at all, whatever the margin), in seconds at ``load``
+        (its sample rate from the nearest probed load)."""
+        fewest: dict[str, int] = {}
+        for t in final:
+            for n in t.needs:
+                if n.needed is not None and n.room is not None and n.room >= FLOOR_ROOM:
+                    fewest[n.objective] = min(n.needed, fewest.get(n.objective, n.needed))
+        out = {}
+        for objective, needed in fewest.items():
+            rated = [(abs(math.log(t.load / load)), t, n) for t in final for n in t.needs
+                     if n.objective == objective and n.samples > 0 and t.duration_s > 0]
+            if rated:
+                _, t, n = min(rated, key=lambda x: x[0])
+                out[objective] = self.margin * needed / (n.samples / t.duration_s * load / t.load)
+        return out
 
     def duration_s(self, load: float, trials: list[Trial], phase: Phase, allowed_s: float) -> float:
         """The step's duration: the minimum when bracketing, else what its objectives need (a load run again: at

@@ -277,10 +277,18 @@ class Sweep:
                 upper.saturated = True
 
 
+def room(o: dict[str, Any]) -> float | None:
+    """How far an objective's point estimate is inside its limit, as a share of the limit (< 0: outside)."""
+    value, limit = o.get("value"), o.get("threshold")
+    if value is None or not limit:
+        return None
+    return (value - limit) / limit if o.get("comparison") == ">=" else (limit - value) / limit
+
+
 def trial_of(step: Step) -> Trial:
     """A step as the search and the planner see it: its call, duration and each undecided objective's need."""
     needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed") if o.get("call") ==
-                       "undecided" else None, o.get("call") != "undecided") for o in step.objectives)
+                       "undecided" else None, o.get("call") != "undecided", room(o)) for o in step.objectives)
     misses = any(o.get("value") is not None and o.get("threshold") is not None and
                  (o["value"] < o["threshold"] if o.get("comparison") == ">=" else o["value"] > o["threshold"])
                  for o in step.objectives)
