@@ -235,6 +235,8 @@ def test_search_climbs_past_undecided_steps_and_certifies_the_low_end(world: Wor
     assert search.next_step(trials, plan) == (2.0, "bracket", "")  # undecided on the way up: climb on
     trials += [Trial(2.0, "undecided", duration_s=10, needs=(Need("x", 20, 100),)), Trial(4.0, "fail")]
     assert search.next_step(trials, plan) == (2.0, "again", "")  # a failure, none passed: decide 2 first
+    # ... unless 2 cannot be decided within the budget while 1 can
+    assert search.next_step(trials, plan, decisive=lambda load: load < 2) == (1.0, "again", "")
 
 
 def test_bisection_goes_first_where_the_verdict_changes() -> None:

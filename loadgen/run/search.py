@@ -5,9 +5,9 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
 1. **Bracket** fast: from the start load, double while no step failed (halve while steps fail and none passed),
    each step the shortest allowed: far from the capacity a verdict comes quickly, and an undecided step on the
    way up does not stop the climb.
-2. **Certify the low end**: a failure with only undecided loads below it runs the highest of them that leans
-   pass again (else the highest), as long as the planner says its objectives need (halving below them only when
-   that cannot help).
+2. **Certify the low end**: a failure with only undecided loads below it runs one of them again, as long as
+   the planner says its objectives need: the highest that leans pass and whose need the budget can pay, else the
+   highest that leans pass, else the highest (halving below them only when none can run longer).
 3. **Bisect**: probe the middle of a gap between the highest pass, the undecided loads and the lowest failure,
    until every gap is within the tolerance: first the widest gap across which the verdict changes (an undecided
    load leans the way its point estimates do: "fail" if one misses its limit), then the widest of the others —
@@ -169,15 +169,18 @@ class CapacitySearch:
     integer: bool = False
     factor: float = 2.0
 
-    def next_step(self, trials: list[Trial], plan: Plan) -> tuple[float | None, Phase, str]:
+    def next_step(self, trials: list[Trial], plan: Plan,
+                  decisive: Callable[[float], bool] = lambda load: True) -> tuple[float | None, Phase, str]:
         """The next load, its phase, or None and why the search stops. ``plan``: the duration a step would get
-        (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration)."""
+        (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration); ``decisive``: whether
+        that duration covers all its objectives need (the low end is certified on such a load first)."""
         final = final_trials(trials)
         probes = [t.probe for t in final]
         span = interval(probes)
         if span.high is not None and span.low is None:  # failures, no pass below: certify a load below first
             undecided = [t for t in final if t.call == "undecided" and not t.probe.failed and t.load < span.high]
-            again = self._again(sorted(undecided, key=lambda t: (t.lean == "fail", -t.load)), plan)
+            order = sorted(undecided, key=lambda t: (t.lean == "fail", not decisive(t.load), -t.load))
+            again = self._again(order, plan)
             if again is not None:
                 return again, "again", ""
         leans = {t.load: t.lean for t in final if t.call == "undecided"}

@@ -227,7 +227,9 @@ class Sweep:
         def plan(load: float, phase: Phase) -> float:
             need = self.planner.needed_s(load, trials)[0] if phase != "bracket" else 0.0
             return self.planner.duration_s(load, trials, phase, self._allowed_s(k, need))
-        load, phase, reason = search.next_step(trials, plan)
+        def decisive(load: float) -> bool:
+            return plan(load, "again") >= self.planner.needed_s(load, trials)[0]
+        load, phase, reason = search.next_step(trials, plan, decisive)
         if load is None:
             self.stop_reason = reason
             return
@@ -280,18 +282,15 @@ class Sweep:
 def room(o: dict[str, Any]) -> float | None:
     """How far an objective's point estimate is inside its limit, as a share of the limit (< 0: outside)."""
     value, limit = o.get("value"), o.get("threshold")
-    if value is None or not limit:
-        return None
-    return (value - limit) / limit if o.get("comparison") == ">=" else (limit - value) / limit
+    sign = 1 if o.get("comparison") == ">=" else -1
+    return None if value is None or not limit else sign * (value - limit) / limit
 
 
 def trial_of(step: Step) -> Trial:
     """A step as the search and the planner see it: its call, duration and each undecided objective's need."""
     needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed") if o.get("call") ==
                        "undecided" else None, o.get("call") != "undecided", room(o)) for o in step.objectives)
-    misses = any(o.get("value") is not None and o.get("threshold") is not None and
-                 (o["value"] < o["threshold"] if o.get("comparison") == ">=" else o["value"] > o["threshold"])
-                 for o in step.objectives)
+    misses = any((room(o) or 0.0) < 0 for o in step.objectives)
     lean = ("fail" if misses else "pass") if step.call == "undecided" else None
     return Trial(step.load, step.call, step.saturated, step.duration_s, needs, lean)
 
