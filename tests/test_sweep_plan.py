@@ -65,7 +65,7 @@ def test_the_planner_reads_the_nearest_load_below_and_above_only() -> None:
 def test_between_two_loads_the_smaller_need_counts_never_below_the_floor() -> None:
     decided = Trial(20.0, "pass", duration_s=10, needs=(Need("x", 200, None, decided=True, room=0.5),))
     undecided = Trial(30.0, "undecided", duration_s=10, needs=(Need("x", 300, 4800, room=0.01),))
-    planner = StepPlanner(1, 1000)
+    planner = StepPlanner(10, 1000)  # a decided objective counts as decided in a shortest step (here its 10 s)
     # at 25 req/s both gather 25 samples/s: 200 sufficed at 20 (8 s), 4800 are needed at 30 (192 s): the smaller
     assert planner.needed_s(25.0, [decided, undecided])[0] == pytest.approx(1.25 * 8)
     # a floor: 600 samples were needed at 10 req/s with 50 % room (too few samples, not too little margin)

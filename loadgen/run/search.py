@@ -20,8 +20,8 @@ Capacity is the interval [highest pass below the lowest failure, lowest failure]
 it. A saturated step counts as failed, so the search never climbs past saturation.
 
 **The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
-seconds at a probed load are the samples it needs there (``needed``; a decided objective's own samples, which
-sufficed) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
+seconds at a probed load are the samples it needs there (``needed``; for a decided objective, the samples a
+shortest step gathers there) over the rate at which it gathered samples (samples / duration), scaled to the new load (samples
 arrive in proportion to the load); between two probed loads the smaller of the two counts, and never less than
 the objective's floor (the fewest samples it was said to need while 20 % inside its limit); the step gets the most any objective
 needs, times a 1.25 margin. Bracketing steps take the minimum; every step stays within
@@ -89,7 +89,9 @@ class StepPlanner:
     def needed_s(self, load: float, trials: list[Trial]) -> tuple[float, str]:
         """Seconds the objectives need at ``load`` (0: nothing known), and why. Per objective: at a load already
         probed, what it needs there if undecided; between two probed loads, the smaller of the two neighbours'
-        seconds at ``load`` (an undecided one's ``needed`` samples, a decided one's own samples, which sufficed);
+        seconds at ``load`` (an undecided one's ``needed`` samples; a decided one's — or any objective's of a
+        step that passed or failed — samples in a shortest step: how much sooner it was decided is unknown,
+        and the floor below keeps a percentile's own minimum);
         beyond them, the nearest one's if undecided — and never less than its floor: the fewest samples it was
         said to need where it had ample room (a p99's interval needs some hundreds of samples whatever the
         margin)."""
@@ -110,8 +112,10 @@ class StepPlanner:
 
     def _seconds(self, load: float, t: Trial, decided_too: bool) -> dict[str, float]:
         out = {}
-        for n in t.needs:
-            want = n.needed if n.needed is not None else n.samples if n.decided and decided_too else None
+        for n in t.needs:  # a step that passed or failed needed no more than it had, on every objective
+            sufficed = n.decided or t.call != "undecided"
+            shortest = n.samples * min(1.0, self.min_s / t.duration_s) if t.duration_s > 0 else None
+            want = shortest if sufficed and decided_too else n.needed if not sufficed else None
             if want is not None and n.samples > 0 and t.duration_s > 0:
                 per_s = n.samples / t.duration_s * load / t.load  # samples per second at ``load``
                 out[n.objective] = self.margin * want / per_s
