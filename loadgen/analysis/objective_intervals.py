@@ -84,39 +84,104 @@ def rate(events: int, exposure: float, limit: float, comparison: str, confidence
 
 
 # ---- token-level samples: the run's narrow gaps ------------------------------------------------------------
+OFFSETS = (0.001, 0.002, 0.003, 0.005, 0.007, 0.01, 0.015, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7,
+           1.0)  # candidate bounds: the quantile at q ± offset × √(q(1 − q)), the limit, the extremes
+
+
 def token_quantile(run: RunAnalysis, metric: str, q: float, estimate: float | None, limit: float,
                    confidence: float) -> Judged:
-    """A percentile of per-token ITL or of chunk gaps: order statistics on the effective sample size. Read off
-    the narrow gaps in streaming queries (a byte a row for the share below the estimate; an hour's 19 M rows
-    are never widened)."""
+    """A percentile of per-token ITL or of chunk gaps, by inverting the order-statistic test with the design
+    effect measured at each candidate bound: x bounds the q-quantile from above when the samples at or below
+    x, counted on the effective sample size n / deff(x), reach the upper rank; from below when they fall short
+    of the lower rank. Tokens above a p99 come in bursts (one long prefill slows every stream at once) while
+    those above a limit far out may not: the decision is the test at the limit itself, with the limit's own
+    design effect. Read off the narrow gaps in one pass per grouping (the rows' bin among the candidates)."""
     g = run.gaps
     if g.is_empty() or estimate is None:
         return Judged(None, "undecided", "interval")
     one_token = metric == "chunk_gap_ms" or bool((g["tokens"] == 1).all())
-    value = pl.col("gap_ns") / 1e6 if one_token else pl.col("gap_ns") / 1e6 / pl.col("tokens")
-    weight = None if one_token else pl.col("tokens")
-    n = float(g.height if one_token else g["tokens"].sum())
-    deff = max(_deff(g, pl.col("i"), value <= estimate, weight),
-               _deff(g, _time_batch(g), value <= estimate, weight))
-    n_eff = n / deff
-    lo, hi = iv.order_ranks(n_eff, q, confidence)
-    method = f"order statistics, batch means (deff {deff:.2g})"
-
-    def at(rank: float | None) -> float | None:
-        if rank is None:
-            return None
-        share = min(max((rank - 1) / max(math.floor(n_eff) - 1, 1), 0.0), 1.0)
-        if one_token:
-            return float(g.select(pl.col("gap_ns").quantile(share, "linear")).item()) / 1e6
-        return float(itl_per_token(g).quantile(share, "linear") or 0.0)
-    interval = iv.Interval(at(lo), at(hi), confidence, method)
-    decision = iv.decide("<=", limit, interval)
+    if one_token:
+        ordered = g["gap_ns"].sort().cast(pl.Float64) / 1e6
+        value, weight, n = pl.col("gap_ns") / 1e6, None, float(g.height)
+    else:
+        ordered = itl_per_token(g).sort()
+        value, weight = pl.col("gap_ns") / 1e6 / pl.col("tokens"), pl.col("tokens")
+        n = float(len(ordered))
+    spread = math.sqrt(q * (1 - q))
+    shares = sorted({0.0, 1.0, *(min(max(q + sign * d * spread, 0.0), 1.0) for d in OFFSETS for sign in (-1, 1))})
+    last = len(ordered) - 1
+    candidates = sorted({float(ordered[round(p * last)]) for p in shares} | {float(limit)})
+    del ordered
+    counts = [_below_counts(g, key, value, weight, candidates) for key in (pl.col("i"), _time_batch(g))]
+    bounds = [_bound_test(n, q, confidence, [(c[:, j], sizes) for c, sizes in counts])
+              for j in range(len(candidates))]
+    upper = _crossing(candidates, [b[3] for b in bounds], first=True)
+    lower = _crossing(candidates, [b[4] for b in bounds], first=False)
+    at_limit = bounds[candidates.index(float(limit))]
+    deff = at_limit[2]
+    interval = iv.Interval(lower, upper, confidence, f"order statistics, batch means (deff {deff:.2g} at the limit)")
+    decision: iv.Decision = "pass" if at_limit[0] else "fail" if at_limit[1] else "undecided"
     needed = None
     if decision == "undecided":
-        hits = (value <= limit).cast(pl.UInt16)
-        at_limit = float(g.lazy().select((hits if weight is None else hits * weight).sum()).collect().item())
-        needed = iv.quantile_samples_needed(at_limit / n, q, confidence, deff=deff)
+        share = float(counts[0][0][:, candidates.index(float(limit))].sum()) / n
+        needed = iv.quantile_samples_needed(share, q, confidence, deff=deff)
     return Judged(interval, decision, "interval", needed)
+
+
+def _below_counts(g: pl.DataFrame, key: pl.Expr, value: pl.Expr, weight: pl.Expr | None,
+                  candidates: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Per cluster (rows) and candidate (columns): the samples (weighted) at or below the candidate; and each
+    cluster's samples."""
+    edges = pl.Series(candidates, dtype=pl.Float64)
+    per = (g.lazy().group_by(key.alias("k"), pl.lit(edges).search_sorted(value, side="left").alias("b"))
+           .agg(w=pl.len() if weight is None else weight.cast(pl.Int64).sum()).collect())
+    _, cluster = np.unique(per["k"].to_numpy(), return_inverse=True)
+    table = np.zeros((int(cluster.max()) + 1 if len(cluster) else 0, len(candidates) + 1))
+    np.add.at(table, (cluster, per["b"].to_numpy().astype(np.int64)), per["w"].to_numpy().astype(float))
+    cum = np.cumsum(table, axis=1)  # bin b holds values in (edge[b-1], edge[b]]: at or below edge j
+    return cum[:, :-1], cum[:, -1]
+
+
+def _bound_test(n: float, q: float, confidence: float,
+                below: list[tuple[np.ndarray, np.ndarray]]) -> tuple[bool, bool, float, float | None, float | None]:
+    """At one candidate x, given per grouping the clusters' samples at or below x and their sizes: (x is at or
+    above the upper bound, x is below the lower bound, the design effect, and by how many effective samples
+    the count clears the upper rank / falls short of the lower one — None where n_eff has no such rank)."""
+    total = float(below[0][0].sum())
+    deff = max(_kish(b, sizes, n) for b, sizes in below)
+    lo, hi = iv.order_ranks(n / deff, q, confidence)
+    count = total / deff  # the samples at or below x, on the effective sample size
+    over_hi = None if hi is None else count - hi
+    under_lo = None if lo is None else lo - count
+    return over_hi is not None and over_hi >= 0, under_lo is not None and under_lo > 0, deff, over_hi, under_lo
+
+
+def _crossing(xs: list[float], margins: list[float | None], first: bool) -> float | None:
+    """Where ``margins`` (by candidate, increasing x for the upper bound's, decreasing for the lower's) turns
+    from negative to non-negative (upper) or from positive to non-positive (lower), interpolated linearly
+    between the two candidates around it (the grid's own step would widen the interval)."""
+    pairs = list(zip(xs, margins))
+    if first:
+        for (x0, m0), (x1, m1) in zip([(None, None)] + pairs, pairs):
+            if m1 is not None and m1 >= 0:
+                return x1 if x0 is None or m0 is None or m1 == m0 else x0 + (0 - m0) / (m1 - m0) * (x1 - x0)
+        return None
+    best = None
+    for (x0, m0), (x1, m1) in zip(pairs, pairs[1:] + [(None, None)]):
+        if m0 is not None and m0 > 0:
+            best = x0 if x1 is None or m1 is None or m1 > 0 or m0 == m1 else x0 + m0 / (m0 - m1) * (x1 - x0)
+    return best
+
+
+def _kish(below: np.ndarray, sizes: np.ndarray, n: float) -> float:
+    """Kish's design effect of the share ``below.sum() / n`` over clusters of ``sizes`` holding ``below`` each
+    (the ratio estimator's variance over the binomial one, at least 1)."""
+    k = len(below)
+    p = float(below.sum()) / n
+    if k < 2 or p <= 0.0 or p >= 1.0:
+        return 1.0
+    var = k / (k - 1) * float(np.sum((below - p * sizes) ** 2)) / n**2
+    return max(1.0, var / (p * (1 - p) / n))
 
 
 FINE_BINS = 1000  # time batches are built from this many equal spans, merged to equal exposure
@@ -136,23 +201,6 @@ def _time_batch(g: pl.DataFrame) -> pl.Expr:
     edges = [t0 + int(per["f"][int((cum < total * k / iv.TIME_BATCHES).sum())]) * width
              for k in range(1, iv.TIME_BATCHES)]
     return pl.lit(pl.Series(edges, dtype=pl.Int64)).search_sorted(pl.col("t_ns"), side="right")
-
-
-def _deff(g: pl.DataFrame, key: pl.Expr, below: pl.Expr, weight: pl.Expr | None) -> float:
-    """Kish's design effect of the (``weight``ed, else counted) share of rows where ``below`` holds, clusters
-    given by ``key``."""
-    hits = below.cast(pl.UInt16)
-    sums = (g.lazy().group_by(key.alias("k"))
-            .agg(s=(hits if weight is None else hits * weight).sum(),
-                 m=pl.len() if weight is None else weight.sum()).collect())
-    k, n = sums.height, float(sums["m"].sum())
-    if k < 2 or n == 0:
-        return 1.0
-    p = float(sums["s"].sum()) / n
-    if p in (0.0, 1.0):
-        return 1.0
-    var = k / (k - 1) * float(((sums["s"] - p * sums["m"]) ** 2).sum()) / n**2
-    return max(1.0, var / (p * (1 - p) / n))
 
 
 def batch_dispersion(event_t_ns: pl.Series, g: pl.DataFrame) -> float:
