@@ -100,18 +100,19 @@ def token_quantile(run: RunAnalysis, metric: str, q: float, estimate: float | No
     if g.is_empty() or estimate is None:
         return Judged(None, "undecided", "interval")
     one_token = metric == "chunk_gap_ms" or bool((g["tokens"] == 1).all())
-    if one_token:
-        ordered = g["gap_ns"].sort().cast(pl.Float64) / 1e6
+    if one_token:  # the integers sorted (4 B a row), the few candidates made floats
+        ordered, scale = g["gap_ns"].sort(), 1e6
         value, weight, n = pl.col("gap_ns") / 1e6, None, float(g.height)
     else:
-        ordered = itl_per_token(g).sort()
+        ordered, scale = itl_per_token(g).sort(), 1.0
         value, weight = pl.col("gap_ns") / 1e6 / pl.col("tokens"), pl.col("tokens")
         n = float(len(ordered))
     spread = math.sqrt(q * (1 - q))
     shares = sorted({0.0, 1.0, *(min(max(q + sign * d * spread, 0.0), 1.0) for d in OFFSETS for sign in (-1, 1))})
     last = len(ordered) - 1
-    candidates = sorted({float(ordered[round(p * last)]) for p in shares} | {float(limit)})
+    picked = ordered.gather(sorted({round(p * last) for p in shares})).to_list()
     del ordered
+    candidates = sorted({float(x) / scale for x in picked} | {float(limit)})
     counts = [_below_counts(g, key, value, weight, candidates) for key in (pl.col("i"), _time_batch(g))]
     bounds = [_bound_test(n, q, confidence, [(c[:, j], sizes) for c, sizes in counts])
               for j in range(len(candidates))]
