@@ -14,8 +14,9 @@ import pytest
 
 from tests.run_helpers import ROOT, SIM_TRACE, read_until, records, run_cli, summary, trace_per_request, wait_for
 
+# seconds-long runs that test the engines, not the verdict's statistics: decided on point values
 SHORT = ["--no-progress", "--no-png", "--set", "load.arrival=constant", "--set", "load.rate_per_s=6",
-         "--set", "load.warmup_s=0"]
+         "--set", "load.warmup_s=0", "--set", "slo.decision=point"]
 
 
 def test_core_analysis_and_asyncio_engine_do_not_import_locust_or_gevent():

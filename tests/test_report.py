@@ -78,7 +78,7 @@ def test_timeline_window_links_each_prefill_stall_to_its_culprit_row(stall_run):
 @pytest.mark.slow
 def test_report_window_flag_and_bad_windows(stall_run):
     res = run_cli("report", str(stall_run), "--window", "2:4", "--no-png")
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, 3), res.stderr  # the verdict of a 10 s run is no matter here
     page = (stall_run / "report.html").read_text()
     spec = json.loads(re.search(r'data-chart="timeline">(.*?)</script>', page).group(1))
     domains = {json.dumps(layer["encoding"]["x"]["scale"]["domain"]) for layer in spec["layer"]}
@@ -92,9 +92,9 @@ def test_report_window_flag_and_bad_windows(stall_run):
 
 @pytest.mark.slow
 def test_rebuilding_twice_gives_identical_views(stall_run):
-    assert run_cli("report", str(stall_run), "--no-png").returncode in (0, 1)
+    assert run_cli("report", str(stall_run), "--no-png").returncode in (0, 1, 3)
     first = [(stall_run / n).read_bytes() for n in ("summary.json", "summary.md", "junit.xml")]
-    assert run_cli("report", str(stall_run), "--no-png").returncode in (0, 1)
+    assert run_cli("report", str(stall_run), "--no-png").returncode in (0, 1, 3)
     assert first == [(stall_run / n).read_bytes() for n in ("summary.json", "summary.md", "junit.xml")]
 
 

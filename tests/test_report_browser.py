@@ -61,7 +61,7 @@ def test_report_renders_offline_in_chromium(tmp_path):
     out = tmp_path / "run"
     res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--duration", "8",
                   "--set", "load.warmup_s=1", "--no-progress", "--no-png")
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, 3), res.stderr  # 8 s: any verdict (too few samples to decide is 3)
     shots = Path(os.environ.get("LOADGEN_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     result = open_report(out / "report.html", shots / "report.png")

@@ -21,7 +21,7 @@ def unchunked(tmp_path_factory) -> Path:
     """aggressor_victim.yaml as shipped: chunked prefill off, 60 s measured after a 5 s warm-up."""
     out = tmp_path_factory.mktemp("av") / "off"
     res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--no-progress", *SIM_TRACE)
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, 3), res.stderr  # attribution is scored, not the verdict
     return out
 
 
@@ -51,7 +51,7 @@ def test_chunked_prefill_cuts_prefill_induced_stalls_at_least_fivefold(unchunked
     res = run_cli("run", "scenarios/aggressor_victim.yaml", "--out", str(out), "--no-progress", "--duration", "30",
                   "--set", "target.simulator.chunked_prefill=true",
                   "--set", "target.simulator.max_num_batched_tokens=256")
-    assert res.returncode in (0, 1), res.stderr
+    assert res.returncode in (0, 1, 3), res.stderr  # attribution is scored, not the verdict
     off = summary(unchunked)["stalls"]["prefill_induced_per_1k_tokens"]
     on = summary(out)["stalls"]["prefill_induced_per_1k_tokens"]
     print(f"prefill-induced stalls per 1k tokens: chunked off {off:.3f}, on {on:.3f}")
