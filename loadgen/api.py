@@ -162,6 +162,16 @@ def _redacted(console: Console) -> Iterator[None]:
         console.file, console.record = before, recording
 
 
+def _with_confidence(sc: Scenario, confidence: float | None) -> Scenario:
+    """The scenario with ``slo.confidence`` set (None: its own): every step's objectives are decided at it."""
+    if confidence is None or confidence == sc.slo.confidence:
+        return sc
+    if sc.source is not None:  # kept as a file and overrides, as the steps are made from it
+        path, items = sc.source
+        return load_scenario(path, items + [f"slo.confidence={confidence}"])
+    return sc.model_copy(update={"slo": sc.slo.model_copy(update={"confidence": confidence})})
+
+
 def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
     """The scenario with its target's base URL replaced (None: as it is), its secrets registered."""
     if base_url is None:
@@ -240,7 +250,7 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
           require: float | None = None, tolerance: float = 0.05, budget_s: float = 3600.0, max_steps: int = 20,
           start: float | None = None, step_duration_s: float | None = None,
           until: Literal["time", "decided"] = "time", max_step_duration_s: float | None = None,
-          min_step_duration_s: float | None = None, confidence: float = 0.95, base_url: str | None = None,
+          min_step_duration_s: float | None = None, confidence: float | None = None, base_url: str | None = None,
           out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0,
           png: bool = False, progress: bool = False, reports_dir: str | Path = "reports",
           console: Console | None = None) -> SweepResult:
@@ -261,12 +271,12 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     if find_max not in (None, "rate", "concurrency"):
         raise ScenarioError(f"find_max {find_max!r}: choose rate or concurrency")
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    sc = _with_base_url(sc, base_url)
+    sc = _with_base_url(_with_confidence(sc, confidence), base_url)
     mode = find_max or ("rate" if rates is not None else "concurrency")
     loads = [float(x) for x in rates] if rates is not None else \
         [float(x) for x in concurrency] if concurrency is not None else None
     opts = SweepOptions(mode, loads, require, tolerance, budget_s, max_steps, start, step_duration_s, until,
-                        max_step_duration_s, min_step_duration_s, confidence=confidence, engine=engine,
+                        max_step_duration_s, min_step_duration_s, confidence=sc.slo.confidence, engine=engine,
                         workers=workers, png=png)
     console = console or Console(quiet=True)
 

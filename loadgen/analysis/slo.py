@@ -16,7 +16,7 @@ itself failed on some requests (``internal``: exit 4).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -148,6 +148,8 @@ def _goodput(slo: Slo, good: int, total: int, goodput_per_s: float, samples: "Ob
         window_s = good / goodput_per_s if goodput_per_s else 0.0
         judged = None if samples is None or not window_s else \
             oi.rate(good, window_s, g.min_requests_per_s, ">=", slo.confidence)
+        if judged is not None and judged.needed is not None:  # seconds of exposure → requests, as ``samples``
+            judged = replace(judged, needed=judged.needed * total / window_s)
         out.append(decided(ObjectiveId("goodput", "min_requests_per_s"), goodput_per_s if total else None,
                            g.min_requests_per_s, total, judged, mode, 1, ">="))
     if g.min_ratio is not None:

@@ -58,11 +58,18 @@ def _stall_rate(oid: ObjectiveId, stalls: dict[str, Any], count: str, value: flo
     o = decided(oid, value if tokens else None, limit, tokens, judged, mode, 1000)
     if not sens or not tokens:
         return o
-    edges = {edge: oi.rate(int(sens[edge][count]), tokens, limit, "<=", confidence, disp, 1000).decision
-             for edge in ("low_edge", "high_edge")}
-    if mode == "interval" and len({judged.decision, *edges.values()}) > 1:
+    if mode == "interval":
+        edges = {edge: oi.rate(int(sens[edge][count]), tokens, limit, "<=", confidence, disp, 1000).decision
+                 for edge in ("low_edge", "high_edge")}
+        call = judged.decision
+    else:  # point verdicts say so too, and keep their call
+        edges = {edge: "pass" if 1000 * sens[edge][count] / tokens <= limit else "fail"
+                 for edge in ("low_edge", "high_edge")}
+        call = o.decision
+    if len({call, *edges.values()}) > 1:
         band, near = sens["band"], sens["near_threshold"][count]
-        o.passed, o.needed = None, None
+        if mode == "interval":
+            o.passed, o.needed = None, None
         o.note = (f"depends on the stall threshold: {near} stall(s) within ±{100 * band:g}% of it; at "
                   f"{1 - band:g}× the threshold {1000 * sens['low_edge'][count] / tokens:.3g} per 1k tokens "
                   f"({edges['low_edge']}), at {1 + band:g}× {1000 * sens['high_edge'][count] / tokens:.3g} "

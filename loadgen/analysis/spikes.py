@@ -44,8 +44,8 @@ from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
 # preemption (the server's counter). Client side: loadgen itself fell behind (its sends ran late while the
 # in-flight cap was not full), so it read late too. ``unknown``: none of these coincided.
 Frame = TypeVar("Frame", pl.DataFrame, pl.LazyFrame)
-CAUSES = tuple(STALL_CAUSES)
-BAND = 0.05  # a stall within ±5 % of its threshold is a near-threshold one (sensitivity)  # the stall causes, each with what it means: core/vocabulary.py
+CAUSES = tuple(STALL_CAUSES)  # the stall causes, each with what it means: core/vocabulary.py
+BAND = 0.05  # a stall within ±5 % of its threshold is a near-threshold one (sensitivity)
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,8 @@ def sweep(
     until: str = UNTIL,
     max_step_duration_s: Optional[float] = MAX_STEP,
     min_step_duration_s: Optional[float] = MIN_STEP,
-    confidence: float = typer.Option(0.95, "--confidence", help="confidence of each objective's bootstrap "
-                                     "interval"),
+    confidence: Optional[float] = typer.Option(None, "--confidence", help="confidence level of every step's "
+                                               "objective intervals (default: the scenario's slo.confidence)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
     model: Optional[str] = typer.Option(None, "--model", help="as in run"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="as in run"),

@@ -56,8 +56,8 @@ def interval_words(o: dict[str, Any]) -> str:
     where it has none (decided on its value)."""
     if o.get("basis") != "interval" or o.get("confidence") is None:
         return "–"
-    low = "−∞" if o.get("ci_low") is None else fmt(o["ci_low"], 3)
-    return f"[{low}, ∞)" if o.get("ci_high") is None else f"[{low}, {fmt(o['ci_high'], 3)}]"
+    low = "(−∞" if o.get("ci_low") is None else f"[{fmt(o['ci_low'], 3)}"
+    return f"{low}, ∞)" if o.get("ci_high") is None else f"{low}, {fmt(o['ci_high'], 3)}]"
 
 
 def margin_words(o: dict[str, Any]) -> str:
