@@ -122,14 +122,12 @@ def weighted_deff(below: np.ndarray, clusters: list[np.ndarray], w: np.ndarray) 
 
 def planned_deff(values: np.ndarray, weights: np.ndarray, clusters: list[np.ndarray], q: float, limit: float,
                  assurance: float = sizing.ASSURANCE) -> float:
-    """The design effect to size per-token samples with: the verdict measures it at its estimate of the
-    q-quantile, so the larger of the pilot's at its own estimate and at the limit, taken at its one-sided bound
-    at ``assurance`` (a variance ratio over k requests that hold samples above that point: × k / χ²(1 − a; k))."""
-    order = np.argsort(values, kind="stable")
-    cum = np.cumsum(weights[order])
-    estimate = values[order][min(int(np.searchsorted(cum, q * cum[-1])), len(values) - 1)] if len(values) else 0.0
-    deffs = [(weighted_deff((values <= x).astype(float), clusters, weights), x) for x in (estimate, limit)]
-    deff, at = max(deffs)
+    """The design effect to size per-token samples with: the verdict decides at the limit with the design
+    effect of the share at or below the limit (objective_intervals.token_quantile), so the pilot's there, taken
+    at its one-sided bound at ``assurance`` (a variance ratio over k requests that hold samples above the
+    limit: × k / χ²(1 − a; k))."""
+    at = limit
+    deff = weighted_deff((values <= at).astype(float), clusters, weights)
     k = len(np.unique(clusters[0][values > at])) if clusters else 0
     if assurance <= 0.5 or k < 2:
         return deff
