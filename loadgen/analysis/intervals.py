@@ -74,10 +74,17 @@ def order_ranks(n: float, q: float, confidence: float) -> tuple[float | None, fl
     return (low if low >= 1 else None), (high if high <= m else None)
 
 
+@functools.lru_cache(maxsize=65536)
 def _cdf_root(m: int, q: float, level: float) -> float:
-    """The real k where the Binomial(m, q) CDF, interpolated linearly between integers, reaches ``level``."""
-    k = int(stats.binom.ppf(level, m, q))  # the smallest integer with CDF(k) >= level
-    hi, lo = float(stats.binom.cdf(k, m, q)), float(stats.binom.cdf(k - 1, m, q)) if k > 0 else 0.0
+    """The real k where the Binomial(m, q) CDF, interpolated linearly between integers, reaches ``level``
+    (special.bdtr is the CDF; bdtrik its continuous inverse, a first guess refined on the integers)."""
+    guess = float(special.bdtrik(level, m, q))
+    k = max(0, min(m, int(math.ceil(guess)) if math.isfinite(guess) else 0))
+    while k < m and float(special.bdtr(k, m, q)) < level:  # the smallest integer with CDF(k) >= level
+        k += 1
+    while k > 0 and float(special.bdtr(k - 1, m, q)) >= level:
+        k -= 1
+    hi, lo = float(special.bdtr(k, m, q)), float(special.bdtr(k - 1, m, q)) if k > 0 else 0.0
     return k - 1 + (level - lo) / (hi - lo) if hi > lo else float(k)
 
 
@@ -109,35 +116,6 @@ def time_batches(t_ns: np.ndarray, weights: np.ndarray | None = None, batches: i
     edges = [float(t_ns[order][min(int(np.searchsorted(cum, cum[-1] * k / batches)), len(cum) - 1)])
              for k in range(1, batches)]
     return np.searchsorted(np.array(edges), t_ns, side="right").astype(np.int64)
-
-
-def clustered_quantile_interval(values: np.ndarray, clusters: list[np.ndarray], q: float,
-                                confidence: float = 0.95, weights: np.ndarray | None = None) -> Interval:
-    """Interval of the q-quantile of autocorrelated samples: order-statistic ranks on the effective sample
-    size n / deff, deff the largest design effect over the groupings in ``clusters`` (e.g. request, time batch).
-    ``weights`` (e.g. tokens per chunk): each value counts that many times."""
-    w = np.ones(len(values)) if weights is None else weights.astype(float)
-    keep = ~np.isnan(values)
-    values, w, clusters = values[keep], w[keep], [c[keep] for c in clusters]
-    order = np.argsort(values, kind="stable")
-    values, w = values[order], w[order]
-    clusters = [c[order] for c in clusters]
-    n = float(w.sum())
-    if n == 0:
-        return Interval(None, None, confidence, "order statistics, batch means")
-    cum = np.cumsum(w)
-    estimate = values[min(int(np.searchsorted(cum, q * n, side="left")), len(values) - 1)]
-    deff = weighted_design_effect((values <= estimate).astype(float), clusters, w)
-    n_eff = n / deff
-    lo, hi = order_ranks(n_eff, q, confidence)
-
-    def at(rank: float) -> float:  # the value at this rank of n_eff, on the proportion scale of all n
-        pos = rank / math.floor(n_eff) * n  # a fractional rank among the n (weighted) samples
-        i = min(int(np.searchsorted(cum, math.floor(pos), side="left")), len(values) - 1)
-        j = min(int(np.searchsorted(cum, math.floor(pos) + 1, side="left")), len(values) - 1)
-        return float(values[i] + (pos - math.floor(pos)) * (values[j] - values[i]))
-    return Interval(None if lo is None else at(lo), None if hi is None else at(hi), confidence,
-                    f"order statistics, batch means (deff {deff:.2g})")
 
 
 def weighted_design_effect(below: np.ndarray, clusters: list[np.ndarray], w: np.ndarray | None = None) -> float:
