@@ -8,8 +8,8 @@ and shares, batch means where samples are autocorrelated): it *passes* when the 
 threshold, *fails* when the whole interval misses it, and is *undecided* otherwise — the run's verdict, the
 sweep's step and advise read one implementation. A summary written before intervals (no ``basis``), or an
 objective decided on its point value (``slo.decision: point``), is called by ``compare``'s Poisson bootstrap
-over requests (analysis/compare.py) where it can reach the statistic, else by the run's own pass/fail. The step fails if any objective fails, is undecided if any is undecided,
-and passes otherwise.
+over requests (analysis/compare.py) where it can reach the statistic, else by the run's own pass/fail. The
+step fails if any objective fails, is undecided if any is undecided, and passes otherwise.
 
 A limit of zero (the default ``error_rate.max: 0``) is judged on what was seen: one failure fails it.
 

@@ -245,7 +245,8 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
     summary.update(baseline_itl_ms=dict(sorted(base.items())), long_prompt_tokens=long_tokens,
                    spike_factor=cfg.spike_factor, min_gap_ms=cfg.min_gap_ms, step_tol_ms=cfg.tol_ms,
                    prefill_fit=fit.as_dict(), top_culprits=top_culprits(stalls, all_requests),
-                   worst=worst_stall(stalls, all_requests), worst_events=worst_events(events, all_requests, ok, t0_ns=run.t0_ns),
+                   worst=worst_stall(stalls, all_requests),
+                   worst_events=worst_events(events, all_requests, ok, t0_ns=run.t0_ns),
                    sensitivity=near)
     if cfg.fluidity_target_itl_ms:
         summary["fluidity"] = m.fluidity(ok, run.chunks, cfg.fluidity_target_itl_ms)

@@ -76,7 +76,8 @@ def slo_table(result: RunResult) -> str:
         rows.append(f"<tr><td><code>{e(o['objective'])}</code></td><td>{e(fmt(o['value']))}</td>"
                     f"<td>{e(interval_words(dict(o)))}</td>"
                     f"<td>{e(o['comparison'])} {e(fmt(o['threshold']))}</td><td>{e(margin_words(dict(o)))}</td>"
-                    f"<td>{e(o['samples'])}</td><td class=\"{state}\" title=\"{e(o.get('note') or '')}\">{state}</td></tr>")
+                    f"<td>{e(o['samples'])}</td>"
+                    f"<td class=\"{state}\" title=\"{e(o.get('note') or '')}\">{state}</td></tr>")
     words = decision_words(result)
     return ((f"<p class=\"decision\">{e(words)}.</p>" if words else "") +
             "<table id=\"slo\"><tr><th>objective</th><th>value</th><th>interval</th><th>threshold</th>"
