@@ -50,7 +50,7 @@ def _clustered_run(r: np.random.Generator, requests: int, tokens: int, tau: floa
                                "gap_ns": gap_ns, "tokens": np.ones(requests * tokens, dtype=np.uint16)}))
 
 
-@pytest.mark.parametrize("q,requests,tokens", [(0.5, 200, 50), (0.9, 200, 50), (0.99, 500, 20)])
+@pytest.mark.parametrize("q,requests,tokens", [(0.9, 200, 50), (0.99, 500, 20)])  # the tails objectives limit
 def test_batch_means_interval_of_a_token_percentile(q: float, requests: int, tokens: int) -> None:
     tau, sigma = 0.5, 0.5
     true = 20 * math.exp(float(stats.norm.ppf(q)) * math.sqrt(tau**2 + sigma**2))

@@ -20,8 +20,9 @@ from tests.run_helpers import run_cli
 
 # A simulator whose every step takes 20 ms whatever the batch, 4 sequences at most, 16-token prompts and
 # 10-token answers: a request holds a seat for 10 steps (200 ms), so the server completes at most
-# 4 / 0.2 s = 20 requests/s. Constant arrivals below that meet TTFT p99 <= 150 ms (one or two steps); above it
-# the queue grows for the whole step and TTFT with it. The capacity under the SLOs is 20 req/s.
+# 4 / 0.2 s = 20 requests/s (the objective is a p90 and no error at all: a 10-s step's ~120-240 requests decide
+# them, where a p99 needs 367 and had each step run again longer). Constant arrivals below that meet TTFT p90
+# <= 150 ms (one or two steps); above it the queue grows for the whole step and TTFT with it. The capacity under the SLOs is 20 req/s.
 STEP_MS, SEATS, OUTPUT_TOKENS = 20.0, 4, 10
 KNOWN_CAPACITY_PER_S = SEATS / (OUTPUT_TOKENS * STEP_MS / 1000)
 KNOWN = {
@@ -33,7 +34,7 @@ KNOWN = {
     "load": {"arrival": "constant", "rate_per_s": 12, "duration_s": 10, "warmup_s": 1, "drain_timeout_s": 10},
     "workload": {"classes": [{"name": "fixed", "prompt_tokens": {"dist": "fixed", "value": 16},
                               "output_tokens": {"dist": "fixed", "value": OUTPUT_TOKENS}}]},
-    "slo": {"ttft_ms": {"p99": 150}, "error_rate": {"max": 0.01},
+    "slo": {"ttft_ms": {"p90": 150}, "error_rate": {"max": 0},
             "attainment": {"ttft_ms": 150, "min_ratio": 0.9}},
 }
 
@@ -77,7 +78,7 @@ def test_every_step_is_a_full_run_and_the_sweep_files_agree(searched: SweepResul
     for step in searched.steps:
         summary = json.loads((out / step.run_dir / "summary.json").read_text())
         assert summary["verdict"] == step.verdict and (out / step.run_dir / "report.html").exists()
-        assert {o["objective"] for o in step.objectives} >= {"ttft_ms.p99", "error_rate.max", "goodput.min_ratio"}
+        assert {o["objective"] for o in step.objectives} >= {"ttft_ms.p90", "error_rate.max", "goodput.min_ratio"}
     assert "capacity" in (out / "summary.md").read_text()
     xmlschema = pytest.importorskip("xmlschema")
     xmlschema.XMLSchema(str(Path(__file__).parent / "data" / "junit-10.xsd")).validate(str(out / "junit.xml"))

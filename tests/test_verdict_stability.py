@@ -53,9 +53,9 @@ def test_stall_gaps_at_the_threshold_give_one_verdict_in_ten_runs(ten_runs: list
 
 
 def test_point_verdicts_on_the_same_runs_flap(ten_runs: list[dict[str, Any]]) -> None:
-    """Why the rule: decided on the observed rate alone, the same ten replays both pass and fail."""
-    calls = {stall_objective(replayed(AT_THRESHOLD + ["slo.decision=point"], seed))["decision"]
-             for seed in range(10)}
+    """Why the rule: decided on the observed rate alone, the same ten replays both pass and fail (each run's
+    point call: its rate against the limit)."""
+    calls = {"pass" if o["value"] <= o["threshold"] else "fail" for o in map(stall_objective, ten_runs)}
     assert calls == {"pass", "fail"}
 
 

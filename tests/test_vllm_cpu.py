@@ -92,8 +92,10 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
 
     # loadgen advise: the fitted model replays this run, and names the chunked setting that meets the objectives
-    calls = {o["objective"]: o["passed"] for o in summary(off)["slo"]}
-    assert calls["stalls.max_prefill_induced_per_1k_tokens"] is False  # whole prefills stall the victims
+    stall_slo = next(o for o in summary(off)["slo"] if o["objective"] == "stalls.max_prefill_induced_per_1k_tokens")
+    # whole prefills stall the victims: over the limit, never a pass (a short run's few stall bursts may leave
+    # its interval undecided: inconclusive, not fail)
+    assert stall_slo["value"] > stall_slo["threshold"] and stall_slo["decision"] in ("fail", "inconclusive"), stall_slo
     advice = api.advise(off, server=["chunked_prefill=false", "max_num_batched_tokens=4096"], png=False)
     print("\n" + markdown(advice))
     # the recommendation, else the closest it names (a short run may not decide a p99 with the margin)
