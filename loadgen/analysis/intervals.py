@@ -155,13 +155,19 @@ def poisson_rate_interval(events: int, exposure: float, confidence: float = 0.95
     return Interval(low, high, confidence, "mid-p Poisson" + (f", dispersion {d:.2g}" if d > 1 else ""))
 
 
+def poisson_mid_cdf(k: float, lam: float) -> float:
+    """P(X < k) + P(X = k) / 2 for X ~ Poisson(λ), k possibly fractional (the CDF's continuous extension through
+    the regularised gamma function): the mid-p tail both the interval and the sizing invert."""
+    pmf = math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) if lam > 0 else float(k == 0)
+    return float(special.gammaincc(k + 1, lam)) - pmf / 2
+
+
 @functools.lru_cache(maxsize=4096)
 def _poisson_mid_root(k: float, level: float) -> float:
     """The mean λ at which P(X < k) + P(X = k) / 2 = ``level`` (X ~ Poisson(λ); k may be fractional: the CDF's
     continuous extension through the regularised gamma function)."""
     def mid(lam: float) -> float:
-        pmf = math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) if lam > 0 else float(k == 0)
-        return float(special.gammaincc(k + 1, lam)) - pmf / 2 - level
+        return poisson_mid_cdf(k, lam) - level
     high = max(10.0, 4 * (k + 10))
     return float(optimize.brentq(mid, 1e-12, high)) if mid(1e-12) > 0 else 0.0
 
@@ -176,9 +182,13 @@ def dispersion(event_batches: np.ndarray, exposure_batches: np.ndarray) -> float
     expected = total * exposure_batches[keep] / exposure
     df = int(keep.sum()) - 1
     chi2 = float(np.sum((event_batches[keep] - expected) ** 2 / expected))
-    # estimated from df batches: widened as Student's t widens the normal ((t/z)², quasi-Poisson)
-    widen = (float(stats.t.ppf(0.975, df)) / float(stats.norm.ppf(0.975))) ** 2
-    return max(1.0, chi2 / df * widen)
+    return max(1.0, chi2 / df * dispersion_widening(df))
+
+
+def dispersion_widening(df: int) -> float:
+    """A dispersion estimated from ``df`` + 1 batches, widened as Student's t widens the normal ((t/z)²,
+    quasi-Poisson)."""
+    return (float(stats.t.ppf(0.975, df)) / float(stats.norm.ppf(0.975))) ** 2
 
 
 @functools.lru_cache(maxsize=4096)

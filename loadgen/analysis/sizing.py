@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, stats
 
 from loadgen.analysis import intervals as iv
 
@@ -109,14 +109,9 @@ def proportion_power(n: int, p: float, limit: float, comparison: str, confidence
     return float(stats.binom.sf(ok.min() - 1, n, p)) if ok.size else 0.0
 
 
-def _poisson_mid(k: float, lam: float) -> float:
-    pmf = math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) if lam > 0 else float(k == 0)
-    return float(special.gammaincc(k + 1, lam)) - pmf / 2
-
-
 def _poisson_cut(lam: float, level: float) -> float:
     """The (fractional) count k at which the mid-p Poisson CDF at ``lam`` reaches ``level``."""
-    f = lambda k: _poisson_mid(k, lam) - level  # noqa: E731 - rising in k
+    f = lambda k: iv.poisson_mid_cdf(k, lam) - level  # noqa: E731 - rising in k
     if f(0.0) >= 0:
         return 0.0
     hi = lam + 20 * math.sqrt(lam + 1) + 20
@@ -125,7 +120,7 @@ def _poisson_cut(lam: float, level: float) -> float:
 
 def _widen() -> float:
     """The verdict's widening of a measured dispersion, (t/z)² at its degrees of freedom (intervals.py)."""
-    return (float(stats.t.ppf(0.975, DISPERSION_DF)) / float(stats.norm.ppf(0.975))) ** 2
+    return iv.dispersion_widening(DISPERSION_DF)
 
 
 def dispersion_draws(dispersion: float) -> np.ndarray:
@@ -198,6 +193,13 @@ UNRELIABLE = "the pilot cannot tell its side at its assurance: sized at its esti
 ON_LIMIT = "cannot be decided: the estimate sits on the limit"
 
 
+def _direction(estimate: float, limit: float, comparison: str) -> Direction | None:
+    """Which way a run would be certified where the pilot's estimate points (None: it sits on the limit)."""
+    if estimate == limit:
+        return None
+    return "pass" if (estimate <= limit if comparison == "<=" else estimate >= limit) else "fail"
+
+
 def quantile_needed(p_at_limit: float, pilot_n: float, q: float, confidence: float, power: float,
                     deff: float = 1.0, assurance: float = ASSURANCE) -> Need:
     """Samples (n, design effect included) to certify the q-quantile, from a pilot of ``pilot_n`` samples of
@@ -219,10 +221,9 @@ def proportion_needed(k: int, pilot_n: int, limit: float, comparison: str, confi
     if pilot_n <= 0:
         return Need(None, None, False, "no samples in the pilot")
     p_hat = k / pilot_n
-    if p_hat == limit:
+    direction = _direction(p_hat, limit, comparison)
+    if direction is None:
         return Need(None, None, False, ON_LIMIT)
-    good = p_hat <= limit if comparison == "<=" else p_hat >= limit
-    direction: Direction = "pass" if good else "fail"
     p, reliable = _bound(p_hat, limit, assurance, lambda c: exact_binomial(k, pilot_n, c))
     start = iv.proportion_samples_needed(p, limit, confidence, power) or 1
     n = smallest_n(lambda n: proportion_power(n, p, limit, comparison, confidence, direction), power, start)
@@ -235,10 +236,9 @@ def rate_needed(events: float, exposure: float, limit: float, comparison: str, c
     if exposure <= 0:
         return Need(None, None, False, "no exposure in the pilot")
     r_hat = events / exposure
-    if r_hat == limit:
+    direction = _direction(r_hat, limit, comparison)
+    if direction is None:
         return Need(None, None, False, ON_LIMIT)
-    good = r_hat <= limit if comparison == "<=" else r_hat >= limit
-    direction: Direction = "pass" if good else "fail"
     r, reliable = _bound(r_hat, limit, assurance, lambda c: exact_poisson(events, exposure, c, dispersion))
     start = iv.rate_exposure_needed(r, limit, confidence, power, dispersion) or 1.0
     unit = max(start / 1000, 1e-9)  # searched in steps of a thousandth of the first guess
@@ -252,14 +252,14 @@ def mean_needed(estimate: float, half_width: float, pilot_n: int, limit: float, 
     """Samples to certify a mean, from the pilot's t interval (its half width at ``confidence``)."""
     if pilot_n < 2 or half_width <= 0:
         return Need(None, None, False, "no interval in the pilot")
-    if estimate == limit:
+    direction = _direction(estimate, limit, comparison)
+    if direction is None:
         return Need(None, None, False, ON_LIMIT)
-    good = estimate <= limit if comparison == "<=" else estimate >= limit
     za = _z(1 - (1 - confidence) / 2)
     se = half_width / za
     value, reliable = _shifted(estimate, se, limit, assurance)
     n = pilot_n * ((za + _z(power)) * se / abs(value - limit)) ** 2
-    return Need(math.ceil(n), "pass" if good else "fail", reliable, "" if reliable else UNRELIABLE)
+    return Need(math.ceil(n), direction, reliable, "" if reliable else UNRELIABLE)
 
 
 # ---- compare: detecting a regression ------------------------------------------------------------------------
