@@ -1,10 +1,16 @@
-"""The lean transport's direct POST path: the request head it prepares once a run, and when it steps aside."""
+"""The lean transport's direct POST path: the request head it prepares once a run, and when it steps aside; a
+pooled connection the server closed for idleness."""
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+from typing import Awaitable, Callable
 
-from loadgen.drivers.lean_transport import LeanTransport, direct_post
+import httpx
+import pytest
+
+from loadgen.drivers.errors import ClosedIdle
+from loadgen.drivers.lean_transport import LeanTransport, StreamContext, direct_post
 
 
 def test_a_prepared_post_is_a_well_formed_http_request():
@@ -28,3 +34,76 @@ def test_the_direct_path_steps_aside_for_another_transport_or_a_bad_header():
     assert direct_post(lean, "http://127.0.0.1:9/v1/x", {"a": "b"}) is not None
     assert direct_post(lean, "http://127.0.0.1:9/v1/x", {"a": "b\r\nInjected: 1"}) is None  # h11 refuses it
     assert direct_post(httpx.AsyncClient(), "http://127.0.0.1:9/v1/x", {}) is None
+
+
+class IdleCloser:
+    """A keep-alive server on 127.0.0.1 that answers each connection's first request and closes the connection
+    when the second one arrives, without a byte of answer: the idle-timeout race a pooled connection meets
+    (cpp-httplib, which llama-server uses, and uvicorn close keep-alive connections idle for 5 s)."""
+
+    def __init__(self) -> None:
+        self.requests: list[bytes] = []  # the request lines, as they came
+        self.connections = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        for answered in range(2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next((line.split(b":")[1] for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), b"0"))
+            await reader.readexactly(length)
+            self.requests.append(head.split(b"\r\n")[0])
+            if answered:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 9\r\n\r\n"
+                         b'{"ok": 1}')
+            await writer.drain()
+        writer.close()
+
+
+async def _against_idle_closer(use: Callable[[int], Awaitable[object]]) -> tuple[IdleCloser, object]:
+    closer = IdleCloser()
+    server = await asyncio.start_server(closer.serve, "127.0.0.1", 0)
+    try:
+        return closer, await use(server.sockets[0].getsockname()[1])
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_read_only_call_on_a_connection_the_server_closed_is_retried_on_a_new_one():
+    """/tokenize and /apply-template (post_bytes) and GETs are idempotent: the second call, whose pooled
+    connection the server closes unanswered, is sent again on a new connection and answered (RFC 9112
+    §9.3.1.1); before, `loadgen check` against llama-server failed with 'connection lost mid-response'."""
+    async def two_posts(port: int) -> object:
+        lean = LeanTransport()
+        post = lean.prepare_post(f"http://127.0.0.1:{port}/tokenize", {})
+        answers = [await lean.post_bytes(post, b"{}") for _ in range(2)]
+        await lean.aclose()
+        return answers
+
+    async def two_gets(port: int) -> object:
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            return [(await client.get(f"http://127.0.0.1:{port}/v1/models")).json() for _ in range(2)]
+
+    closer, answers = asyncio.run(_against_idle_closer(two_posts))
+    assert answers == [(200, b'{"ok": 1}')] * 2
+    assert closer.requests == [b"POST /tokenize HTTP/1.1"] * 3 and closer.connections == 2
+    closer, answers = asyncio.run(_against_idle_closer(two_gets))
+    assert answers == [{"ok": 1}] * 2 and closer.connections == 2
+
+
+def test_a_generation_request_on_a_connection_the_server_closed_is_an_error_not_a_retry():
+    """A streamed POST is not known to be idempotent (the server may have started generating): it fails as a
+    read error naming the idle close, and is not sent twice."""
+    async def two_streams(port: int) -> object:
+        lean = LeanTransport()
+        post = lean.prepare_post(f"http://127.0.0.1:{port}/v1/completions", {})
+        first = await lean.post(post, b"{}", StreamContext(feed=lambda data, t_ns: None))
+        with pytest.raises(ClosedIdle, match="closed an idle keep-alive connection") as raised:
+            await lean.post(post, b"{}", StreamContext(feed=lambda data, t_ns: None))
+        await lean.aclose()
+        return first, raised.value
+
+    closer, (first, error) = asyncio.run(_against_idle_closer(two_streams))  # type: ignore[misc]
+    assert first == 200 and isinstance(error, httpx.ReadError) and len(closer.requests) == 2

@@ -14,6 +14,8 @@ What servers and proxies send, and what this does with it:
 - a redirect (301, 302, 303, 307, 308) on a request with a ``StreamContext``: its body is not fed (it is not the
   answer); ``location`` is kept for the caller, which follows it or reports it (``lean_transport.py``).
 - a response reader that raises (loadgen's parser: a bug) fails the request with ``FeedError``, a counted error.
+- a reused connection closed before any byte of its response (the server's idle timeout racing the request):
+  ``ClosedIdle``, which ``lean_transport.py`` retries on a new connection where the request is idempotent.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import httptools
 import httpx
 
 from loadgen.drivers.content_coding import BodyDecoder, decoding
-from loadgen.drivers.errors import FeedError
+from loadgen.drivers.errors import ClosedIdle, FeedError
 from loadgen.drivers.timing import sleep_until
 
 CONTEXT_KEY = "loadgen.stream"
@@ -75,6 +77,8 @@ class Connection(asyncio.Protocol):
         self._decode: BodyDecoder | None = None
         self._capture: bytearray | None = None  # the context's ``raw``
         self._wire, self._head_end = False, 0  # capturing the reads as they come (until the final head ends)
+        self.requests_sent = 0  # on this connection: more than one, and it was reused
+        self._answered = False  # some byte of the current request's response has come
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -85,6 +89,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._t_ns = time.monotonic_ns()  # the read's arrival, before any parsing
+        self._answered = True
         if self._wire:
             self._keep(data)
         try:
@@ -119,6 +124,10 @@ class Connection(asyncio.Protocol):
         if not self.done and exc is None and self._until_close:  # RFC 9112 §6.3 rule 8: the close ends it
             self.keep_alive = False
             self.on_message_complete()  # a compressed stream cut short by the close fails there
+        elif not self.done and not self._answered and self.requests_sent > 1:
+            # a close, or a reset: Linux resets when our request lay unread in the closing socket's buffer
+            why = exc or "closed"
+            self._fail(ClosedIdle(f"the server closed an idle keep-alive connection as the request went out ({why})"))
         elif not self.done:
             self._fail(httpx.ReadError(f"connection lost mid-response: {exc or 'closed by peer'}"))
 
@@ -206,6 +215,7 @@ class Connection(asyncio.Protocol):
         self._feed = ctx.feed if ctx is not None else None
         self.head = asyncio.get_running_loop().create_future()
         self.headers, self.done, self.error = [], False, None
+        self.requests_sent, self._answered = self.requests_sent + 1, False
         self._interim = self._until_close = self._discard = False
         self._decode, self._capture = None, (ctx.raw if ctx is not None else None)
         self._wire, self._head_end = self._capture is not None, len(self._capture or b"")
@@ -213,8 +223,9 @@ class Connection(asyncio.Protocol):
         if ctx is not None:
             await sleep_until(ctx.not_before_ns)  # other streams keep being read while this one waits
             ctx.t_sent_ns = time.monotonic_ns()
-        if self.transport is None:
-            raise httpx.WriteError("connection closed before the request was sent")
+        if self.transport is None:  # closed while the request waited for its send time
+            fault = ClosedIdle if self.requests_sent > 1 else httpx.WriteError
+            raise fault("connection closed before the request was sent")
         self.transport.write(data)
         return await self.head
 

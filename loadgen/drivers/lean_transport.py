@@ -33,6 +33,7 @@ from typing import AsyncIterator, Callable
 import h11
 import httpx
 
+from loadgen.drivers.errors import ClosedIdle
 from loadgen.drivers.http_conn import CONTEXT_KEY, REDIRECTS, Connection, StreamContext
 from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
 from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
@@ -40,6 +41,7 @@ from loadgen.drivers.redirects import MAX_REDIRECTS, next_hop, too_many
 
 __all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext", "drop_stream"]
 Origin = tuple[str, str, int]
+IDEMPOTENT = ("GET", "HEAD", "OPTIONS", "PUT", "DELETE")  # RFC 9110 §9.2.2: retried after ClosedIdle
 
 
 class _Body(httpx.AsyncByteStream):
@@ -80,15 +82,26 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {scheme}://")
         origin = (scheme, request.url.host, request.url.port or (443 if scheme == "https" else 80))
         proxy = self._forward_proxy(origin)
-        conn = await self._acquire(origin)
+        data = serialize(request, await request.aread(), proxy)
+        ctx = request.extensions.get(CONTEXT_KEY)
         try:
-            data = serialize(request, await request.aread(), proxy)
-            status, headers = await conn.send_bytes(data, request.extensions.get(CONTEXT_KEY))
+            conn, status, headers = await self._send(origin, data, ctx, fresh=False)
+        except ClosedIdle:
+            if request.method not in IDEMPOTENT:
+                raise
+            conn, status, headers = await self._send(origin, data, ctx, fresh=True)
+        return httpx.Response(status, headers=headers, stream=_Body(conn, self._release),
+                              extensions={"http_version": b"HTTP/1.1"})
+
+    async def _send(self, origin: Origin, data: bytes, ctx: StreamContext | None,
+                    fresh: bool) -> tuple[Connection, int, list[tuple[bytes, bytes]]]:
+        conn = await self._acquire(origin, fresh)
+        try:
+            status, headers = await conn.send_bytes(data, ctx)
         except BaseException:
             conn.close()
             raise
-        return httpx.Response(status, headers=headers, stream=_Body(conn, self._release),
-                              extensions={"http_version": b"HTTP/1.1"})
+        return conn, status, headers
 
     def _forward_proxy(self, origin: Origin) -> Proxy | None:
         """The proxy an http:// request goes to in absolute form (https ones go through a tunnel); an environment's
@@ -126,10 +139,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             b"%s: %s\r\n" % (k.encode("latin-1"), v.encode("latin-1")) for k, v in fields)
         return PreparedPost(origin, head + b"content-length: ")
 
-    async def post(self, prepared: PreparedPost, body: bytes, ctx: StreamContext) -> int:
+    async def post(self, prepared: PreparedPost, body: bytes, ctx: StreamContext, fresh: bool = False) -> int:
         """Send the POST and read its response to the end (the body goes to ``ctx.feed``); the status. Faults
-        raise the httpx errors ``handle_async_request`` would."""
-        conn = await self._acquire(prepared.origin)
+        raise the httpx errors ``handle_async_request`` would. ``fresh``: on a new connection, not a pooled one."""
+        conn = await self._acquire(prepared.origin, fresh)
         try:
             status, _ = await conn.send_bytes(prepared.request(body), ctx)
             await conn.wait_done()
@@ -140,13 +153,21 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return status
 
     async def post_bytes(self, prepared: PreparedPost, body: bytes) -> tuple[int, bytes]:
-        """A plain (not streamed) POST: the status and the whole answer."""
+        """A plain (not streamed) POST of a read-only endpoint (``/tokenize``, ``/apply-template``): the status
+        and the whole answer. Idempotent by its semantics, so a pooled connection that the server closed as the
+        request went out (``ClosedIdle``) is retried once on a new one (RFC 9112 §9.3.1.1)."""
+        try:
+            return await self._post_bytes(prepared, body, fresh=False)
+        except ClosedIdle:
+            return await self._post_bytes(prepared, body, fresh=True)
+
+    async def _post_bytes(self, prepared: PreparedPost, body: bytes, fresh: bool) -> tuple[int, bytes]:
         answer = bytearray()
-        status = await self.post(prepared, body, StreamContext(feed=lambda data, _t_ns: answer.extend(data)))
+        status = await self.post(prepared, body, StreamContext(feed=lambda data, _t_ns: answer.extend(data)), fresh)
         return status, bytes(answer)
 
-    async def _acquire(self, origin: tuple[str, str, int]) -> Connection:
-        idle = self._idle.get(origin)
+    async def _acquire(self, origin: tuple[str, str, int], fresh: bool = False) -> Connection:
+        idle = self._idle.get(origin) if not fresh else None
         while idle:
             conn = idle.pop()
             if conn.transport is not None and not conn.transport.is_closing():

@@ -46,9 +46,9 @@ class CountingTransport(LeanTransport):
         self.requests += 1
         return await super().handle_async_request(request)
 
-    async def post(self, prepared: Any, body: bytes, ctx: StreamContext) -> int:
+    async def post(self, prepared: Any, body: bytes, ctx: StreamContext, fresh: bool = False) -> int:
         self.requests += 1
-        return await super().post(prepared, body, ctx)
+        return await super().post(prepared, body, ctx, fresh)
 
     async def _connect(self, origin: Any) -> Any:
         self.connections += 1
