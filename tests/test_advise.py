@@ -21,8 +21,9 @@ from tests.run_helpers import run_cli, summary
 
 SCENARIO = "tests/data/advise_sim.yaml"
 # (preset, engine, rate): cost models the calibration is not told about (run.json holds only the scheduler's
-# settings), under two schedulers
-CASES = [("t4-phi3-mini", "vllm", 1), ("h100-llama-8b", "vllm", 3), ("a100-llama-7b", "sglang", 3)]
+# settings), under two schedulers (an H100 under vLLM's was a third case, dropped for CI's 45 minutes: 40 s; the
+# T4 case keeps vLLM's scheduler)
+CASES = [("t4-phi3-mini", "vllm", 1), ("a100-llama-7b", "sglang", 3)]
 MEDIANS = ("TTFT p50", "ITL p50")
 TAILS = ("TTFT p99", "ITL p99", "worst gap")
 
