@@ -107,3 +107,18 @@ def test_a_generation_request_on_a_connection_the_server_closed_is_an_error_not_
 
     closer, (first, error) = asyncio.run(_against_idle_closer(two_streams))  # type: ignore[misc]
     assert first == 200 and isinstance(error, httpx.ReadError) and len(closer.requests) == 2
+
+
+def test_a_connection_idle_past_the_keepalive_expiry_is_not_reused():
+    """Servers close idle connections (uvicorn and cpp-httplib at 5 s): the pool drops one idle for longer than
+    its expiry (4 s by default; 0 here, so the pause between two requests is past it), so a generation request
+    after a pause goes on a new connection and is answered, instead of meeting the server's close."""
+    async def pause_then_stream(port: int) -> object:
+        lean = LeanTransport(keepalive_expiry_s=0.0)
+        post = lean.prepare_post(f"http://127.0.0.1:{port}/v1/completions", {})
+        statuses = [await lean.post(post, b"{}", StreamContext(feed=lambda data, t_ns: None)) for _ in range(2)]
+        await lean.aclose()
+        return statuses
+
+    closer, statuses = asyncio.run(_against_idle_closer(pause_then_stream))
+    assert statuses == [200, 200] and closer.connections == 2 and len(closer.requests) == 2

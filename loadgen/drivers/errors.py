@@ -21,4 +21,4 @@ class ClosedIdle(httpx.ReadError):
     """A reused keep-alive connection that the server closed before any byte of the response came: it closed the
     connection for idleness as the request went out (RFC 9112 §9.6: either side may close an idle connection at
     any time). A request known to be idempotent is retried once on a new connection (§9.3.1.1); a generation
-    request is not (the server may have started it), and counts as a ``read`` error."""
+    request is not (the server may have started it), and counts as a ``protocol`` error (``timing.error_kind``)."""

@@ -78,6 +78,7 @@ class Connection(asyncio.Protocol):
         self._capture: bytearray | None = None  # the context's ``raw``
         self._wire, self._head_end = False, 0  # capturing the reads as they come (until the final head ends)
         self.requests_sent = 0  # on this connection: more than one, and it was reused
+        self.idle_since_ns = 0  # when it went back to the pool (lean_transport.py expires idle connections)
         self._answered = False  # some byte of the current request's response has come
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------

@@ -58,10 +58,18 @@ class _Body(httpx.AsyncByteStream):
             self.release(self.conn)
 
 
+# A pooled connection idle longer than this is closed, not reused: uvicorn (vLLM, SGLang) and cpp-httplib
+# (llama-server) close connections idle for 5 s, and a request sent as they do meets a closed connection (httpx's
+# pool expires them at 5 s; 4 s keeps clear of the servers' 5 s). RFC 9112 §9.6: either side may close an idle
+# connection at any time.
+KEEPALIVE_EXPIRY_S = 4.0
+
+
 class LeanTransport(httpx.AsyncBaseTransport):
     def __init__(self, connect_timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None,
-                 use_proxy_env: bool = True) -> None:
+                 use_proxy_env: bool = True, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.keepalive_expiry_ns = int(keepalive_expiry_s * 1e9)
         self.ssl_context = ssl_context
         self.use_proxy_env = use_proxy_env
         self._idle: dict[Origin, list[Connection]] = {}
@@ -168,10 +176,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def _acquire(self, origin: tuple[str, str, int], fresh: bool = False) -> Connection:
         idle = self._idle.get(origin) if not fresh else None
+        oldest_ns = time.monotonic_ns() - self.keepalive_expiry_ns
         while idle:
-            conn = idle.pop()
-            if conn.transport is not None and not conn.transport.is_closing():
+            conn = idle.pop()  # the most recently used first: when it has expired, so have the others
+            if conn.transport is not None and not conn.transport.is_closing() and conn.idle_since_ns >= oldest_ns:
                 return conn
+            conn.close()
         scheme, host, port = origin
         try:
             return await asyncio.wait_for(self._connect(origin), self.connect_timeout_s)
@@ -203,6 +213,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     def _release(self, conn: Connection) -> None:
         if conn.reusable():
+            conn.idle_since_ns = time.monotonic_ns()
             self._idle.setdefault(conn.origin, []).append(conn)
         else:
             conn.close()
