@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from loadgen.plan.arrivals import arrival_offsets_s, read_trace_file, sample_length
 from loadgen.plan.datasets import Row, class_rows
 from loadgen.plan.scenario import MAX_PLAN_REQUESTS, MAX_TURNS, Conversation, RequestClass, Scenario, ScenarioError
+from loadgen.plan.sessions import SessionPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,15 @@ class PlannedRequest:
     row: int | None = None  # a dataset class: the row of ``datasets.rows_for`` its prompt comes from
     group: int = 0  # its class's prefix group (arrival index mod prefix_groups)
     blocks: tuple[int, ...] | None = None  # a Mooncake trace's hash ids: its prompt is those blocks' text
+    session: int | None = None  # a session's call: the session's arrival index (plan/sessions.py)
+    call: int = 0  # its call index in the session (topological order)
+    parents: tuple[int, ...] = ()  # calls that must have ended before it is sent
+    context: int | None = None  # the call whose transcript it extends; None: a fresh context
+    wait_ns: int = 0  # after its last parent ended: this long (tool wait or think time), then sent
+    wait_kind: str = "none"  # none | tool | think
+    agent: int = 0  # 0: the main agent; k: the session's k-th sub-agent
+    step: int = 0  # the agent's step
+    tool_turn: bool = False  # expected to end in a tool call (tool_choice "required")
 
 
 # ---- the plan ------------------------------------------------------------------------------------------
@@ -51,6 +61,7 @@ class Plan:
                                               [r.offset_s for r in self._trace] if self._trace else
                                               arrival_offsets_s(scenario, rng))
         self.conversational = any(c.conversation is not None for c in self._classes)
+        self.sessional = any(getattr(c, "session", None) is not None for c in self._classes)
         self.requests: list[PlannedRequest] | None = (
             self._expand(len(self.offsets_s)) if self.offsets_s is not None else None)
 
@@ -95,6 +106,12 @@ class Plan:
             out.append(dataclasses.replace(first, prompt_tokens=prompt, output_tokens=output, conversation=index,
                                            turn=turn, think_ns=int(think_time_s(conv, rng) * 1e9)))
         return out
+
+    def session(self, index: int) -> tuple[SessionPlan, list[PlannedRequest]]:
+        """Arrival ``index``'s session (a class with ``session``): its graph and one request per call, in call
+        order (each ``seq`` is ``index``: an open-loop plan renumbers them, a closed-loop driver numbers them as
+        it sends)."""
+        raise NotImplementedError("sessions: being built (issue 38, P2)")
 
     def _turns(self, cls: RequestClass, conv: Conversation, first: PlannedRequest, rng: random.Random) -> int:
         """A conversation's turns: drawn; with a dataset, the row's turns (those with a recorded answer when
