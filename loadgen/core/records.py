@@ -36,6 +36,21 @@ class RequestRecord:
     conversation: int | None = None  # a multi-turn conversation's arrival index (None: a request on its own)
     turn: int | None = None  # its turn, from 0
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache (usage), if it said
+    # reasoning and tool calls (issue 38): TTFT (t_first_token_ns) is the first generated token of any kind
+    t_first_answer_ns: int | None = None  # first chunk whose tokens are not all reasoning (answer or tool call)
+    t_last_reasoning_ns: int | None = None  # last chunk with reasoning tokens (None: no reasoning)
+    reasoning_tokens: int | None = None  # output tokens that were reasoning (usage details, else chunk counts)
+    tool_tokens: int | None = None  # output tokens of tool-call names and arguments
+    tool_calls: int | None = None  # tool calls in the answer
+    # an agentic session's call (None: not a session call); copied from RequestMeta
+    session: int | None = None  # the session's arrival index
+    call: int | None = None  # its call index in the session
+    agent: int | None = None  # 0 the main agent, k a sub-agent
+    step: int | None = None  # the agent's step
+    after_call: int | None = None  # the parent whose end released it (the last to end); None for roots
+    t_ready_ns: int | None = None  # when its last parent ended (roots: the session's start)
+    wait_ns: int | None = None  # tool wait / think time applied: t_intended_ns = t_ready_ns + wait_ns
+    wait_kind: str | None = None  # "tool" | "think" | "none"
 
 
 @dataclass(slots=True)
@@ -45,6 +60,15 @@ class ChunkRecord:
     tokens: int
     reasoning: bool = False
     worker: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of an answer (OpenAI chat ``tool_calls[i]``, Responses ``function_call``, Anthropic
+    ``tool_use``): its id, the function's name and its arguments as streamed (JSON text, concatenated)."""
+    id: str
+    name: str
+    arguments: str
 
 
 REQUEST_COLUMNS = tuple(f.name for f in fields(RequestRecord))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
 from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, error_of, local_token_weight
@@ -41,6 +41,15 @@ class RequestMeta:
     conversation: int | None = None
     turn: int | None = None
     keep_text: bool = False  # a conversation's turn: its answer is the next turn's history
+    # an agentic session's call (plan.md §2.4): copied as they are into the RequestRecord's fields of these names
+    session: int | None = None
+    call: int | None = None
+    agent: int | None = None
+    step: int | None = None
+    after_call: int | None = None
+    t_ready_ns: int | None = None
+    wait_ns: int | None = None
+    wait_kind: str | None = None
 
 
 def error_kind_for_status(status: int) -> str:
@@ -209,7 +218,7 @@ class StreamTracker:
             output_tokens_source="server" if s.completion_tokens is not None else "local",
             chunks=len(chunks), request_id=s.request_id, finish_reason=s.finish_reason, http_status=status,
             error_kind=kind, error_message=message, reasoning=any(c.reasoning for c in chunks), worker=m.worker,
-            conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens)
+            conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens, **_session_fields(m))
 
 
 def bare_record(m: RequestMeta, t_sent_ns: int, now_ns: int, status: int, kind: str,
@@ -220,7 +229,16 @@ def bare_record(m: RequestMeta, t_sent_ns: int, now_ns: int, status: int, kind: 
                          prompt_tokens_asked=m.prompt_tokens_asked, prompt_tokens=m.prompt_tokens_asked,
                          prompt_tokens_source="asked", output_tokens_asked=m.output_tokens_asked, output_tokens=0,
                          output_tokens_source="local", chunks=0, http_status=status, error_kind=kind,
-                         error_message=message, worker=m.worker, conversation=m.conversation, turn=m.turn)
+                         error_message=message, worker=m.worker, conversation=m.conversation, turn=m.turn,
+                         **_session_fields(m))
+
+
+SESSION_FIELDS = ("session", "call", "agent", "step", "after_call", "t_ready_ns", "wait_ns", "wait_kind")
+
+
+def _session_fields(m: RequestMeta) -> dict[str, Any]:
+    """The session meta a record carries as it is (all None for a request outside a session)."""
+    return {name: getattr(m, name) for name in SESSION_FIELDS}
 
 
 def _rescale(chunks: list[ChunkRecord], total: int | None) -> None:

@@ -14,8 +14,15 @@ REQUEST_SCHEMA = pl.Schema({
     "chunks": pl.Int64, "request_id": pl.String, "finish_reason": pl.String, "http_status": pl.Int64,
     "error_kind": pl.String, "error_message": pl.String, "reasoning": pl.Boolean, "worker": pl.Int64,
     "conversation": pl.Int64, "turn": pl.Int64, "cached_tokens": pl.Int64,
+    "t_first_answer_ns": pl.Int64, "t_last_reasoning_ns": pl.Int64, "reasoning_tokens": pl.Int64,
+    "tool_tokens": pl.Int64, "tool_calls": pl.Int64, "session": pl.Int64, "call": pl.Int64, "agent": pl.Int64,
+    "step": pl.Int64, "after_call": pl.Int64, "t_ready_ns": pl.Int64, "wait_ns": pl.Int64, "wait_kind": pl.String,
 })
-LATER_COLUMNS = ("conversation", "turn", "cached_tokens")  # added after the first release: null when absent
+LATER_COLUMNS = (  # added after the first release: null when absent
+    "conversation", "turn", "cached_tokens",
+    "t_first_answer_ns", "t_last_reasoning_ns", "reasoning_tokens", "tool_tokens", "tool_calls",  # issue 38
+    "session", "call", "agent", "step", "after_call", "t_ready_ns", "wait_ns", "wait_kind",
+)
 CHUNK_SCHEMA = pl.Schema({"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
                           "worker": pl.Int64})
 assert tuple(REQUEST_SCHEMA) == REQUEST_COLUMNS and tuple(CHUNK_SCHEMA) == CHUNK_COLUMNS
