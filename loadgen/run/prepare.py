@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import httpx
 
 from loadgen.core.apis import PATHS
 from loadgen.drivers.engine_config import EngineConfig
 from loadgen.drivers.lean_transport import LeanTransport
+from loadgen.drivers.sessions import CallResult
 from loadgen.drivers.proxy import Proxy, ProxyError, proxy_for
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
+from loadgen.plan.session_bodies import Transcript, new_messages, session_body
 from loadgen.plan.workload import History, Prompt, PromptFactory, request_body
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, token_counter
 
@@ -108,6 +110,18 @@ class Prepared:
         body = request_body(self.scenario, self.target.model, self.plan.class_of(req.class_name), prompt,
                             req.output_tokens, self.target.continuous_usage, history)
         return body, prompt.user
+
+    async def call(self, req: PlannedRequest, transcript: Transcript, parents: Sequence[CallResult],
+                   prompt: Prompt | None = None) -> tuple[dict[str, Any], Transcript]:
+        """A session call: its body (the system prompt, its context's ``transcript``, then its new messages) and
+        those new messages. ``parents``: every parent's result; the context's tool calls get their results, and
+        a call that extends a context carries the answers of its other parents (the sub-agents it joins)."""
+        prompt = prompt or await self.factory.build(req)
+        context = next((p for p in parents if p.call == req.context), None)
+        joined = [p for p in parents if p is not context] if req.context is not None else []
+        new = new_messages(req, prompt, context.tool_calls if context is not None else (), joined)
+        return session_body(self.scenario, self.target.model, self.plan.class_of(req.class_name), prompt,
+                            transcript, new, req.output_tokens, req.tool_turn, self.target.continuous_usage), new
 
 
 @dataclass

@@ -1,0 +1,248 @@
+"""The session scheduler (drivers/sessions.py): a call waits for every parent and then its wait, exactly
+(``t_intended = t_ready + wait``, ``t_ready = max(parents' t_done)``); fan-out siblings are in flight together,
+a join leaves after all of them, a background sub-agent is not waited for, a failed call's descendants are not
+sent; closed loop: a user runs one session at a time. First with a fake sender (milliseconds), then each agent
+trace fixture replayed on the embedded simulator, checked against the send timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from loadgen.core.records import RequestRecord, ToolCall
+from loadgen.core.tracker import bare_record
+from loadgen.drivers.schedulers import make_scheduler
+from loadgen.drivers.sender import Outcome, request_meta
+from loadgen.drivers.sessions import CallResult, Sessions
+from loadgen.drivers.timing import RateCeiling
+from loadgen.plan.schedule import PlannedRequest
+
+MS = 1_000_000
+
+
+# ---- a fake sender: each call takes its planned time, answers with a tool call when it is a tool turn ---------
+def call(session: int, c: int, parents: tuple[int, ...] = (), context: int | None = None, wait_ms: float = 0,
+         agent: int = 0, step: int = 0, kind: str = "none", tool: bool = False) -> PlannedRequest:
+    return PlannedRequest(0, 0, "agent", 10, 5, False, session=session, call=c, parents=parents, context=context,
+                          wait_ns=int(wait_ms * MS), wait_kind=kind, agent=agent, step=step, tool_turn=tool)
+
+
+def fan_out_join(session: int = 0) -> list[PlannedRequest]:
+    """The WEKA fixture 7c3e9a10's graph (1 recorded second = 10 ms here): a tool round trip, 3 sub-agents,
+    a tool wait inside sub-agent 1, the join, a user follow-up."""
+    return [call(session, 0, tool=True), call(session, 1, (0,), 0, 5, kind="tool", step=1, tool=True),
+            call(session, 2, (1,), None, 1, agent=1, tool=True), call(session, 3, (1,), None, 1, agent=2),
+            call(session, 4, (1,), None, 1, agent=3), call(session, 5, (2,), 2, 2, agent=1, step=1, kind="tool"),
+            call(session, 6, (1, 5, 3, 4), 1, 3, step=2), call(session, 7, (6,), 6, 10, step=3, kind="think")]
+
+
+def background(session: int = 0) -> list[PlannedRequest]:
+    """The WEKA fixture e05a7f3b's graph: an async sub-agent (calls 1, 3) that nothing joins."""
+    return [call(session, 0, tool=True), call(session, 1, (0,), None, 1, agent=1, tool=True),
+            call(session, 2, (0,), 0, 5, step=1), call(session, 3, (1,), 1, 2, agent=1, step=1, kind="tool")]
+
+
+@dataclasses.dataclass
+class Sent:
+    req: PlannedRequest
+    body: bytes
+    record: RequestRecord
+
+
+class FakeEngine:
+    """drivers/sender.py's port: ``send`` takes ``took_ms[(session, call)]`` (default 10 ms), then answers."""
+
+    def __init__(self, plan: Any, took_ms: dict[tuple[int, int], float] | None = None,
+                 fail: set[tuple[int, int]] = frozenset(), warmup_s: float = 0.0,
+                 stop_at: tuple[int, int] | None = None) -> None:
+        self.plan, self.took_ms, self.fail, self.stop_at = plan, took_ms or {}, fail, stop_at
+        self.cfg = SimpleNamespace(send_ahead_ms=0.0, warmup_s=warmup_s)
+        self.stats = SimpleNamespace(t0_ns=time.monotonic_ns())
+        self.ceiling = RateCeiling(None)
+        self.sent: list[Sent] = []
+        self.failed_bodies: list[PlannedRequest] = []
+        self.stopping = False
+        self._seq = 0
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq - 1
+
+    async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
+        t_sent_ns = time.monotonic_ns()
+        self.stopping = self.stopping or (req.session, req.call) == self.stop_at  # the run stops as it goes
+        await asyncio.sleep(self.took_ms.get((req.session, req.call), 10) / 1e3)
+        failed = (req.session, req.call) in self.fail
+        record = bare_record(request_meta(req, t_intended_ns, after), t_sent_ns, time.monotonic_ns(),
+                             500 if failed else 200, "http_5xx" if failed else None, None)  # type: ignore[arg-type]
+        self.sent.append(Sent(req, body, record))
+        tools = (ToolCall(f"t{req.call}", "run_tests", "{}"),) if req.tool_turn else ()
+        return Outcome(record, f"answer {req.call}", tools)
+
+    def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
+        self.failed_bodies.append(req)
+
+
+def open_plan(*sessions: list[PlannedRequest]) -> SimpleNamespace:
+    reqs = [dataclasses.replace(r, seq=i) for i, r in enumerate(r for s in sessions for r in s)]
+    return SimpleNamespace(requests=reqs, closed_loop=False, size=len(reqs), sessional=True, conversational=False)
+
+
+class Bodies:
+    """``CallFor``: the body names the call, its context's transcript and its parents' results, as received."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int], tuple[list[dict[str, Any]], list[CallResult]]] = {}
+
+    async def __call__(self, req: PlannedRequest, transcript: list[dict[str, Any]],
+                       parents: list[CallResult]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        self.seen[(req.session, req.call)] = (transcript, parents)
+        new = [{"role": "user", "content": f"call {req.call}"}]
+        return {"messages": transcript + new}, new
+
+
+def replay(engine: FakeEngine, bodies: Bodies | None = None) -> Sessions:
+    sessions = make_scheduler(engine, None, bodies or Bodies())  # type: ignore[arg-type]
+    assert isinstance(sessions, Sessions)
+
+    async def main() -> None:
+        t0 = time.monotonic_ns()
+        for req in engine.plan.requests:
+            sessions.start(req, t0 + req.t_intended_offset_ns)
+        await sessions.wait()
+    asyncio.run(main())
+    return sessions
+
+
+def by_call(engine: FakeEngine, session: int = 0) -> dict[int, RequestRecord]:
+    return {s.record.call: s.record for s in engine.sent if s.record.session == session}
+
+
+def check_schedule(plan_calls: list[PlannedRequest], records: dict[int, RequestRecord],
+                   t_start_ns: int | None = None) -> None:
+    """Every sent call: ``t_intended = t_ready + wait`` exactly, ``t_ready = max(parents' t_done)`` (a root's: the
+    session's start), ``after_call`` the parent that ended last, sent no earlier than intended (1 ms grace)."""
+    for req in plan_calls:
+        r = records[req.call]
+        assert r.t_intended_ns == r.t_ready_ns + r.wait_ns and r.wait_ns == req.wait_ns, req.call
+        if req.parents:
+            last = max(req.parents, key=lambda p: records[p].t_done_ns)
+            assert r.t_ready_ns == records[last].t_done_ns and r.after_call == last, req.call
+        else:
+            assert r.after_call is None and (t_start_ns is None or r.t_ready_ns == t_start_ns), req.call
+        assert r.t_sent_ns >= r.t_intended_ns - MS, req.call
+        assert (r.agent, r.step, r.wait_kind) == (req.agent, req.step, req.wait_kind)
+
+
+# ---- the scheduler, with a fake sender ------------------------------------------------------------------------
+def test_a_fan_out_runs_together_and_the_join_waits_for_every_branch_even_the_slowest():
+    calls = fan_out_join()
+    engine = FakeEngine(open_plan(calls), took_ms={(0, 3): 40})  # sub-agent 2 ends last (as "takes 2.0 s")
+    replay(engine)
+    r = by_call(engine)
+    assert sorted(r) == list(range(8)) and all(x.error_kind is None for x in r.values())
+    check_schedule(calls, r)
+    siblings = [r[2], r[3], r[4]]
+    assert max(x.t_sent_ns for x in siblings) < min(x.t_done_ns for x in siblings)  # all three in flight at once
+    assert r[6].t_sent_ns >= max(r[p].t_done_ns for p in (1, 3, 4, 5)) and r[6].after_call == 3
+    assert r[6].t_intended_ns == r[3].t_done_ns + 3 * MS  # the join's wait counts from the slowest branch
+
+
+def test_each_call_extends_its_context_and_gets_its_parents_results():
+    bodies = Bodies()
+    replay(FakeEngine(open_plan(fan_out_join())), bodies)
+    transcript, parents = bodies.seen[(0, 6)]  # the join: the transcript of call 1, the results of 1, 5, 3, 4
+    assert [p.call for p in parents] == [1, 5, 3, 4] and [p.agent for p in parents] == [0, 1, 2, 3]
+    assert [m["content"] for m in transcript] == ["call 0", "answer 0", "call 1", "answer 1"]
+    assert transcript[1]["tool_calls"] == [{"id": "t0", "type": "function",
+                                            "function": {"name": "run_tests", "arguments": "{}"}}]
+    assert parents[0].tool_calls == (ToolCall("t1", "run_tests", "{}"),) and parents[1].answer == "answer 5"
+    assert bodies.seen[(0, 2)][0] == []  # a sub-agent starts a fresh context
+    assert [m["content"] for m in bodies.seen[(0, 7)][0]][-2:] == ["call 6", "answer 6"]
+
+
+def test_a_background_sub_agent_is_not_waited_for_but_ends_its_session():
+    calls = background()
+    engine = FakeEngine(open_plan(calls), took_ms={(0, 1): 30, (0, 3): 30})
+    sessions = replay(engine)
+    r = by_call(engine)
+    check_schedule(calls, r)
+    assert r[2].t_sent_ns < r[1].t_done_ns  # the parent's next turn went while the sub-agent ran
+    assert sessions.sessions == 1 and len(engine.sent) == 4  # the session ended with its last call
+
+
+def test_a_failed_call_ends_its_branch_and_its_session_counts_failed():
+    calls = fan_out_join()
+    engine = FakeEngine(open_plan(calls, fan_out_join(1)), fail={(0, 2)})  # sub-agent 1's first call
+    sessions = replay(engine)
+    assert sorted(by_call(engine)) == [0, 1, 2, 3, 4]  # not 5 (its child), 6 (the join), 7 (after the join)
+    assert sorted(by_call(engine, 1)) == list(range(8))  # the other session is whole
+    assert (sessions.sessions, sessions.failed, sessions.calls_not_sent) == (2, 1, 3)
+    assert "1 of 2 session(s) failed" in sessions.note()
+
+
+def test_a_body_that_cannot_be_built_is_recorded_failed_and_ends_its_branch():
+    async def broken(req: PlannedRequest, transcript: Any, parents: Any) -> Any:
+        if req.call == 1:
+            raise ValueError("no prompt")
+        return {}, []
+    engine = FakeEngine(open_plan(background()))
+    sessions = make_scheduler(engine, None, broken)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        sessions.start(engine.plan.requests[0], time.monotonic_ns())
+        await sessions.wait()
+    asyncio.run(main())
+    assert [r.call for r in engine.failed_bodies] == [1] and sorted(by_call(engine)) == [0, 2]
+    assert (sessions.failed, sessions.calls_not_sent) == (1, 1)
+
+
+def test_sessions_start_at_their_arrival_and_overlap_in_an_open_loop():
+    engine = FakeEngine(open_plan(background(0), [dataclasses.replace(r, t_intended_offset_ns=20 * MS)
+                                                  for r in background(1)]))
+    replay(engine)
+    first, second = by_call(engine, 0), by_call(engine, 1)
+    assert second[0].t_ready_ns - first[0].t_ready_ns == 20 * MS  # a root is ready at its session's start
+    assert second[0].t_sent_ns < max(x.t_done_ns for x in first.values())
+
+
+class ClosedPlan(SimpleNamespace):
+    def session(self, index: int) -> tuple[None, list[PlannedRequest]]:
+        return None, background(index)
+
+
+@pytest.mark.parametrize("size", [None, 10])
+def test_a_closed_loop_user_runs_one_session_at_a_time_and_stops_at_the_plans_size(size):
+    engine = FakeEngine(ClosedPlan(requests=None, closed_loop=True, size=size, sessional=True,
+                                   conversational=False), warmup_s=0.03)
+    sessions = make_scheduler(engine, None, Bodies())  # type: ignore[arg-type]
+    end_ns = time.monotonic_ns() + 150 * MS
+
+    async def main() -> None:
+        await asyncio.gather(*(sessions.user(end_ns) for _ in range(2)))
+    asyncio.run(main())
+    spans = {}
+    for s in engine.sent:
+        r = s.record
+        lo, hi, warm = spans.get(r.session, (r.t_ready_ns, 0, r.warmup))
+        spans[r.session] = (min(lo, r.t_sent_ns), max(hi, r.t_done_ns), warm)
+        assert r.warmup == warm  # a session is warm-up whole or not at all
+    starts = sorted(spans.values())
+    assert all(sum(lo <= t < hi for lo, hi, _ in starts) <= 2 for t, _, _ in starts)  # never 3 sessions at once
+    assert len({s.req.seq for s in engine.sent}) == len(engine.sent)  # each call numbered as it goes
+    assert all(s.record.t_sent_ns < end_ns for s in engine.sent)
+    if size is None:
+        assert len(spans) >= 4 and {w for *_, w in starts} == {True, False}
+    else:
+        assert len(engine.sent) == size and sessions.calls_not_sent >= 1
+
+
+def test_a_stop_sends_nothing_more_and_the_session_ends():
+    engine = FakeEngine(open_plan(fan_out_join()), stop_at=(0, 1))  # the run stops as call 1 is sent
+    sessions = replay(engine)
+    assert sorted(by_call(engine)) == [0, 1] and (sessions.calls_not_sent, sessions.failed) == (6, 0)
