@@ -338,13 +338,21 @@ def _with_event_ids(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
 
 
 def top_culprits(stalls: pl.DataFrame, requests: pl.DataFrame, n: int = 10) -> list[dict[str, Any]]:
+    """The culprits of prefill-induced stalls, longest prefill first: seq, stalls, stalled_ms, prompt_tokens
+    (as prefilled: less the cached tokens), class_name and, for an agentic session's call, session, call,
+    agent, step, cached_tokens and ``label`` "session S call C" — a late call's long context named as such."""
     induced = stalls.filter(pl.col("prefill_induced"))
     if induced.is_empty():
         return []
+    extra = [c for c in ("session", "call", "agent", "step", "cached_tokens")  # where the run has them
+             if c in requests.columns and requests[c].null_count() < requests.height]
     rows = (induced.select(pl.col("culprits").alias("seq"), "excess_ms").explode("seq")
             .group_by("seq").agg(stalls=pl.len(), stalled_ms=pl.col("excess_ms").sum())
-            .join(requests.select("seq", "prompt_tokens", "class_name"), on="seq", how="left")
+            .join(requests.select("seq", "prompt_tokens", "class_name", *extra), on="seq", how="left")
             .sort(["prompt_tokens", "stalled_ms"], descending=True).head(n))
+    if "session" in extra and "call" in extra and rows["session"].null_count() < rows.height:
+        rows = rows.with_columns(label=pl.when(pl.col("session").is_not_null())
+                                 .then(pl.format("session {} call {}", "session", "call")))
     return rows.to_dicts()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
+from loadgen.report import session_lane
 from loadgen.report import timeline as tl
 from loadgen.report import views as vw
 
@@ -198,6 +199,15 @@ def excluded_note(v: vw.RunViews, start_s: float, end_s: float) -> str:
 
 
 def build_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
+    """The page's charts; the session lane last, in a run with agentic sessions (``session_lane.py``)."""
+    lane = session_lane.build_lane(v.requests, v.stalls)
+    if lane is None:
+        return _run_charts(v, window)
+    title = f"Session lane: session {lane.session} ({lane.class_name}), the slowest"
+    return [*_run_charts(v, window), Chart("session_lane", title, session_lane.lane_chart(lane), lane.caption)]
+
+
+def _run_charts(v: vw.RunViews, window: tl.Window) -> list[Chart]:
     fit = (v.result.stalls or {}).get("prefill_fit") or {}
     return [
         Chart("ttft_vs_prompt", "TTFT vs prompt tokens", ttft_chart(v),

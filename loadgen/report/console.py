@@ -9,10 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.core.vocabulary import ObjectiveId
-from loadgen.report.writers import COLS, ROWS, fmt
+from loadgen.core.vocabulary import METRICS
+from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
+from loadgen.report.session_report import print_sessions
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 
@@ -25,12 +27,16 @@ def compact(value: Any) -> str:
 
 
 def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
-    table = Table(title="latency (ms)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    rows = rows_of(result)
+    units = {METRICS[r].unit for r in rows}
+    table = Table(title="latency (ms)" if units == {"ms"} else "metrics", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for c in COLS:
         table.add_column(c, justify="right", no_wrap=True)
-    for row in ROWS:
-        table.add_row(row, *(compact(result.metrics[row][c]) for c in COLS))
+    for row in rows:
+        unit = "" if METRICS[row].unit == "ms" else f" ({METRICS[row].unit})"
+        table.add_row(row + unit, *(compact(result.metrics[row][c]) for c in COLS))
     console.print(table)
     if result.slo:
         words = decision_words(result, short=True)
@@ -45,6 +51,7 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
                         f"{o['comparison']} {fmt(o['threshold'])}", margin_words(dict(o)), state)
         console.print(slo)
     print_conversations(console, result)
+    print_sessions(console, result)
     req, tput = result.requests, result.throughput
     tokens = (f"{tput['output_tokens_per_s']:.0f} tok/s" if tput["output_tokens_per_s"] or
               not tput.get("prompt_tokens_per_s") else f"{tput['prompt_tokens_per_s']:.0f} prompt tok/s")

@@ -17,7 +17,9 @@ from typing import Any
 
 from loadgen.report.charts import Chart
 from loadgen.report.conversation_report import conversations_html
-from loadgen.report.writers import COLS, ROWS, fmt, target_line
+from loadgen.report.session_report import sessions_html
+from loadgen.report.writers import COLS, fmt, rows_of, target_line
+from loadgen.core.vocabulary import METRICS
 from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
 
@@ -85,9 +87,10 @@ def slo_table(result: RunResult) -> str:
 
 
 def metrics_table(result: RunResult) -> str:
-    head = "<tr><th>metric (ms)</th>" + "".join(f"<th>{c}</th>" for c in COLS) + "</tr>"
-    body = "".join(f"<tr><td>{row}</td>" + "".join(f"<td>{e(fmt(result.metrics[row][c]))}</td>" for c in COLS)
-                   + "</tr>" for row in ROWS)
+    head = "<tr><th>metric</th><th>unit</th>" + "".join(f"<th>{c}</th>" for c in COLS) + "</tr>"
+    body = "".join(f"<tr><td>{row}</td><td>{METRICS[row].unit}</td>"
+                   + "".join(f"<td>{e(fmt(result.metrics[row][c]))}</td>" for c in COLS) + "</tr>"
+                   for row in rows_of(result))
     return f"<table>{head}{body}</table>"
 
 
@@ -145,7 +148,8 @@ def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart]
     """The run's page; ``advice_html``: the advice section (``loadgen advise`` wrote advice.json)."""
     return page(f"loadgen: {name} — {result.verdict}",
                 header(result, name, run_name) + "<h2>SLOs</h2>" + slo_table(result)
-                + "<h2>Latency</h2>" + metrics_table(result) + conversations_html(result) + stalls_section(result)
+                + "<h2>Latency</h2>" + metrics_table(result) + conversations_html(result) + sessions_html(result)
+                + stalls_section(result)
                 + advice_html
                 + "".join(chart_section(c) for c in charts))
 

@@ -12,6 +12,7 @@ from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import conversations_markdown
+from loadgen.report.session_report import sessions_markdown
 from loadgen.report.wording import decision_words, fmt, interval_words, margin_words
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
@@ -50,20 +51,26 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
                          f"{o['comparison']} {fmt(o['threshold'])} | {margin_words(dict(o))} | {o['samples']} | "
                          f"{state} |")
         lines.append("")
-    lines += ["| metric (ms) | " + " | ".join(COLS) + " |", "| --- |" + " ---: |" * len(COLS)]
-    for row in ROWS:
+    lines += ["| metric | unit | " + " | ".join(COLS) + " |", "| --- | --- |" + " ---: |" * len(COLS)]
+    for row in rows_of(result):
         stats = result.metrics[row]
-        lines.append(f"| {row} | " + " | ".join(fmt(stats[c]) for c in COLS) + " |")
+        lines.append(f"| {row} | {METRICS[row].unit} | " + " | ".join(fmt(stats[c]) for c in COLS) + " |")
     errors = req.get("errors_by_kind") or {}
     if errors:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
     lines += ["", _lengths_line(result.lengths), ""]
     lines += conversations_markdown(result)
+    lines += sessions_markdown(result, md_escape)
     lines += stalls_markdown(result)
     if images:
         lines += ["### Charts", "", "Interactive versions in `report.html`.", ""]
         lines += [f"![{md_escape(title)}]({path})" for title, path in images] + [""]
     return "\n".join(lines)
+
+
+def rows_of(result: RunResult) -> tuple[str, ...]:
+    """The metric rows this run has, in the vocabulary's order (a family's rows only where the run has it)."""
+    return tuple(row for row in ROWS if row in result.metrics)
 
 
 def target_line(target: dict[str, Any]) -> str:
