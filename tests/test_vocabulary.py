@@ -13,8 +13,10 @@ import pytest
 
 from loadgen.analysis import compare, metrics, spikes
 from loadgen.analysis.result import StallFigures
-from loadgen.core.vocabulary import (COMPARABLE_METRICS, LIMIT_STATS, METRICS, QUANTILES, SLO_METRICS, STALL_CAUSES,
-                                     STATS, ObjectiveId)
+from loadgen.analysis import sweep_result
+from loadgen.analysis.result import ReasoningFigures, RunResult, SessionFigures
+from loadgen.core.vocabulary import (COMPARABLE_METRICS, FAMILIES, FIGURES, LIMIT_STATS, METRICS, QUANTILES,
+                                     SLO_METRICS, STALL_CAUSES, STATS, ObjectiveId, family_metrics, metric_rows)
 from loadgen.plan.slo_spec import Slo, Thresholds
 from loadgen.report import writers
 from tests.run_helpers import run_cli
@@ -34,13 +36,38 @@ def test_the_scenarios_slo_fields_are_the_slo_metrics_and_their_statistics() -> 
 
 def test_the_tables_rows_and_comparisons_take_their_names_from_the_vocabulary() -> None:
     assert writers.ROWS == tuple(METRICS)
-    assert metrics.REQUEST_METRICS + metrics.TOKEN_METRICS == tuple(sorted(METRICS, key=lambda n: (
-        METRICS[n].basis == "token", list(METRICS).index(n))))
+    basis_order = ("request", "token", "session", "step")
+    assert metrics.REQUEST_METRICS + metrics.TOKEN_METRICS == tuple(sorted(
+        (n for n in METRICS if METRICS[n].basis in ("request", "token")),
+        key=lambda n: (basis_order.index(METRICS[n].basis), list(METRICS).index(n))))
     for name in compare.METRICS:
         if "." in name:
             oid = ObjectiveId.parse(name)
             assert oid.metric in COMPARABLE_METRICS and oid.stat in QUANTILES, name
+    for names in compare.FAMILY_METRICS.values():
+        assert set(names) <= set(compare.METRICS)
+    assert set(sweep_result.STEP_METRICS) <= set(METRICS)
     assert spikes.CAUSES == tuple(STALL_CAUSES)
+
+
+def test_every_metric_has_a_family_unit_and_basis_and_only_the_families_rows_depend_on_the_run() -> None:
+    assert {m.family for m in METRICS.values()} == set(FAMILIES)
+    assert all(m.unit in ("ms", "tokens") and m.name.endswith("_" + m.unit) for m in METRICS.values())
+    assert all(m.basis in ("session", "step") for m in METRICS.values() if m.family == "session")
+    assert metric_rows({"e2e_ms": {}, "ttft_answer_ms": {}, "ttft_ms": {}}) == ("ttft_ms", "e2e_ms", "ttft_answer_ms")
+    assert family_metrics("latency") == tuple(n for n in METRICS if METRICS[n].family == "latency")
+
+
+def test_ttft_says_it_counts_a_reasoning_token_as_the_first_token() -> None:
+    text = METRICS["ttft_ms"].description
+    assert "reasoning" in text and "MLPerf" in text and "ttft_answer_ms" in text
+
+
+def test_every_run_level_figure_is_a_typed_key_of_the_summary() -> None:
+    sections = {"reasoning": ReasoningFigures, "sessions": SessionFigures}
+    for figure in FIGURES.values():
+        section, key = figure.where.split(".")
+        assert section in RunResult.__dataclass_fields__ and key in sections[section].__annotations__, figure
 
 
 @pytest.mark.parametrize("name", ["ttft_ms.p99", "itl_ms.max_per_request", "stalls.max_per_1k_tokens",
@@ -71,7 +98,8 @@ def test_a_runs_summary_carries_each_objectives_identity_and_every_metrics_stati
     assert summary["slo"] and all(str(ObjectiveId(o["metric"], o["stat"], o.get("scope", ""))) == o["objective"]
                                   for o in summary["slo"])
     assert all(ObjectiveId.of(o) == ObjectiveId.parse(o["objective"]) for o in summary["slo"])
-    assert set(summary["metrics"]) == set(METRICS)
+    assert set(family_metrics("latency")) <= set(summary["metrics"]) <= set(METRICS)
+    assert set(summary["metrics"]) == set(family_metrics("latency"))  # no reasoning, no session: their rows absent
     assert all(tuple(table) == STATS for table in summary["metrics"].values())
     causes = set(pl.read_parquet(run_dir / "stalls.parquet")["cause"].to_list())
     assert causes and causes <= set(STALL_CAUSES)

@@ -30,6 +30,7 @@ import polars as pl
 from loadgen.analysis import metrics as m
 from loadgen.core.vocabulary import QUANTILES, ObjectiveId
 from loadgen.analysis.run_analysis import RunAnalysis, itl_per_token
+from loadgen.analysis.sessions import SESSION_KEY, session_calls, session_table, step_table
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
     MetricSpec("itl_ms.p50", "lower", "relative", "ms"), MetricSpec("itl_ms.p99", "lower", "relative", "ms"),
     MetricSpec("tpot_ms.p50", "lower", "relative", "ms"), MetricSpec("e2e_ms.p50", "lower", "relative", "ms"),
     MetricSpec("e2e_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("ttft_answer_ms.p50", "lower", "relative", "ms"),
+    MetricSpec("ttft_answer_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("session_ms.p50", "lower", "relative", "ms"), MetricSpec("session_ms.p90", "lower", "relative", "ms"),
     MetricSpec("output_tokens_per_s", "higher", "relative", "tokens/s"),
     MetricSpec("error_rate", "lower", "absolute", "fraction"),
     MetricSpec("stalls_per_1k_tokens", "lower", "absolute", "per 1k tokens"),
@@ -52,6 +56,8 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
 )}
 DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
                    "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens", "prefill_stalls_per_1k_tokens")
+FAMILY_METRICS = {"ttft_answer_ms": ("ttft_answer_ms.p50", "ttft_answer_ms.p99"),
+                  "session_ms": ("session_ms.p50", "session_ms.p90")}  # compared by default when both runs have them
 BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
 
 
@@ -73,6 +79,9 @@ class RunSamples:
     seq: np.ndarray  # each request's plan sequence number (pairs requests of two runs of one plan)
     figures: dict[str, float | None] = field(default_factory=dict)  # the summary's values (point_figures)
     prefill_stalls: np.ndarray | None = None  # prefill-induced stalls per request (None: none counted)
+    ttft_answer_ms: np.ndarray | None = None  # per request (None: no request reasoned)
+    session_ms: np.ndarray | None = None  # per session, NaN where a call failed (None: no session)
+    session_owner: np.ndarray | None = None  # per session: its first root call's request, whose weight it takes
 
     @property
     def n(self) -> int:
@@ -101,11 +110,25 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, sta
     def col(name: str) -> np.ndarray:
         return req[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
     cancelled = (req["error_kind"] == "cancelled").fill_null(False)
+    sessions, owner_of = session_samples(req) if "session" in run.families else (None, None)
     return RunSamples(col("ttft_ms"), col("tpot_ms"), col("e2e_ms"), req["ok"].to_numpy(),
                       (~req["ok"] & ~cancelled).to_numpy(), (~cancelled).to_numpy(),
                       req["output_tokens"].fill_null(0).to_numpy().astype(float), n_stalls.to_numpy().astype(float),
                       itl.to_numpy(), owners.to_numpy().astype(np.int64), m.window_s(req), req["seq"].to_numpy(),
-                      dict(figures or {}), n_induced.to_numpy().astype(float))
+                      dict(figures or {}), n_induced.to_numpy().astype(float),
+                      col("ttft_answer_ms") if "reasoning" in run.families else None, sessions, owner_of)
+
+
+def session_samples(req: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per measured session (``req``: the measured requests with their row ``i``): its session_ms (NaN where a
+    call failed) and the row of its first call, whose bootstrap weight the session takes — one Poisson weight
+    per session, paired across runs of one plan as that call's sequence number is."""
+    calls = session_calls(req)
+    table = session_table(calls, step_table(calls))
+    first = (calls.sort("t_intended_ns").group_by(SESSION_KEY).agg(owner=pl.col("i").first()))
+    joined = table.join(first, on=SESSION_KEY, how="left", maintain_order="left")
+    values = joined.select(pl.when(pl.col("ok")).then(pl.col("session_ms"))).to_series()
+    return values.cast(pl.Float64).fill_null(np.nan).to_numpy(), joined["owner"].to_numpy().astype(np.int64)
 
 
 def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
@@ -130,6 +153,12 @@ def pool_samples(runs: list[RunSamples]) -> RunSamples:
     def cat(name: str) -> np.ndarray:
         return np.concatenate([getattr(r, name) for r in runs])
     offsets = np.cumsum([0] + [r.n for r in runs[:-1]])
+
+    def optional(name: str, shift: bool = False) -> np.ndarray | None:
+        parts = [getattr(r, name) for r in runs]
+        if any(p is None for p in parts):
+            return None
+        return np.concatenate([p + o for p, o in zip(parts, offsets)] if shift else parts)
     seq_span = max((int(r.seq.max()) + 1 for r in runs if r.n), default=0)
     return RunSamples(cat("ttft_ms"), cat("tpot_ms"), cat("e2e_ms"), cat("ok"), cat("failed"), cat("counted"),
                       cat("output_tokens"), cat("stalls"), cat("itl_ms"),
@@ -137,7 +166,8 @@ def pool_samples(runs: list[RunSamples]) -> RunSamples:
                       float(sum(r.window_s for r in runs)),
                       np.concatenate([r.seq + i * seq_span for i, r in enumerate(runs)]), {},
                       np.concatenate([r.prefill_stalls if r.prefill_stalls is not None else np.zeros(r.n)
-                                      for r in runs]))
+                                      for r in runs]),
+                      optional("ttft_answer_ms"), optional("session_ms"), optional("session_owner", shift=True))
 
 
 # ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------
@@ -168,6 +198,12 @@ def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
         metric, stat = oid.metric, oid.stat
         if metric == "itl_ms":
             return weighted_quantile(s.itl_ms, s.itl_request, w, QUANTILES[stat])
+        if metric == "session_ms":
+            if s.session_ms is None or s.session_owner is None:
+                return np.full(w.shape[0], np.nan)
+            return weighted_quantile(s.session_ms, s.session_owner, w, QUANTILES[stat])
+        if getattr(s, metric) is None:  # a family this run does not have
+            return np.full(w.shape[0], np.nan)
         values = np.where(s.ok, getattr(s, metric), np.nan)
         return weighted_quantile(values, np.arange(s.n), w, QUANTILES[stat])
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -259,11 +295,16 @@ def poisson_weights(base: RunSamples, new: RunSamples, replicates: int, paired: 
 def compare(base: RunSamples, new: RunSamples, metrics: tuple[str, ...] = DEFAULT_METRICS,
             thresholds: dict[str, float] | None = None, confidence: float = 0.95, replicates: int = 1000,
             seed: int = 0, paired: bool = False) -> list[MetricComparison]:
-    """Compare every metric. ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
+    """Compare every metric (the defaults, and time to first answer token and session latency where both runs
+    have them: ``FAMILY_METRICS``). ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
     ("error_rate": a fraction, "stalls_per_1k_tokens" and "prefill_stalls_per_1k_tokens": stalls per 1k
     tokens; run/comparison.py derives these from the scenario's own limits, analysis/compare_basis.py)."""
     limits = {"relative": 0.10, "error_rate": 0.01, "stalls_per_1k_tokens": 0.5, "prefill_stalls_per_1k_tokens": 0.5,
               **(thresholds or {})}
+    if metrics == DEFAULT_METRICS:
+        metrics = metrics + tuple(n for family, names in FAMILY_METRICS.items()
+                                  if getattr(base, family) is not None and getattr(new, family) is not None
+                                  for n in names)
     rng = np.random.default_rng(seed)
     w_base, w_new = poisson_weights(base, new, replicates, paired, rng)
     out = []

@@ -5,6 +5,11 @@
   ``tpot_ms`` = (t_last_token − t_first_token) / (output_tokens − 1).
 - ``chunk_gap_ms``: between consecutive content chunks of a stream; ``itl_ms``: a gap divided by the tokens
   its later chunk carried, one sample per token (a chunk of k tokens gives k samples of gap/k).
+- Reasoning (issue 38; ``t_first_answer_ns``: the first chunk not all reasoning): ``ttft_answer_ms`` =
+  t_first_answer − t_intended; ``reasoning_ms`` = t_first_answer − t_first_token and ``tpot_reasoning_ms`` =
+  (t_last_reasoning − t_first_token) / (reasoning_tokens − 1), for requests that reasoned; ``tpot_answer_ms`` =
+  (t_last_token − t_first_answer) / (answer_tokens − 1); ``answer_tokens`` = output − reasoning tokens (tool
+  calls are answer). TTFT stays the first token of any kind (MLPerf LoadGen counts reasoning fragments).
 Warm-up requests are excluded from every figure; failed requests from latency figures.
 """
 
@@ -17,7 +22,7 @@ import polars as pl
 # the metrics and their statistics, declared once in core/vocabulary.py
 from loadgen.core.vocabulary import QUANTILES as QUANTILES, REQUEST_METRICS as REQUEST_METRICS
 from loadgen.core.vocabulary import STATS as STATS, TOKEN_METRICS as TOKEN_METRICS
-
+from loadgen.core.vocabulary import METRICS, family_metrics
 
 
 def with_request_metrics(requests: pl.DataFrame) -> pl.DataFrame:
@@ -30,7 +35,35 @@ def with_request_metrics(requests: pl.DataFrame) -> pl.DataFrame:
         tpot_ms=pl.when(pl.col("output_tokens") > 1)
         .then((pl.col("t_last_token_ns") - pl.col("t_first_token_ns")) / ms / (pl.col("output_tokens") - 1)),
         ok=pl.col("error_kind").is_null(),
+    ).pipe(with_reasoning_metrics)
+
+
+def with_reasoning_metrics(requests: pl.DataFrame) -> pl.DataFrame:
+    """The reasoning family's columns (records written before issue 38 have no ``t_first_answer_ns``: as is)."""
+    if "t_first_answer_ns" not in requests.columns:
+        return requests
+    ms, first_answer = 1e6, pl.col("t_first_answer_ns")
+    reasoned = pl.col("reasoning_tokens").fill_null(0)
+    answer = pl.col("output_tokens") - reasoned
+    return requests.with_columns(
+        ttft_answer_ms=(first_answer - pl.col("t_intended_ns")) / ms,
+        reasoning_ms=pl.when(reasoned > 0).then((first_answer - pl.col("t_first_token_ns")) / ms),
+        tpot_reasoning_ms=pl.when(reasoned > 1).then(
+            (pl.col("t_last_reasoning_ns") - pl.col("t_first_token_ns")) / ms / (reasoned - 1)),
+        tpot_answer_ms=pl.when(answer > 1).then((pl.col("t_last_token_ns") - first_answer) / ms / (answer - 1)),
+        answer_tokens=answer,
     )
+
+
+def families(requests: pl.DataFrame) -> tuple[str, ...]:
+    """The metric families these records have: latency always; reasoning when a request reasoned; session when
+    a request was a session's call."""
+    out = ["latency"]
+    if "reasoning_tokens" in requests.columns and bool((requests["reasoning_tokens"].fill_null(0) > 0).any()):
+        out.append("reasoning")
+    if "session" in requests.columns and requests["session"].null_count() < requests.height:
+        out.append("session")
+    return tuple(out)
 
 
 def chunk_gaps(requests: pl.DataFrame, chunks: pl.DataFrame) -> pl.DataFrame:
@@ -67,19 +100,25 @@ def measured(requests: pl.DataFrame) -> pl.DataFrame:
 
 
 def metric_table(requests: pl.DataFrame, gaps: pl.DataFrame | None = None,
-                 token_stats: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+                 token_stats: dict[str, dict[str, Any]] | None = None, kinds: tuple[str, ...] | None = None,
+                 session_stats: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Every metric's statistics; the per-token ones from ``gaps`` (its successful requests' rows), or given
-    already described (``token_stats``: itl_ms and chunk_gap_ms, as ``RunAnalysis.token_stats`` makes them)."""
+    already described (``token_stats``: itl_ms and chunk_gap_ms, as ``RunAnalysis.token_stats`` makes them,
+    and the reasoning phases' ITL); the session family's from ``session_stats`` (analysis/sessions.py).
+    ``kinds``: the families whose rows the table has (default: those the requests have, ``families``)."""
     ok = requests.filter(pl.col("ok"))
-    out = {name: describe(ok[name]) for name in REQUEST_METRICS if name != "queue_delay_ms"}
+    wanted = set(family_metrics(*(kinds if kinds is not None else families(requests))))
+    out = {name: describe(ok[name] if name in ok.columns else pl.Series([], dtype=pl.Float64))
+           for name in REQUEST_METRICS if name != "queue_delay_ms" and name in wanted}
     out["queue_delay_ms"] = describe(requests["queue_delay_ms"])  # the generator's lag, whatever the outcome
     if token_stats is None:
         assert gaps is not None
         ok_gaps = gaps.join(ok.select("worker", "seq"), on=["worker", "seq"], how="semi")
         token_stats = {"itl_ms": describe(itl_samples(ok_gaps)), "chunk_gap_ms": describe(ok_gaps["chunk_gap_ms"])}
     out.update(token_stats)
-    return {k: out[k] for k in ("ttft_ms", "ttft_service_ms", "itl_ms", "chunk_gap_ms", "tpot_ms", "e2e_ms",
-                                "queue_delay_ms")}
+    out.update(session_stats or {})
+    empty = describe(pl.Series([], dtype=pl.Float64))
+    return {k: out.get(k, empty) for k in METRICS if k in wanted}
 
 
 def window_s(requests: pl.DataFrame) -> float:

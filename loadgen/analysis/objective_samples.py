@@ -7,17 +7,35 @@ import polars as pl
 
 from loadgen.analysis import objective_intervals as oi
 from loadgen.analysis.run_analysis import RunAnalysis
-from loadgen.core.vocabulary import QUANTILES, TOKEN_METRICS
+from loadgen.core.vocabulary import METRICS, QUANTILES, TOKEN_METRICS
+
+PHASE_OF = {"itl_reasoning_ms": "reasoning", "itl_answer_ms": "answer"}  # a phase's ITL: that phase's gaps
 
 
 class ObjectiveSamples:
     """``ok``: the measured, successful requests (with metric columns); ``run``: the records' analysis (its
-    narrow gaps are the token-level samples); ``confidence``: the intervals' level."""
+    narrow gaps are the token-level samples); ``confidence``: the intervals' level; ``sessions`` and ``steps``:
+    one row per session and per agent step (analysis/sessions.py; the session and step metrics' samples)."""
 
-    def __init__(self, ok: pl.DataFrame, run: RunAnalysis, confidence: float) -> None:
+    def __init__(self, ok: pl.DataFrame, run: RunAnalysis, confidence: float,
+                 sessions: pl.DataFrame | None = None, steps: pl.DataFrame | None = None) -> None:
         self.ok = ok
         self.run = run
         self.confidence = confidence
+        self.sessions = sessions
+        self.steps = steps
+
+    def values(self, metric: str) -> pl.Series:
+        """One value per sample of a request, session or step metric (sessions and steps whose calls all
+        succeeded)."""
+        basis = METRICS[metric].basis
+        if basis in ("session", "step"):
+            frame = self.sessions if basis == "session" else self.steps
+            if frame is None or self.sessions is None:
+                return pl.Series(metric, [], dtype=pl.Float64)
+            done = self.sessions.filter(pl.col("ok")).select("worker", "session")
+            return frame.join(done, on=["worker", "session"], how="semi").filter(pl.col("ok"))[metric]
+        return self.ok[metric] if metric in self.ok.columns else pl.Series(metric, [], dtype=pl.Float64)
 
     def metric(self, metric: str, stat: str, estimate: float | None, limit: float) -> oi.Judged:
         """The evidence on ``metric``'s ``stat`` against an upper ``limit``; ``estimate``: the summary's value."""
@@ -25,10 +43,11 @@ class ObjectiveSamples:
         if stat == "max":
             return oi.observed(estimate, limit, "<=")
         if metric in TOKEN_METRICS:
+            run, name = (self.run.phase_run(PHASE_OF[metric]), "itl_ms") if metric in PHASE_OF else (self.run, metric)
             if stat == "mean":
-                return oi.token_mean(self.run, metric, limit, c)
-            return oi.token_quantile(self.run, metric, QUANTILES[stat], estimate, limit, c)
-        values = self.ok[metric].cast(pl.Float64).to_numpy()
+                return oi.token_mean(run, name, limit, c)
+            return oi.token_quantile(run, name, QUANTILES[stat], estimate, limit, c)
+        values = self.values(metric).cast(pl.Float64).to_numpy()
         if stat == "mean":
             return oi.mean(values, limit, c)
         return oi.quantile(values, QUANTILES[stat], limit, c)

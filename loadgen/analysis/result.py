@@ -123,12 +123,52 @@ class ServerFigures(TypedDict, total=False):
     prefix_cache_hit_rate: float  # prompt tokens found in the server's prefix cache / looked up
 
 
+class ReasoningCounts(TypedDict):
+    """Reasoning counts over measured successful requests (analysis/reasoning.py)."""
+    reasoning_share: Optional[float]  # Σ reasoning tokens / Σ output tokens
+    reasoning_tokens: int
+    answer_tokens: int  # output − reasoning (tool-call tokens are answer)
+    tool_tokens: int
+    tool_calls: int
+    requests_with_reasoning: int
+    requests: int
+
+
+class ReasoningFigures(ReasoningCounts):
+    classes: dict[str, ReasoningCounts]
+
+
+class ToolWaits(TypedDict):
+    count: int
+    wait_ms: Percentiles
+
+
+class SessionFigures(TypedDict):
+    """Job-level figures over the measured agentic sessions (analysis/sessions.py)."""
+    count: int
+    completed: int  # every call succeeded
+    failed: int
+    calls_mean: float
+    agents_mean: float
+    session_ms: Percentiles  # completed sessions
+    agent_step_ms: Percentiles
+    jobs_per_hour: Optional[float]
+    good: int  # sessions good by slo.sessions.good
+    attainment: Optional[float]
+    cache_hit_ratio: Percentiles  # per session: cached / prompt tokens
+    tool_calls: int
+    tool_calls_missing: int
+    tool_waits: ToolWaits
+    window_s: float
+
+
 @dataclass
 class RunResult:
     verdict: Verdict
     reasons: list[str]
     requests: RequestCounts
-    metrics: dict[str, Percentiles]  # ttft_ms, ttft_service_ms, itl_ms, chunk_gap_ms, tpot_ms, e2e_ms, queue_delay_ms
+    metrics: dict[str, Percentiles]  # core/vocabulary.py's METRICS: the latency family always, the reasoning and
+    # session families' rows only in a run that has them (vocabulary.metric_rows)
     throughput: Throughput
     slo: list[SloResult]
     stalls: StallFigures
@@ -148,6 +188,8 @@ class RunResult:
     finished: bool = True
     disk_error: Optional[str] = None
     conversations: Optional[dict[str, Any]] = None  # multi-turn: per turn index and per conversation
+    reasoning: Optional[ReasoningFigures] = None  # a run where some request reasoned (analysis/reasoning.py)
+    sessions: Optional[SessionFigures] = None  # a run of agentic sessions (analysis/sessions.py)
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
     steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)
@@ -167,7 +209,8 @@ class RunResult:
         if self.run_dir is None:
             return {}
         names = ("summary.json", "summary.md", "report.html", "junit.xml", "run.json", "requests.parquet",
-                 "chunks.parquet", "stalls.parquet", "server_metrics.parquet", "sim_trace.jsonl")
+                 "chunks.parquet", "stalls.parquet", "sessions.parquet", "session_steps.parquet",
+                 "server_metrics.parquet", "sim_trace.jsonl")
         return {n: self.run_dir / n for n in names if (self.run_dir / n).exists()}
 
     def slo_result(self, objective: str) -> Optional[SloResult]:

@@ -22,6 +22,7 @@ request starts once, no gap is negative); records that break it are sorted inste
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import cached_property
 from typing import Iterator
@@ -35,6 +36,7 @@ from loadgen.plan.steady_spec import SteadyState
 
 BATCH_ROWS = 100_000
 KEY = ["worker", "seq"]
+PHASES = ("reasoning", "answer")  # the token phases of a reasoning run (metrics itl_reasoning_ms, itl_answer_ms)
 GAP_COLUMNS = {"i": pl.UInt32, "t_ns": pl.Int64, "gap_ns": pl.Int64, "tokens": pl.Int64}
 CHUNK_GAP_MS = pl.col("gap_ns") / 1e6
 ITL_MS = CHUNK_GAP_MS / pl.col("tokens")
@@ -51,6 +53,7 @@ class RunAnalysis:
         self.chunks = chunks.lazy()
         self.req, self.steady = steady_requests(m.with_request_metrics(requests), steady_state)
         self.measured = m.measured(self.req)
+        self.families = m.families(requests)
 
     @property
     def t0_ns(self) -> int | None:
@@ -127,20 +130,65 @@ class RunAnalysis:
         """``itl_ms`` (per token) and ``chunk_gap_ms`` as ``metrics.metric_table`` describes them: the run's,
         or one class's (the run's own when it is its only class; none when it has no gaps)."""
         if class_name is not None and self.classes != [class_name]:
-            return _token_stats(self.class_gaps(class_name))
+            return {**_token_stats(self.class_gaps(class_name)), **self._phase_stats(class_name)}
         if "_token_stats" not in self.__dict__:
-            self.__dict__["_token_stats"] = _token_stats(self.gaps)
+            self.__dict__["_token_stats"] = {**_token_stats(self.gaps), **self._phase_stats(None)}
         return self.__dict__["_token_stats"]
+
+    def _phase_stats(self, class_name: str | None) -> dict[str, dict[str, float | int | None]]:
+        """``itl_reasoning_ms`` and ``itl_answer_ms`` (a run that reasoned; none otherwise)."""
+        if "reasoning" not in self.families:
+            return {}
+        whole = self.gaps if class_name is None else self.class_gaps(class_name)
+        out = {}
+        for phase in PHASES:
+            g = self.phase_gaps(phase, whole)
+            out[f"itl_{phase}_ms"] = m.describe(itl_per_token(g))
+        return out
+
+    def phase_gaps(self, phase: str, gaps: pl.DataFrame | None = None) -> pl.DataFrame:
+        """The gaps of one phase (``reasoning`` | ``answer``), split by each request's ``t_first_answer_ns``: a
+        gap ending before it is reasoning (or any gap of a request with reasoning tokens and no answer), one
+        ending after it answer (interleaved reasoning after the answer included); the gap ending AT the first
+        answer chunk is the transition, inside time to first answer, and in neither phase."""
+        g = self.gaps if gaps is None else gaps
+        if "t_first_answer_ns" not in self.req.columns:
+            return g if phase == "answer" else g.head(0)
+        first = pl.lit(self.req["t_first_answer_ns"]).gather(pl.col("i"))
+        reasoned = pl.lit(self.req["reasoning_tokens"].fill_null(0) > 0).gather(pl.col("i"))
+        keep = ((pl.col("t_ns") < first) | (first.is_null() & reasoned) if phase == "reasoning"
+                else pl.col("t_ns") > first)
+        return g.filter(keep.fill_null(False))
+
+    def phase_run(self, phase: str) -> "RunAnalysis":
+        """This analysis with only one phase's gaps (the token-level intervals read ``gaps``)."""
+        view = copy.copy(self)
+        view.__dict__ = {k: v for k, v in self.__dict__.items() if k not in ("_token_stats", "classes")}
+        view.__dict__["gaps"] = self.phase_gaps(phase)
+        return view
 
 
 def steady_requests(req: pl.DataFrame, steady_state: SteadyState) -> tuple[pl.DataFrame, SteadyWindow]:
     """``req`` with the steady window applied, and the window (analysis/steady.py). ``transient``: cut by
     detection; ``warmup`` becomes "outside the measured set" (the declared warm-up, or ``transient``), so that
     every reader of it (the gaps, compare's samples, the report's views) takes the same requests."""
+    req = whole_sessions(req, "warmup")
     declared = m.measured(req)
     window = steady.detect(declared) if steady_state == "detect" else steady.declared(declared)
     cut = ~pl.col("warmup") & window.outside(pl.col("t_intended_ns"))
-    return req.with_columns(transient=cut).with_columns(warmup=pl.col("warmup") | pl.col("transient")), window
+    out = whole_sessions(req.with_columns(transient=cut), "transient")
+    return out.with_columns(warmup=pl.col("warmup") | pl.col("transient")), window
+
+
+def whole_sessions(req: pl.DataFrame, flag: str) -> pl.DataFrame:
+    """``flag`` made one value per agentic session: its first call's (by intended send), so that a session is
+    kept or cut whole — a session whose first call is warm-up (or before the steady window) is cut, one that
+    started inside is kept to its end. Requests of no session keep their own."""
+    if "session" not in req.columns or req["session"].null_count() == req.height:
+        return req
+    first = pl.col(flag).sort_by("t_intended_ns").first().over("worker", "session")
+    return req.with_columns(pl.when(pl.col("session").is_not_null()).then(first).otherwise(pl.col(flag))
+                            .alias(flag))
 
 
 def _token_stats(g: pl.DataFrame) -> dict[str, dict[str, float | int | None]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-from loadgen.core.vocabulary import SLO_METRICS, ObjectiveId
+from loadgen.core.vocabulary import METRICS, SLO_METRICS, ObjectiveId
 from loadgen.plan.slo_spec import ErrorRate, Slo
 from loadgen.analysis import objective_intervals as oi
 from loadgen.analysis.metrics import QUANTILES, describe
@@ -109,19 +109,26 @@ def _undecided_note(o: Objective) -> str:
     side = f"{100 * (o.confidence or 0):g}% interval {_fmt(o.ci_low)}–{_fmt(o.ci_high)} straddles the limit"
     if o.needed is None:
         return side + " (the estimate sits on the limit: no sample size decides it)"
-    unit = "tokens" if o.id.metric == "stalls" else "samples"
+    unit = "tokens" if o.id.metric == "stalls" else "sessions" if o.id.metric in ("sessions", "session_ms") \
+        else "steps" if o.id.metric == "agent_step_ms" else "samples"
     return side + f": needs >= {math.ceil(o.needed)} {unit} to decide (has {o.samples})"
 
 
 def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any], good: int,
-             total: int, goodput_per_s: float, samples: "ObjectiveSamples | None" = None) -> list[Objective]:
-    """The objectives on percentiles, the error rate and goodput; ``samples``: the run's samples, for their
-    intervals (without them, every objective is decided on its value: ``slo.decision: point``)."""
+             total: int, goodput_per_s: float, samples: "ObjectiveSamples | None" = None,
+             sessions: dict[str, Any] | None = None) -> list[Objective]:
+    """The objectives on percentiles, the error rate, goodput and sessions; ``samples``: the run's samples, for
+    their intervals (without them, every objective is decided on its value: ``slo.decision: point``);
+    ``sessions``: summary.json's ``sessions`` figures (None: the run had no session)."""
     mode = slo.decision if samples is not None else "point"
     out: list[Objective] = []
     for metric in SLO_METRICS:
         thresholds = getattr(slo, metric)
         for stat, limit in thresholds.items() if thresholds else []:
+            if metric not in metrics:  # a family the run does not have (no reasoning, no session)
+                out.append(Objective(ObjectiveId(metric, stat), limit, None, 0, None,
+                                     note=f"no samples: the run has no {METRICS[metric].family} figures"))
+                continue
             m = metrics[metric]
             judged = samples.metric(metric, stat, m[stat], limit) if samples is not None else None
             out.append(decided(ObjectiveId(metric, stat), m[stat], limit, m["count"], judged, mode,
@@ -137,6 +144,29 @@ def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any
     out.append(rate)
     if slo.goodput is not None:
         out += _goodput(slo, good, total, goodput_per_s, samples, mode)
+    if slo.sessions is not None:
+        out += _sessions(slo, sessions or {}, samples is not None, mode)
+    return out
+
+
+def _sessions(slo: Slo, figures: dict[str, Any], intervals: bool, mode: str) -> list[Objective]:
+    """``slo.sessions``: the share of good sessions (exact binomial) and completed sessions per hour (Poisson
+    rate over the measured window), both with ``needed`` in sessions."""
+    s, out = slo.sessions, []
+    assert s is not None
+    n, good, done, window_s = (figures.get("count", 0), figures.get("good", 0), figures.get("completed", 0),
+                               figures.get("window_s", 0.0))
+    if s.min_attainment is not None:
+        judged = oi.proportion(good, n, s.min_attainment, ">=", slo.confidence) if intervals else None
+        out.append(decided(ObjectiveId("sessions", "min_attainment"), good / n if n else None, s.min_attainment, n,
+                           judged, mode, 1, ">="))
+    if s.min_jobs_per_hour is not None:
+        judged = oi.rate(done, window_s, s.min_jobs_per_hour, ">=", slo.confidence, scale=3600.0) \
+            if intervals and window_s else None
+        if judged is not None and judged.needed is not None:  # seconds of exposure → sessions, as ``samples``
+            judged = replace(judged, needed=judged.needed * n / window_s)
+        out.append(decided(ObjectiveId("sessions", "min_jobs_per_hour"), figures.get("jobs_per_hour") if n else None,
+                           s.min_jobs_per_hour, n, judged, mode, 1, ">="))
     return out
 
 

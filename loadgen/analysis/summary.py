@@ -11,6 +11,8 @@ from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
 from loadgen.analysis.conversations import conversation_figures
+from loadgen.analysis.reasoning import reasoning_figures
+from loadgen.analysis.sessions import SessionFrames
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.objective_samples import ObjectiveSamples
@@ -28,14 +30,18 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     req, measured = run.req, run.measured
     good = _good(measured, scenario)
     counts = m.request_counts(measured)
-    metric_table = m.metric_table(measured, token_stats=run.token_stats())
+    frames = _session_frames(measured, scenario) if "session" in run.families else None
+    metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
+                                  session_stats=frames.stats() if frames else None)
     tput = m.throughput(measured, good)
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
-    samples = ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence)
+    samples = ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence,
+                               frames.sessions if frames else None, frames.steps if frames else None)
+    sessions = frames.figures() if frames else None
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
-                          tput["goodput_requests_per_s"], samples)
+                          tput["goodput_requests_per_s"], samples, sessions)
     objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary, samples)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
@@ -60,9 +66,17 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
         "conversations": conversation_figures(measured),
+        "reasoning": reasoning_figures(measured, [c.name for c in scenario.workload.classes]),
+        "sessions": sessions,
         "findings": run_findings(requests, run.chunks),  # what limits the measurement (loadgen check's signs)
         **(extra or {}),
-    }, {"stalls": spike.stalls}
+    }, {"stalls": spike.stalls, **(frames.tables() if frames else {})}
+
+
+def _session_frames(measured: pl.DataFrame, scenario: Scenario) -> SessionFrames:
+    """The measured sessions (analysis/sessions.py), good by ``slo.sessions.good``'s limits."""
+    spec = scenario.slo.sessions
+    return SessionFrames(measured, m.window_s(measured), spec.good.model_dump() if spec else None)
 
 
 def prefilled(requests: pl.DataFrame) -> pl.DataFrame:
@@ -86,8 +100,10 @@ def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario,
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
         good = _good(req, scenario)
+        frames = _session_frames(req, scenario) if "session" in run.families else None
         out[cls.name] = {"requests": m.request_counts(req),
-                         "metrics": m.metric_table(req, token_stats=run.token_stats(cls.name)),
+                         "metrics": m.metric_table(req, token_stats=run.token_stats(cls.name), kinds=run.families,
+                                                   session_stats=frames.stats() if frames else None),
                          "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {})}
     return out
 

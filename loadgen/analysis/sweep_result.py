@@ -19,6 +19,7 @@ from loadgen.analysis.result import RunResult
 SCHEMA_VERSION = 1
 KNEE_FACTOR = 2.0  # the knee: TTFT p90 rose less than this up to it and rises more than this beyond it
 KNEE_BEYOND = 2  # ... at this many tested loads above it, at least (one load's rise is not a knee)
+STEP_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "ttft_answer_ms", "session_ms", "agent_step_ms")
 
 
 @dataclass
@@ -38,10 +39,12 @@ class Step:
     offered_per_s: Optional[float]
     completed: int
     failed: int
-    metrics: dict[str, dict[str, Optional[float]]]  # ttft_ms/itl_ms/tpot_ms/e2e_ms → p50, p90, p99
+    metrics: dict[str, dict[str, Optional[float]]]  # STEP_METRICS the run has → p50, p90, p99
     stalls_per_1k_tokens: Optional[float]
     prefill_induced_per_1k_tokens: Optional[float]
     backlog: Optional[dict[str, Any]] = None
+    jobs_per_hour: Optional[float] = None  # sessions completed with every call OK (a run of agentic sessions)
+    session_attainment: Optional[float] = None  # share of good sessions
     run_dir: str = ""
     phase: str = ""  # fixed | bracket | bisect | again: why the step ran (docs/verdicts.md, "sweep")
 
@@ -52,12 +55,14 @@ class Step:
         """``objectives``: each ObjectiveCall's dict, with ``samples`` and ``needed`` (run/sweep.py)."""
         tput, st = r.throughput or {}, r.stalls or {}
         metrics = {k: {p: r.metrics[k].get(p) for p in ("p50", "p90", "p99")}  # type: ignore[misc]
-                   for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms") if k in r.metrics}
+                   for k in STEP_METRICS if k in r.metrics}
+        sessions = r.sessions or {}
         return cls(load, duration_s, attempt, wall_s, call, bool(log and log.saturated), r.verdict,
                    objectives, attainment, tput.get("requests_per_s"),
                    tput.get("output_tokens_per_s"), tput.get("goodput_requests_per_s"), offered_per_s,
                    r.requests.get("completed", 0), r.requests.get("failed", 0), metrics, st.get("per_1k_tokens"),
-                   st.get("prefill_induced_per_1k_tokens"), asdict(log) if log else None)
+                   st.get("prefill_induced_per_1k_tokens"), asdict(log) if log else None,
+                   sessions.get("jobs_per_hour"), sessions.get("attainment"))
 
     def line(self, mode: str) -> str:
         unit = "req/s" if mode == "rate" else "users"
@@ -67,11 +72,19 @@ class Step:
         again = ", again" if self.attempt > 1 else ""
         return (f"step {self.load:g} {unit} ({self.duration_s:.3g} s{again}): {self.call.upper()}{sat}{why} — "
                 f"{_n(self.requests_per_s)} req/s done, TTFT p99 {_n(ttft.get('p99'))} ms, ITL p99 "
-                f"{_n(itl.get('p99'))} ms")
+                f"{_n(itl.get('p99'))} ms" + _job_text(self))
 
     def undecided_reasons(self) -> list[str]:
         """Each undecided objective and its shortfall, e.g. "ttft_ms.p99: 80 samples, needs 100"."""
         return [undecided_text(o) for o in self.objectives if o.get("call") == "undecided"]
+
+
+def _job_text(step: Step) -> str:
+    """A session step's job figures for its line (nothing for a run without sessions)."""
+    session = step.metrics.get("session_ms")
+    if session is None:
+        return ""
+    return f", session p90 {_n(session.get('p90'))} ms, {_n(step.jobs_per_hour)} jobs/h"
 
 
 def undecided_text(o: dict[str, Any]) -> str:

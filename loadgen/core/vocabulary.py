@@ -20,31 +20,99 @@ QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999} 
 LIMIT_STATS = ("p50", "p90", "p95", "p99", "p999", "max", "mean")  # what an SLO's thresholds may limit
 
 
+Family = Literal["latency", "reasoning", "session"]
+
+
 @dataclass(frozen=True)
 class Metric:
-    """One latency metric of the summary's metric table."""
+    """One metric of the summary's metric table. A family's rows appear only in a run that has it
+    (``reasoning``: some request reasoned; ``session``: some request was an agentic session's call)."""
 
     name: str
-    unit: str
-    basis: Literal["request", "token"]  # one sample per request, or per output token (or chunk)
+    unit: str  # "ms" or "tokens"
+    basis: Literal["request", "token", "session", "step"]  # what one sample is: a request, an output token (or
+    # chunk), a session, an agent's step
     slo: bool  # the scenario's ``slo`` may limit its statistics
     comparable: bool  # ``compare`` and the capacity search can bootstrap its percentiles
     description: str
+    family: Family = "latency"
 
 
 METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("ttft_ms", "ms", "request", True, True, "time to first token from the intended send time"),
+    Metric("ttft_ms", "ms", "request", True, True, "time to first token from the intended send time: the first "
+           "generated token of any kind (reasoning, tool call or answer), as MLPerf LoadGen counts a reasoning "
+           "fragment as the first token; ttft_answer_ms is the first answer token"),
     Metric("ttft_service_ms", "ms", "request", True, False, "time to first token from the actual send"),
     Metric("itl_ms", "ms", "token", True, True, "inter-token latency, one sample per token"),
     Metric("chunk_gap_ms", "ms", "token", True, False, "gap between consecutive streamed chunks"),
     Metric("tpot_ms", "ms", "request", True, True, "time per output token after the first"),
     Metric("e2e_ms", "ms", "request", True, True, "intended send time to the last byte"),
     Metric("queue_delay_ms", "ms", "request", False, False, "the client's own lateness: sent minus intended"),
+    # reasoning (issue 38): phases split at each request's first answer chunk (t_first_answer_ns)
+    Metric("ttft_answer_ms", "ms", "request", True, True, "time to first answer token (answer text or tool call, "
+           "not reasoning) from the intended send time", "reasoning"),
+    Metric("reasoning_ms", "ms", "request", False, False, "time spent reasoning before the answer: first answer "
+           "chunk minus first token (requests that reasoned)", "reasoning"),
+    Metric("tpot_reasoning_ms", "ms", "request", False, False, "time per reasoning token after the first: (last "
+           "reasoning chunk − first token) / (reasoning tokens − 1)", "reasoning"),
+    Metric("tpot_answer_ms", "ms", "request", True, False, "time per answer token after the first: (last token − "
+           "first answer chunk) / (answer tokens − 1)", "reasoning"),
+    Metric("itl_reasoning_ms", "ms", "token", False, False, "inter-token latency of chunks before the first answer "
+           "chunk, one sample per token", "reasoning"),
+    Metric("itl_answer_ms", "ms", "token", True, False, "inter-token latency of chunks after the first answer "
+           "chunk (the gap ending at it is in neither phase), one sample per token", "reasoning"),
+    Metric("reasoning_tokens", "tokens", "request", False, False, "output tokens that were reasoning, per request",
+           "reasoning"),
+    Metric("answer_tokens", "tokens", "request", False, False, "output tokens less reasoning tokens (tool calls "
+           "are answer), per request", "reasoning"),
+    # agentic sessions (issue 38)
+    Metric("session_ms", "ms", "session", True, True, "a session's latency: its last call's end minus its first "
+           "root call's intended send (sessions whose calls all succeeded)", "session"),
+    Metric("agent_step_ms", "ms", "step", True, False, "an agent's step: intended send to its result being "
+                                                       "usable (its end; for a step that spawned sub-agents, "
+                                                       "when the join was ready)", "session"),
 )}
+FAMILIES: tuple[Family, ...] = ("latency", "reasoning", "session")
 REQUEST_METRICS = tuple(name for name, m in METRICS.items() if m.basis == "request")
 TOKEN_METRICS = tuple(name for name, m in METRICS.items() if m.basis == "token")
+SESSION_METRICS = tuple(name for name, m in METRICS.items() if m.basis in ("session", "step"))
 SLO_METRICS = tuple(name for name, m in METRICS.items() if m.slo)
 COMPARABLE_METRICS = tuple(name for name, m in METRICS.items() if m.comparable)
+
+
+def family_metrics(*families: str) -> tuple[str, ...]:
+    """The metrics of these families, in the vocabulary's order."""
+    return tuple(name for name, m in METRICS.items() if m.family in families)
+
+
+def metric_rows(table: Mapping[str, Any]) -> tuple[str, ...]:
+    """The rows a metric table (summary.json's ``metrics``) has, in the vocabulary's order."""
+    return tuple(name for name in METRICS if name in table)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A run-level figure (one value per run or class, not a distribution) and where summary.json holds it."""
+
+    name: str
+    unit: str
+    description: str
+    where: str  # its key path in summary.json
+
+
+FIGURES: dict[str, Figure] = {f.name: f for f in (
+    Figure("reasoning_share", "share", "reasoning tokens over output tokens (successful measured requests)",
+           "reasoning.reasoning_share"),
+    Figure("jobs_per_hour", "per_h", "sessions completed with every call successful, per hour of the measured "
+           "window", "sessions.jobs_per_hour"),
+    Figure("session_attainment", "share", "share of sessions that were good by slo.sessions.good (every call "
+           "successful within its limits)", "sessions.attainment"),
+    Figure("session_cache_hit_ratio", "share", "per session: cached prompt tokens over prompt tokens "
+           "(distribution over sessions)", "sessions.cache_hit_ratio"),
+    Figure("tool_calls_missing", "calls", "tool-turn calls the server answered with text instead of a tool call",
+           "sessions.tool_calls_missing"),
+)}
+
 
 # Why a stall happened (analysis/spikes.py's attribution), in the order the report lists them.
 STALL_CAUSES: dict[str, str] = {

@@ -108,6 +108,27 @@ class Goodput(_Strict):
     min_ratio: float | None = Field(None, ge=0, le=1, description="least share of requests that must be good")
 
 
+class SessionGood(_Strict):
+    """What makes an agentic session good: every call succeeded, and within each limit given."""
+
+    session_ms: float | None = Field(None, gt=0, description="ms: a good session's latency (its first call's "
+                                     "intended send to its last call's end), at most")
+    agent_step_ms: float | None = Field(None, gt=0, description="ms: a good session's slowest agent step, at most")
+    ttft_answer_ms: float | None = Field(None, gt=0, description="ms: a good session's slowest time to first "
+                                         "answer token over its calls, at most")
+
+
+class SessionSlo(_Strict):
+    """Job-level objectives over agentic sessions (issue 38): the share of good sessions and the completed
+    sessions per hour, each decided on an interval whose samples are sessions."""
+
+    good: SessionGood = Field(default_factory=SessionGood, description="the limits a good session meets")
+    min_attainment: float | None = Field(None, ge=0, le=1, description="least share of sessions that must be "
+                                         "good (per-session SLO attainment)")
+    min_jobs_per_hour: float | None = Field(None, ge=0, description="least sessions completed with every call "
+                                            "successful, per hour of measured time")
+
+
 class Slo(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -122,6 +143,18 @@ class Slo(_Strict):
     tpot_ms: Thresholds | None = Field(None, description="time per output token after the first: percentile "
                                        "limits")
     e2e_ms: Thresholds | None = Field(None, description="intended send time to last byte: percentile limits")
+    ttft_answer_ms: Thresholds | None = Field(None, description="time to first answer token (not reasoning) from "
+                                              "the intended send time: percentile limits")
+    tpot_answer_ms: Thresholds | None = Field(None, description="time per answer token after the first answer "
+                                              "token: percentile limits")
+    itl_answer_ms: Thresholds | None = Field(None, description="inter-token latency of the answer phase, one "
+                                             "sample per token: percentile limits")
+    session_ms: Thresholds | None = Field(None, description="an agentic session's latency, one sample per "
+                                          "session: percentile limits")
+    agent_step_ms: Thresholds | None = Field(None, description="an agent step's latency (to its result, or its "
+                                             "sub-agents' join), one sample per step: percentile limits")
+    sessions: SessionSlo | None = Field(None, description="job-level objectives over sessions: attainment and "
+                                        "jobs per hour")
     error_rate: ErrorRate | None = Field(None, description="the share of failed requests (unset: max 0, any "
                                          "failure fails the run)")
     goodput: Goodput | None = Field(None, validation_alias=AliasChoices("goodput", "attainment"),

@@ -1,0 +1,151 @@
+"""Reasoning metrics (issue 38, plan.md §2.5) on hand-built records whose every value is known: time to first
+answer token, time spent reasoning, TPOT and ITL per phase (the gap ending at the first answer chunk in
+neither), reasoning and answer counts, the reasoning share, and that a run without reasoning has none of
+them. Pure and exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from loadgen.analysis import metrics as m
+from loadgen.analysis.objective_samples import ObjectiveSamples
+from loadgen.analysis.reasoning import reasoning_figures
+from loadgen.analysis.run_analysis import RunAnalysis
+from loadgen.analysis.slo import evaluate
+from loadgen.analysis.summary import summarize
+from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.core.vocabulary import family_metrics
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.slo_spec import Slo
+from loadgen.records.schema import chunks_frame, requests_frame
+
+MS = 1_000_000
+GOLDEN = Path(__file__).parent / "data" / "golden_run" / "run.json"
+
+
+def stream(seq: int, intended: int, chunks: list[tuple[int, int, bool]], reasoning_tokens: int,
+           first_answer: int | None, last_reasoning: int | None, cls: str = "think",
+           tool_calls: int = 0, tool_tokens: int = 0) -> tuple[RequestRecord, list[ChunkRecord]]:
+    """A request (times in ms) and its chunks ``(t_ms, tokens, reasoning flag)``."""
+    out = sum(n for _, n, _ in chunks)
+    record = RequestRecord(
+        seq=seq, class_name=cls, warmup=False, t_intended_ns=intended * MS, t_sent_ns=(intended + 1) * MS,
+        t_first_token_ns=chunks[0][0] * MS, t_last_token_ns=chunks[-1][0] * MS, t_done_ns=(chunks[-1][0] + 1) * MS,
+        prompt_tokens_asked=10, prompt_tokens=10, prompt_tokens_source="server", output_tokens_asked=out,
+        output_tokens=out, output_tokens_source="server", chunks=len(chunks), reasoning=reasoning_tokens > 0,
+        t_first_answer_ns=None if first_answer is None else first_answer * MS,
+        t_last_reasoning_ns=None if last_reasoning is None else last_reasoning * MS,
+        reasoning_tokens=reasoning_tokens, tool_tokens=tool_tokens, tool_calls=tool_calls)
+    return record, [ChunkRecord(seq, t * MS, n, r) for t, n, r in chunks]
+
+
+def records() -> tuple[pl.DataFrame, pl.DataFrame]:
+    """seq 0: reasoning 10→12→15 ms, then a MIXED chunk at 20 ms (1 reasoning + 2 answer tokens: one chunk flagged
+    answer, its reasoning token counted), answer 24, 30 ms — 10 tokens, 5 reasoning. seq 1: interleaved — an
+    answer token at 110, reasoning (2 tokens) at 113, answer at 117 (a tool call: 1 call, 1 token). seq 2 (class
+    chat): no reasoning, answer at 205 and 208 ms."""
+    items = [
+        stream(0, 0, [(10, 1, True), (12, 2, True), (15, 1, True), (20, 3, False), (24, 2, False), (30, 1, False)],
+               5, 20, 20),
+        stream(1, 100, [(110, 1, False), (113, 2, True), (117, 1, False)], 2, 110, 113, tool_calls=1,
+               tool_tokens=1),
+        stream(2, 200, [(205, 1, False), (208, 1, False)], 0, 205, None, cls="chat"),
+    ]
+    return requests_frame([r for r, _ in items]), chunks_frame([c for _, cs in items for c in cs])
+
+
+def test_each_request_metric_follows_its_definition() -> None:
+    req = m.with_request_metrics(records()[0])
+    rows = {r["seq"]: r for r in req.iter_rows(named=True)}
+    assert [rows[s]["ttft_ms"] for s in (0, 1, 2)] == [10.0, 10.0, 5.0]  # first token of any kind
+    assert [rows[s]["ttft_answer_ms"] for s in (0, 1, 2)] == [20.0, 10.0, 5.0]
+    assert [rows[s]["reasoning_ms"] for s in (0, 1, 2)] == [10.0, 0.0, None]  # only requests that reasoned
+    assert rows[0]["tpot_reasoning_ms"] == 10.0 / 4 and rows[1]["tpot_reasoning_ms"] == 3.0
+    assert rows[2]["tpot_reasoning_ms"] is None
+    assert [rows[s]["tpot_answer_ms"] for s in (0, 1, 2)] == [10.0 / 4, 7.0, 3.0]
+    assert [rows[s]["answer_tokens"] for s in (0, 1, 2)] == [5, 2, 2]
+
+
+def test_itl_per_phase_splits_at_the_first_answer_chunk_and_the_transition_gap_is_in_neither() -> None:
+    run = RunAnalysis(*records(), steady_state="declared")
+    stats = run.token_stats()
+    # reasoning: seq 0's gaps before 20 ms: 2 ms over 2 tokens (1, 1) and 3 ms over 1 (3); 15→20 is the transition
+    assert stats["itl_reasoning_ms"]["count"] == 3 and stats["itl_reasoning_ms"]["mean"] == pytest.approx(5 / 3)
+    assert stats["itl_reasoning_ms"]["max"] == 3.0
+    # answer: seq 0 (2, 2, 6), seq 1 after its first answer — the interleaved reasoning chunk too (1.5, 1.5, 4),
+    # seq 2 (3)
+    assert stats["itl_answer_ms"]["count"] == 7 and stats["itl_answer_ms"]["mean"] == pytest.approx(20 / 7)
+    assert stats["itl_answer_ms"]["max"] == 6.0
+    # every gap, transition included, is still in itl_ms (9 + 3 + 1 tokens after the first chunks)
+    assert stats["itl_ms"]["count"] == 3 + 3 + 3 + 3 + 1
+    assert run.phase_gaps("reasoning").height + run.phase_gaps("answer").height == run.gaps.height - 1
+
+
+def test_counts_and_share_per_run_and_per_class() -> None:
+    req = m.with_request_metrics(records()[0])
+    figures = reasoning_figures(req, ["think", "chat"])
+    assert figures is not None
+    assert (figures["reasoning_tokens"], figures["answer_tokens"], figures["tool_tokens"],
+            figures["tool_calls"], figures["requests_with_reasoning"]) == (7, 9, 1, 1, 2)
+    assert figures["reasoning_share"] == 7 / 16
+    assert figures["classes"]["think"]["reasoning_share"] == 7 / 14
+    assert figures["classes"]["chat"]["reasoning_share"] == 0.0
+
+
+def test_the_metric_table_has_the_reasoning_rows_only_when_a_request_reasoned() -> None:
+    run = RunAnalysis(*records(), steady_state="declared")
+    table = m.metric_table(run.measured, token_stats=run.token_stats(), kinds=run.families)
+    assert set(table) == set(family_metrics("latency", "reasoning"))
+    assert table["reasoning_tokens"]["count"] == 3 and table["answer_tokens"]["mean"] == 3.0
+    plain_req, plain_chunks = records()
+    plain_req = plain_req.with_columns(reasoning_tokens=pl.lit(0, dtype=pl.Int64))
+    plain = RunAnalysis(plain_req, plain_chunks, steady_state="declared")
+    assert plain.families == ("latency",)
+    assert set(m.metric_table(plain.measured, token_stats=plain.token_stats(), kinds=plain.families)) == set(
+        family_metrics("latency"))
+    assert reasoning_figures(plain.measured, ["think"]) is None
+
+
+def test_answer_objectives_are_judged_on_their_own_samples() -> None:
+    run = RunAnalysis(*records(), steady_state="declared")
+    table = m.metric_table(run.measured, token_stats=run.token_stats(), kinds=run.families)
+    slo = Slo.model_validate({"ttft_answer_ms": {"p50": 50, "max": 15}, "itl_answer_ms": {"max": 5},
+                              "error_rate": {"max": 0.5}, "decision": "point"})
+    samples = ObjectiveSamples(run.measured.filter(pl.col("ok")), run, slo.confidence)
+    calls = {o.objective: (o.value, o.passed) for o in evaluate(slo, table, m.request_counts(run.measured), 3, 3,
+                                                                  1.0, samples)}
+    assert calls["ttft_answer_ms.p50"] == (10.0, True) and calls["ttft_answer_ms.max"] == (20.0, False)
+    assert calls["itl_answer_ms.max"] == (6.0, False)
+    interval = Slo.model_validate({"itl_answer_ms": {"p50": 100}})
+    judged = evaluate(interval, table, m.request_counts(run.measured), 3, 3, 1.0,
+                      ObjectiveSamples(run.measured.filter(pl.col("ok")), run, interval.confidence))
+    itl = next(o for o in judged if o.objective == "itl_answer_ms.p50")
+    assert itl.samples == 7 and itl.basis == "interval"
+
+
+def test_an_answer_objective_on_a_run_without_reasoning_is_undecided_not_an_error() -> None:
+    req, chunks = records()
+    run = RunAnalysis(req.with_columns(reasoning_tokens=pl.lit(0, dtype=pl.Int64)), chunks, "declared")
+    table = m.metric_table(run.measured, token_stats=run.token_stats(), kinds=run.families)
+    slo = Slo.model_validate({"ttft_answer_ms": {"p90": 100}})
+    o = next(o for o in evaluate(slo, table, m.request_counts(run.measured), 3, 3, 1.0) if o.id.metric ==
+             "ttft_answer_ms")
+    assert o.passed is None and o.samples == 0 and "no reasoning figures" in o.note
+
+
+def test_the_summary_carries_the_reasoning_section_and_rows() -> None:
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["load"]["steady_state"] = "declared"
+    doc["slo"] = {"ttft_answer_ms": {"p50": 50}, "decision": "point", "error_rate": {"max": 0.5}}
+    doc["workload"]["classes"][0]["name"] = "think"
+    scenario = Scenario.model_validate(doc)
+    summary, tables = summarize(scenario, *records(), planned=3)
+    assert summary["reasoning"]["reasoning_tokens"] == 7 and summary["sessions"] is None
+    assert summary["metrics"]["ttft_answer_ms"]["p50"] == 10.0
+    assert summary["classes"]["think"]["metrics"]["itl_reasoning_ms"]["count"] == 3
+    assert {o["objective"]: o["passed"] for o in summary["slo"]}["ttft_answer_ms.p50"] is True
+    assert set(tables) == {"stalls"}
