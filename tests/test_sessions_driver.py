@@ -212,8 +212,11 @@ def test_sessions_start_at_their_arrival_and_overlap_in_an_open_loop():
 
 
 class ClosedPlan(SimpleNamespace):
-    def session(self, index: int) -> tuple[None, list[PlannedRequest]]:
-        return None, background(index)
+    def unit(self, index: int) -> list[PlannedRequest]:
+        """Sessions; with ``plain``, every other arrival is a request on its own."""
+        if getattr(self, "plain", False) and index % 2:
+            return [PlannedRequest(index, 0, "chat", 10, 5, False)]
+        return background(index)
 
 
 @pytest.mark.parametrize("size", [None, 10])
@@ -246,3 +249,19 @@ def test_a_stop_sends_nothing_more_and_the_session_ends():
     engine = FakeEngine(open_plan(fan_out_join()), stop_at=(0, 1))  # the run stops as call 1 is sent
     sessions = replay(engine)
     assert sorted(by_call(engine)) == [0, 1] and (sessions.calls_not_sent, sessions.failed) == (6, 0)
+
+
+def test_a_closed_loop_mixing_sessions_and_plain_requests_sends_both():
+    engine = FakeEngine(ClosedPlan(requests=None, closed_loop=True, size=9, sessional=True, conversational=False,
+                                   plain=True))
+
+    async def turn_for(req: PlannedRequest, history: Any) -> tuple[dict[str, Any], str]:
+        return {"prompt": "plain"}, "plain"
+    sessions = make_scheduler(engine, turn_for, Bodies())  # type: ignore[arg-type]
+
+    async def main() -> None:
+        await sessions.user(None)
+    asyncio.run(main())
+    kinds = [s.record.session for s in engine.sent]
+    assert kinds == [0, 0, 0, 0, None, 2, 2, 2, 2]  # one unit after another: a session, a request, a session
+    assert engine.sent[4].body == b'{"prompt": "plain"}' and engine.sent[4].record.call is None

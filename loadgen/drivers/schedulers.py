@@ -24,10 +24,11 @@ class Scheduler(Protocol):
 
 
 def make_scheduler(engine: Sender, turn_for: TurnFor | None, call_for: CallFor | None) -> Scheduler | None:
-    """The plan's scheduler: sessions when it has session classes, conversations when it has conversations,
-    else None (every request is sent on its own)."""
+    """The plan's scheduler: sessions when it has session classes (conversations, if any, and a closed loop's
+    requests on their own then go through its ``others``), conversations when it has conversations, else None
+    (every request is sent on its own)."""
     if call_for is not None and engine.plan.sessional:
-        return Sessions(engine, call_for)
+        return Sessions(engine, call_for, Conversations(engine, turn_for) if turn_for is not None else None)
     if turn_for is not None and engine.plan.conversational:
         return Conversations(engine, turn_for)
     return None

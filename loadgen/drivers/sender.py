@@ -5,7 +5,8 @@ import circle)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
 
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
@@ -14,13 +15,18 @@ from loadgen.drivers.timing import RateCeiling
 from loadgen.plan.schedule import Plan, PlannedRequest
 
 
-class Outcome(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Outcome:
     """One sent request's end: its record (None only if the engine was torn down first), the answer text
     received (kept for conversation turns and session calls, whose next call carries it; "" otherwise) and the
     tool calls it made (a session's next call carries their results)."""
     record: RequestRecord | None
     answer: str
     tool_calls: tuple[ToolCall, ...] = ()
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as ``(record, answer)``, as drivers/conversations.py reads it."""
+        return iter((self.record, self.answer))
 
 
 class Sender(Protocol):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from loadgen.core.records import RequestRecord, ToolCall
+from loadgen.drivers.conversations import Conversations
 from loadgen.drivers.sender import Sender
 from loadgen.drivers.timing import sleep_until
 from loadgen.plan.schedule import PlannedRequest
@@ -76,8 +77,11 @@ class SessionState:
 
 
 class Sessions:
-    def __init__(self, engine: Sender, call_for: CallFor) -> None:
-        self.engine, self.call_for = engine, call_for
+    """The scheduler of a plan with session classes; ``others`` sends the units of its other classes (a
+    conversation, or a request on its own in a closed loop)."""
+
+    def __init__(self, engine: Sender, call_for: CallFor, others: Conversations | None = None) -> None:
+        self.engine, self.call_for, self.others = engine, call_for, others
         self.tasks: set[asyncio.Task[bool]] = set()
         self._calls: dict[int, list[PlannedRequest]] = {}
         self._arrivals = itertools.count()  # closed loop: the next session of the plan
@@ -95,7 +99,10 @@ class Sessions:
     # ---- open loop ------------------------------------------------------------------------------------
     def start(self, first: PlannedRequest, t_intended_ns: int) -> None:
         """Run ``first``'s session from ``t_intended_ns`` (once: its other calls are the session's own)."""
-        assert first.session is not None
+        if first.session is None:
+            if self.others is not None:
+                self.others.start(first, t_intended_ns)
+            return
         calls = self._calls.pop(first.session, None)
         if calls is None:  # already started (or not a session of this plan)
             return
@@ -106,13 +113,19 @@ class Sessions:
     async def wait(self) -> None:
         while self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        if self.others is not None:
+            await self.others.wait()
 
     # ---- closed loop ----------------------------------------------------------------------------------
     async def user(self, end_ns: int | None) -> None:
         """A closed-loop user: one session after another until the end, a stop or the plan's request count."""
         e = self.engine
         while not e.stopping and (end_ns is None or time.monotonic_ns() < end_ns):
-            _, calls = e.plan.session(next(self._arrivals))
+            calls = e.plan.unit(next(self._arrivals))
+            if calls[0].session is None:  # another class's arrival: a conversation, or a request on its own
+                if self.others is None or not await self.others.converse(calls, None, end_ns):
+                    return
+                continue
             await e.ceiling.wait()
             t_start_ns = time.monotonic_ns()  # the user is ready: the session starts now
             if e.stopping or (end_ns is not None and t_start_ns >= end_ns):
