@@ -7,7 +7,7 @@ import json
 import pytest
 
 from loadgen.core import RequestMeta, SseDecoder, StreamTracker
-from loadgen.core.tracker import _scale
+from loadgen.core.token_shares import scale as _scale
 
 
 def _chunk(content=None, role=None, finish=None, usage=None, reasoning=None, cid="chatcmpl-1", choices=True):

@@ -5,8 +5,8 @@
 | --- | --- | --- | --- |
 | chat | /chat/completions | ``choices[0].delta.content`` (and ``tool_calls``, see ``openai_stream.py``) | ``usage.prompt_tokens``/``completion_tokens`` |
 | completions | /completions | ``choices[0].text`` | same |
-| responses | /responses | ``response.output_text.delta`` ``{delta}`` (and ``refusal``, ``function_call_arguments``) … ``response.completed`` (the end) | ``response.usage.input_tokens``/``output_tokens``, ``input_tokens_details.cached_tokens`` |
-| messages | /messages (Anthropic) | ``content_block_delta`` ``{delta: {text}}`` (``thinking``, a tool's ``partial_json``) … ``message_stop`` (the end) | ``message_start.message.usage.input_tokens`` (+ cache reads and writes), ``message_delta.usage.output_tokens`` |
+| responses | /responses | ``response.output_text.delta`` ``{delta}`` (and ``refusal``, ``function_call_arguments``, ``reasoning_text``, ``reasoning_summary_text``; a ``function_call`` item's name in ``output_item.added``) … ``response.completed`` (the end) | ``response.usage.input_tokens``/``output_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens_details.reasoning_tokens`` |
+| messages | /messages (Anthropic) | ``content_block_delta`` ``{delta: {text}}`` (``thinking``, a tool's ``partial_json``; a ``tool_use`` block's name in ``content_block_start``) … ``message_stop`` (the end) | ``message_start.message.usage.input_tokens`` (+ cache reads and writes), ``message_delta.usage.output_tokens`` |
 | embeddings | /embeddings | not streamed: one JSON body | ``usage.prompt_tokens`` |
 
 Anthropic's ``input_tokens`` leaves out the prompt tokens read from (or written to) its cache; loadgen's
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from loadgen.core.openai_stream import Parsed, as_dict, error_of, as_int, as_str, parse_event
+from loadgen.core.openai_stream import Parsed, ToolDelta, as_dict, as_int, as_str, error_of, parse_event
 from loadgen.core.secrets import clip
 
 APIS = ("chat", "completions", "responses", "messages", "embeddings")
@@ -49,7 +49,10 @@ def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     if kind in ("response.output_text.delta", "response.refusal.delta"):
         return Parsed(text=as_str(obj.get("delta")))
     if kind == "response.function_call_arguments.delta":  # a tool call's arguments: generated tokens
-        return Parsed(text=as_str(obj.get("delta")), tool=True)
+        delta = as_str(obj.get("delta"))
+        return Parsed(text=delta, tool=True, calls=_call(obj.get("output_index"), None, "", delta))
+    if kind == "response.output_item.added":  # a function call's name (and call_id) arrive whole in its item
+        return _responses_item(obj)
     if kind == "response.reasoning_text.delta" or kind == "response.reasoning_summary_text.delta":
         return Parsed(text=as_str(obj.get("delta")), reasoning=True)
     if kind in ("error", "response.failed"):
@@ -62,11 +65,28 @@ def parse_responses_event(kind: Any, obj: dict[str, Any]) -> Parsed:
     if isinstance(usage, dict):
         out.prompt_tokens, out.completion_tokens = as_int(usage.get("input_tokens")), as_int(usage.get("output_tokens"))
         out.cached_tokens = as_int(as_dict(usage.get("input_tokens_details")).get("cached_tokens"))
+        out.reasoning_tokens = as_int(as_dict(usage.get("output_tokens_details")).get("reasoning_tokens"))
     if kind == "response.completed":
         out.done, out.finish_reason = True, "stop"
     elif kind == "response.incomplete":
         out.done, out.finish_reason = True, "length"
     return out
+
+
+def _responses_item(obj: dict[str, Any]) -> Parsed:
+    """``response.output_item.added``: a ``function_call`` item's name is generated output (as chat counts
+    ``function.name``); other items carry no tokens yet."""
+    item = as_dict(obj.get("item"))
+    if item.get("type") != "function_call":
+        return Parsed()
+    name, arguments = as_str(item.get("name")), as_str(item.get("arguments"))
+    return Parsed(text=name + arguments, tool=True,
+                  calls=_call(obj.get("output_index"), item.get("call_id"), name, arguments))
+
+
+def _call(index: Any, call_id: Any, name: str, arguments: str) -> tuple[ToolDelta, ...]:
+    """One tool-call fragment at ``index`` (the output item's or content block's; 0 when not a number)."""
+    return (ToolDelta(as_int(index) or 0, as_str(call_id), name, arguments),)
 
 
 ANTHROPIC_STOP = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
@@ -80,8 +100,11 @@ def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
         if delta.get("type") == "thinking_delta":
             return Parsed(text=as_str(delta.get("thinking")), reasoning=True)
         if delta.get("type") == "input_json_delta":  # a tool_use block's input: generated tokens
-            return Parsed(text=as_str(delta.get("partial_json")), tool=True)
-        return Parsed(text=as_str(delta.get("text")))
+            partial = as_str(delta.get("partial_json"))
+            return Parsed(text=partial, tool=True, calls=_call(obj.get("index"), None, "", partial))
+        return Parsed(text=as_str(delta.get("text")))  # text_delta; signature_delta and others carry no text
+    if kind == "content_block_start":
+        return _anthropic_block(obj)
     if kind == "message_start":
         message = as_dict(obj.get("message"))
         out = Parsed(request_id=message.get("id") if isinstance(message.get("id"), str) else None)
@@ -101,6 +124,21 @@ def parse_anthropic_event(kind: Any, obj: dict[str, Any]) -> Parsed:
         return Parsed(done=True)
     if kind == "error":
         return error_of(obj.get("error") or obj)
+    return Parsed()
+
+
+def _anthropic_block(obj: dict[str, Any]) -> Parsed:
+    """``content_block_start``: a ``tool_use`` block's name is generated output (its ``id`` is what a tool
+    result answers); a ``thinking`` or ``redacted_thinking`` block marks reasoning even when no text follows
+    (``display: omitted`` sends only a ``signature_delta``; a redacted block arrives whole and opaque): a reasoning
+    event without text, which counts no chunk (its tokens are only in ``message_delta``'s ``output_tokens``)."""
+    block = as_dict(obj.get("content_block"))
+    kind = block.get("type")
+    if kind == "tool_use":
+        name = as_str(block.get("name"))
+        return Parsed(text=name, tool=True, calls=_call(obj.get("index"), block.get("id"), name, ""))
+    if kind in ("thinking", "redacted_thinking"):
+        return Parsed(reasoning=True)
     return Parsed()
 
 

@@ -6,7 +6,14 @@ A chunk carries generated tokens when any of these is non-empty (``Parsed.text``
   which some gateways send); ``delta.refusal``; ``text`` (completions);
 - a reasoning delta (``delta.reasoning_content`` / ``delta.reasoning``): ``Parsed.reasoning``;
 - tool calls (``delta.tool_calls[].function.name`` / ``.arguments``, the older ``delta.function_call``): the
-  arguments are output tokens the model generates, timed like text (``Parsed.tool``).
+  arguments are output tokens the model generates, timed like text (``Parsed.tool``); each call's ``index``,
+  ``id``, name and argument fragment are kept (``Parsed.calls``) so that the tracker can rebuild the calls.
+
+A delta with both reasoning and content (or a tool call) is ONE chunk of the answer: ``text`` is the content
+(and tool text), ``reasoning_text`` the reasoning beside it (vLLM sends ``{"reasoning": " Easy", "content":
+"The"}`` when a multi-token step crosses ``</think>``, vllm/reasoning/basic_parsers.py); the tracker counts its
+share in the request's reasoning tokens. The server's reasoning count: ``usage.completion_tokens_details
+.reasoning_tokens`` (OpenAI, vLLM with a reasoning parser), else SGLang's top-level ``usage.reasoning_tokens``.
 
 Role-only and empty deltas carry none: TTFT is the first chunk that does. An ``error`` member that is null (or
 empty) is no error: some gateways send ``"error": null`` in every chunk.
@@ -17,11 +24,20 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from loadgen.core.secrets import clip
 
 ERROR_TEXT_CHARS = 2000  # a server's error message, kept whole up to this (the sink clips it after redaction)
+
+
+class ToolDelta(NamedTuple):
+    """One fragment of a tool call: the call's index in the answer, its id and name (when this fragment carries
+    them, else ""), and the argument text it adds."""
+    index: int
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass(slots=True)
@@ -37,6 +53,9 @@ class Parsed:
     error: str | None = None  # the server reported an error in the stream, or the chunk is not valid
     error_status: int | None = None
     done: bool = False
+    reasoning_text: str = ""  # reasoning beside the content in one event (then ``text`` is the content)
+    reasoning_tokens: int | None = None  # the server's count of reasoning tokens (usage details)
+    calls: tuple[ToolDelta, ...] = ()  # the tool-call fragments in ``text`` (their names and arguments)
 
 
 def parse_event(data: str) -> Parsed:
@@ -61,18 +80,29 @@ def parse_event(data: str) -> Parsed:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             out.cached_tokens = as_int(details.get("cached_tokens"))
+        out.reasoning_tokens = reasoning_count(usage)
     return out
+
+
+def reasoning_count(usage: dict[str, Any]) -> int | None:
+    """The reasoning tokens a chat usage reports: ``completion_tokens_details.reasoning_tokens`` (OpenAI, vLLM),
+    else SGLang's top-level ``reasoning_tokens``; None when it reports none."""
+    details = usage.get("completion_tokens_details")
+    count = as_int(details.get("reasoning_tokens")) if isinstance(details, dict) else None
+    return count if count is not None else as_int(usage.get("reasoning_tokens"))
 
 
 def _choice(choice: dict[str, Any], out: Parsed) -> None:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         content = content_text(delta.get("content")) + as_str(delta.get("refusal"))
-        tool = tool_text(delta.get("tool_calls")) + function_text(delta.get("function_call"))
+        out.calls = tool_deltas(delta.get("tool_calls"), delta.get("function_call"))
+        tool = "".join(c.name + c.arguments for c in out.calls)
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if content or tool:
-            out.text, out.tool = content + tool, not content
-        elif isinstance(reasoning, str) and reasoning:
+        reasoning = reasoning if isinstance(reasoning, str) else ""
+        if content or tool:  # the answer's (a mixed delta's reasoning rides beside it)
+            out.text, out.tool, out.reasoning_text = content + tool, not content, reasoning
+        elif reasoning:
             out.text, out.reasoning = reasoning, True
     elif isinstance(choice.get("text"), str):
         out.text = choice["text"]
@@ -100,18 +130,22 @@ def content_text(content: Any) -> str:
                    for part in content)
 
 
-def function_text(function: Any) -> str:
-    """A function call's generated tokens: its name (when given) and its arguments' text."""
-    if not isinstance(function, dict):
-        return ""
-    return as_str(function.get("name")) + as_str(function.get("arguments"))
+def tool_deltas(tool_calls: Any, function_call: Any) -> tuple[ToolDelta, ...]:
+    """A delta's tool-call fragments that carry something (an id, a function's name or argument text): each of
+    ``tool_calls`` (its ``index``, else its place in the list), then the older ``function_call`` (index 0)."""
+    out = []
+    calls = tool_calls if isinstance(tool_calls, list) else []
+    for i, call in enumerate(calls):
+        if isinstance(call, dict):
+            index = as_int(call.get("index"))
+            out.append(_fragment(i if index is None else index, call.get("id"), call.get("function")))
+    out.append(_fragment(0, None, function_call))
+    return tuple(d for d in out if d.id or d.name or d.arguments)
 
 
-def tool_text(tool_calls: Any) -> str:
-    """The generated tokens of a delta's ``tool_calls`` (each call's function name and argument text)."""
-    if not isinstance(tool_calls, list):
-        return ""
-    return "".join(function_text(call.get("function")) for call in tool_calls if isinstance(call, dict))
+def _fragment(index: int, call_id: Any, function: Any) -> ToolDelta:
+    function = as_dict(function)
+    return ToolDelta(index, as_str(call_id), as_str(function.get("name")), as_str(function.get("arguments")))
 
 
 def error_of(err: Any) -> Parsed:
@@ -138,3 +172,8 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 def local_token_weight(text: str) -> int:
     """A local token estimate of a chunk's text: runs of word characters and single punctuation marks."""
     return max(1, len(_WORD.findall(text)))
+
+
+def weight(text: str) -> int:
+    """A part's local weight: 0 when it is empty."""
+    return local_token_weight(text) if text else 0

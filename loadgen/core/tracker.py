@@ -12,6 +12,17 @@ content chunk has it; otherwise each chunk's local estimate, rescaled at ``finis
 sum to the server's final ``usage.completion_tokens``; with no usage at all, the local estimate (flagged
 ``local`` in the request record).
 
+Reasoning and tool calls (plan.md §2.4). Every chunk is one event that carries generated text; it is flagged
+``reasoning`` when ALL its text is reasoning. A mixed event (reasoning beside content or a tool call, or
+``</think>`` then the answer inside one event) is ONE chunk of the answer whose reasoning share is counted in the
+request's ``reasoning_tokens``: ``t_first_token_ns`` (TTFT) is the first chunk of any kind, ``t_first_answer_ns``
+the first chunk whose tokens are not all reasoning (answer text or a tool call). ``reasoning_tokens`` is the
+server's count when it gives one (usage details), else each chunk's share: its tokens split by the local weights
+of its parts (reasoning, tool, answer); with a server count, the reasoning parts are rescaled to it and the rest
+to the remainder. Inline ``<think>…</think>`` in the content is split out (``think_tags.ThinkSplitter``) when a
+stream's first content starts with ``<think>``; the kept answer text (a conversation's next history) leaves
+reasoning and tool calls out, and the tool calls are kept apart (``tool_calls``) with their ids and names.
+
 A 200 stream that ends well but in which no event carried a token loadgen reads is a ``protocol`` error naming
 its first event (``_no_token``), unless the server says it generated none: never a success without a token.
 """
@@ -23,9 +34,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
-from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, error_of, local_token_weight
+from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, ToolDelta, error_of, local_token_weight, weight
 from loadgen.core.secrets import CUT, clip
-from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
+from loadgen.core.think_tags import ThinkSplitter
+from loadgen.core.token_shares import phase_tokens
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 
 
@@ -67,12 +80,14 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
-                 "_summary", "_error", "_text", "record", "_parse", "_body", "_events", "_first")
+                 "_summary", "_error", "_text", "record", "_parse", "_body", "_events", "_first", "_parts", "_calls",
+                 "_think", "_opaque")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
-                 api: str = "chat", parse: Callable[[str], Parsed] | None = None) -> None:
+                 api: str = "chat", parse: Callable[[str], Parsed] | None = None, think_tags: bool = True) -> None:
         """``parse``: the event parser, when a driver has a faster one giving the same ``Parsed``; default the
-        API's own (``apis.EVENT_PARSERS``)."""
+        API's own (``apis.EVENT_PARSERS``). ``think_tags``: split ``<think>…</think>`` out of a stream whose
+        content starts with it (``target.think_tags: auto``); False leaves the content as it is."""
         self.meta = meta
         self.t_sent_ns = t_sent_ns
         self.last_read_ns = 0  # for idle timeouts
@@ -88,12 +103,23 @@ class StreamTracker:
         self._text: list[str] | None = [] if meta.keep_text else None
         self._events = False  # any SSE event decoded (none, with a 200: the answer was not an event stream)
         self._first = ""  # the first event's data: named when no event carried a token loadgen reads
+        self._parts: list[tuple[int, int, int]] = []  # per chunk: local weights of its reasoning, tool, answer text
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool calls by index: id, name, argument pieces
+        self._think: ThinkSplitter | None = ThinkSplitter() if think_tags else None  # None: no more splitting
+        self._opaque = False  # a reasoning event without text (a thinking block that streams none)
         self.record: RequestRecord | None = None  # set by finish
 
     @property
     def answer(self) -> str:
-        """The generated text (content, not reasoning), kept when ``meta.keep_text``."""
+        """The generated text (content, not reasoning nor tool calls), kept when ``meta.keep_text``."""
         return "".join(self._text or ())
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The answer's tool calls (id, function name, arguments as streamed), kept when ``meta.keep_text``."""
+        if self._text is None:
+            return ()
+        return tuple(ToolCall(i, name, "".join(args)) for i, name, args in self._calls.values())
 
     def feed(self, data: bytes, now_ns: int) -> None:
         self.last_read_ns = now_ns
@@ -126,19 +152,78 @@ class StreamTracker:
             summary.prompt_tokens = p.prompt_tokens
         if p.cached_tokens is not None:
             summary.cached_tokens = p.cached_tokens
+        if p.reasoning_tokens is not None:
+            summary.reasoning_tokens = p.reasoning_tokens
+        if p.calls:
+            self._add_calls(p.calls)
+        held = False
         if p.text:
-            count = p.completion_tokens
-            if count is not None:  # exact: the running count (vLLM's continuous usage stats)
-                tokens = max(1, count - self._last_count)
-            else:
-                self._exact, tokens = False, local_token_weight(p.text)
-            self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, p.reasoning, self.meta.worker))
-            if self._text is not None and not p.reasoning and not p.tool:
-                self._text.append(p.text)
+            if p.reasoning or p.tool or p.reasoning_text or p.calls or self._think is not None:
+                held = not self._chunk(t_ns, *self._split(p), p.completion_tokens)
+            else:  # the common event: answer text alone
+                tokens = self._tokens(p.completion_tokens, p.text)
+                self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, False, self.meta.worker))
+                self._parts.append((0, 0, tokens))
+                if self._text is not None:
+                    self._text.append(p.text)
+        elif p.reasoning:
+            self._opaque = True
         if p.completion_tokens is not None:
-            summary.completion_tokens = self._last_count = p.completion_tokens
+            summary.completion_tokens = p.completion_tokens
+            if not held:  # text held back (a tag cut short) counts with the chunk that takes it
+                self._last_count = p.completion_tokens
         if p.error and self._error is None:
             self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
+
+    def _tokens(self, count: int | None, text: str) -> int:
+        """A chunk's tokens: exact from the running count (vLLM's continuous usage stats), else a local estimate."""
+        if count is not None:
+            return max(1, count - self._last_count)
+        self._exact = False
+        return local_token_weight(text)
+
+    def _split(self, p: Parsed) -> tuple[str, str, str]:
+        """An event's text as (reasoning, tool call, answer) parts."""
+        if p.reasoning:
+            return p.text, "", ""
+        if p.tool:
+            return p.reasoning_text, p.text, ""
+        cut = len(p.text) - sum(len(c.name) + len(c.arguments) for c in p.calls)
+        content, tool, reasoning = p.text[:cut], p.text[cut:], p.reasoning_text
+        think = self._think
+        if think is not None and content:
+            inline, content = think.feed(content)
+            reasoning += inline
+            if think.state in ("off", "answer"):
+                self._think = None
+        return reasoning, tool, content
+
+    def _chunk(self, t_ns: int, reasoning: str, tool: str, content: str, count: int | None) -> bool:
+        """One chunk of these parts (none if all are empty: text held back); True if it was made."""
+        if not (reasoning or tool or content):
+            return False
+        weights = (weight(reasoning), weight(tool), weight(content))
+        if count is not None:
+            tokens = max(1, count - self._last_count)
+        else:
+            self._exact, tokens = False, sum(weights)
+        answer = bool(tool or content)
+        self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, not answer, self.meta.worker))
+        self._parts.append(weights)
+        if self._text is not None and content:
+            self._text.append(content)
+        return True
+
+    def _add_calls(self, calls: tuple[ToolDelta, ...]) -> None:
+        """Tool-call fragments: a call's id and name are its first non-empty ones, its arguments concatenated."""
+        for d in calls:
+            call = self._calls.get(d.index)
+            if call is None:
+                call = self._calls[d.index] = (d.id, d.name, [])
+            elif (d.id and not call[0]) or (d.name and not call[1]):
+                call = self._calls[d.index] = (call[0] or d.id, call[1] or d.name, call[2])
+            if self._text is not None and d.arguments:
+                call[2].append(d.arguments)
 
     def _whole_body(self) -> None:
         """A non-streamed answer (embeddings), read when it has ended."""
@@ -171,6 +256,9 @@ class StreamTracker:
         kind, message = error_kind, error_message
         if self._body is not None and kind is None and not self._decoder.overflow:
             self._whole_body()
+        if self._think is not None:  # a tag's start held back when the stream ended: its text after all
+            reasoning, content = self._think.flush()
+            self._chunk(self.last_read_ns, reasoning, "", content, None)
         if self._body is None and not self._events and self._error is None and self._head.lstrip()[:1] == b"{":
             self._error = _json_answer(self._head_text())  # a JSON body where events were asked for
         if kind is None and self._decoder.overflow:
@@ -183,9 +271,8 @@ class StreamTracker:
         if kind is None and not self._chunks and self._body is None:
             kind, message = self._no_token()
         chunks = self._chunks
-        if not self._exact:
-            _rescale(chunks, self._summary.completion_tokens)
-        self.record = self._record(now_ns, chunks, self._summary, status, kind, message)
+        counts = phase_tokens(chunks, self._parts, self._summary, self._exact)
+        self.record = self._record(now_ns, chunks, self._summary, status, kind, message, counts)
         return self.record, chunks
 
     def _no_token(self) -> tuple[str | None, str | None]:
@@ -203,9 +290,15 @@ class StreamTracker:
         return "protocol", f"the server reports {reported} output tokens but no event carried one loadgen reads {first}"
 
     def _record(self, now_ns: int, chunks: list[ChunkRecord], s: Parsed, status: int, kind: str | None,
-                message: str | None) -> RequestRecord:
+                message: str | None, counts: tuple[int, int] | None = None) -> RequestRecord:
+        """``counts``: (reasoning, tool) tokens of a stream read (None: a status that is not 200, nothing read)."""
         m = self.meta
         output = s.completion_tokens if s.completion_tokens is not None else sum(c.tokens for c in chunks)
+        reasoning_tokens, tool_tokens = counts or (None, None)
+        parts = self._parts if chunks else []
+        first_answer = next((c.t_ns for c in chunks if not c.reasoning), None)
+        last_reasoning = next((chunks[i].t_ns for i in range(len(parts) - 1, -1, -1) if parts[i][0]), None)
+        reasoned = last_reasoning is not None or (counts is not None and (self._opaque or bool(reasoning_tokens)))
         return RequestRecord(
             seq=m.seq, class_name=m.class_name, warmup=m.warmup, t_intended_ns=m.t_intended_ns,
             t_sent_ns=self.t_sent_ns,
@@ -217,8 +310,11 @@ class StreamTracker:
             output_tokens_asked=m.output_tokens_asked, output_tokens=output,
             output_tokens_source="server" if s.completion_tokens is not None else "local",
             chunks=len(chunks), request_id=s.request_id, finish_reason=s.finish_reason, http_status=status,
-            error_kind=kind, error_message=message, reasoning=any(c.reasoning for c in chunks), worker=m.worker,
-            conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens, **_session_fields(m))
+            error_kind=kind, error_message=message, reasoning=reasoned, worker=m.worker,
+            conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens,
+            t_first_answer_ns=first_answer, t_last_reasoning_ns=last_reasoning, reasoning_tokens=reasoning_tokens,
+            tool_tokens=tool_tokens, tool_calls=len(self._calls) if counts is not None else None,
+            **_session_fields(m))
 
 
 def bare_record(m: RequestMeta, t_sent_ns: int, now_ns: int, status: int, kind: str,
@@ -239,26 +335,6 @@ SESSION_FIELDS = ("session", "call", "agent", "step", "after_call", "t_ready_ns"
 def _session_fields(m: RequestMeta) -> dict[str, Any]:
     """The session meta a record carries as it is (all None for a request outside a session)."""
     return {name: getattr(m, name) for name in SESSION_FIELDS}
-
-
-def _rescale(chunks: list[ChunkRecord], total: int | None) -> None:
-    """Local estimates scaled to the server's total, when it reported one that can be shared out."""
-    weights = [c.tokens for c in chunks]
-    if total is None or total < len(chunks) or sum(weights) == total:
-        return
-    for chunk, n in zip(chunks, _scale(weights, total)):
-        chunk.tokens = n
-
-
-def _scale(weights: list[int], total: int) -> list[int]:
-    """Integers proportional to ``weights``, each >= 1, summing to ``total`` (largest remainder)."""
-    spare = total - len(weights)
-    raw = [w / sum(weights) * spare for w in weights]
-    out = [1 + int(x) for x in raw]
-    order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
-    for i in order[:total - sum(out)]:
-        out[i] += 1
-    return out
 
 
 def _error_text(body: str) -> str:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional, Union
 
 import msgspec
 
-from loadgen.core.openai_stream import Parsed, parse_event
+from loadgen.core.openai_stream import Parsed, ToolDelta, parse_event
 
 
 class _Function(msgspec.Struct):
@@ -21,6 +21,8 @@ class _Function(msgspec.Struct):
 
 
 class _ToolCall(msgspec.Struct):
+    index: Optional[int] = None
+    id: Optional[str] = None
     function: Optional[_Function] = None
 
 
@@ -47,10 +49,16 @@ class _Details(msgspec.Struct):
     cached_tokens: Optional[int] = None
 
 
+class _OutDetails(msgspec.Struct):
+    reasoning_tokens: Optional[int] = None
+
+
 class _Usage(msgspec.Struct):
     prompt_tokens: Optional[int] = None
     completion_tokens: Optional[int] = None
     prompt_tokens_details: Optional[_Details] = None
+    completion_tokens_details: Optional[_OutDetails] = None
+    reasoning_tokens: Optional[int] = None  # SGLang's, top level
 
 
 class _Chunk(msgspec.Struct):
@@ -82,11 +90,13 @@ def parse_chunk(data: str) -> Parsed:
             if delta.content.__class__ is str and not (delta.refusal or delta.tool_calls or delta.function_call):
                 content, tool = delta.content, ""  # the common chunk: plain text
             else:
-                content, tool = _content(delta), _tool(delta)
-            if content or tool:
-                out.text, out.tool = content + tool, not content
-            elif delta.reasoning_content or delta.reasoning:
-                out.text, out.reasoning = delta.reasoning_content or delta.reasoning, True
+                content, out.calls = _content(delta), _calls(delta)
+                tool = "".join(c.name + c.arguments for c in out.calls)
+            reasoning = delta.reasoning_content or delta.reasoning or ""
+            if content or tool:  # the answer's (a mixed delta's reasoning rides beside it)
+                out.text, out.tool, out.reasoning_text = content + tool, not content, reasoning
+            elif reasoning:
+                out.text, out.reasoning = reasoning, True
         elif isinstance(choice.text, str):
             out.text = choice.text
         out.finish_reason = choice.finish_reason
@@ -95,6 +105,9 @@ def parse_chunk(data: str) -> Parsed:
         out.prompt_tokens, out.completion_tokens = usage.prompt_tokens, usage.completion_tokens
         if usage.prompt_tokens_details is not None:
             out.cached_tokens = usage.prompt_tokens_details.cached_tokens
+        details = usage.completion_tokens_details
+        count = details.reasoning_tokens if details is not None else None
+        out.reasoning_tokens = count if count is not None else usage.reasoning_tokens
     return out
 
 
@@ -105,12 +118,18 @@ def _content(delta: _Delta) -> str:
     return (content or "") + (delta.refusal or "")
 
 
-def _function(function: _Function | None) -> str:
-    return (function.name or "") + (function.arguments or "") if function is not None else ""
+def _fragment(index: int, call_id: str | None, function: _Function | None) -> ToolDelta:
+    if function is None:
+        return ToolDelta(index, call_id or "", "", "")
+    return ToolDelta(index, call_id or "", function.name or "", function.arguments or "")
 
 
-def _tool(delta: _Delta) -> str:
-    return "".join(_function(call.function) for call in delta.tool_calls or ()) + _function(delta.function_call)
+def _calls(delta: _Delta) -> tuple[ToolDelta, ...]:
+    """As ``openai_stream.tool_deltas``: each call's fragment (index, else place), then ``function_call``."""
+    out = [_fragment(i if call.index is None else call.index, call.id, call.function)
+           for i, call in enumerate(delta.tool_calls or ())]
+    out.append(_fragment(0, None, delta.function_call))
+    return tuple(d for d in out if d.id or d.name or d.arguments)
 
 
 FAST_PARSERS: dict[str, Callable[[str], Parsed]] = {"chat": parse_chunk, "completions": parse_chunk}
