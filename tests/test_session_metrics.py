@@ -144,6 +144,7 @@ def test_steady_state_cuts_or_keeps_whole_sessions(monkeypatch: pytest.MonkeyPat
     run = RunAnalysis(*frames(dag()), steady_state="detect")
     cut = dict(zip(run.req["seq"].to_list(), run.req["transient"].to_list()))
     assert [cut[s] for s in range(7)] == [True] * 7 and cut[7] is True and cut[8] is False and cut[99] is True
+    assert (run.steady.warmup, run.steady.drain) == (9, 0)  # the counts say what was cut: 7 + 1 + seq 99
     warm = frames(dag())[0].with_columns(warmup=pl.col("seq") == 0)  # the plan marks only the first call
     assert RunAnalysis(warm, frames(dag())[1], "declared").req.filter(pl.col("session") == 0)["warmup"].all()
 

@@ -23,6 +23,7 @@ request starts once, no gap is negative); records that break it are sorted inste
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from functools import cached_property
 from typing import Iterator
@@ -177,7 +178,20 @@ def steady_requests(req: pl.DataFrame, steady_state: SteadyState) -> tuple[pl.Da
     window = steady.detect(declared) if steady_state == "detect" else steady.declared(declared)
     cut = ~pl.col("warmup") & window.outside(pl.col("t_intended_ns"))
     out = whole_sessions(req.with_columns(transient=cut), "transient")
-    return out.with_columns(warmup=pl.col("warmup") | pl.col("transient")), window
+    return out.with_columns(warmup=pl.col("warmup") | pl.col("transient")), _recounted(out, window)
+
+
+def _recounted(req: pl.DataFrame, window: SteadyWindow) -> SteadyWindow:
+    """The window's cut counts once whole sessions were cut: a request (a session by its first call) intended
+    before the window's start is warm-up, any other cut one drain."""
+    if "session" not in req.columns or req["session"].null_count() == req.height:
+        return window
+    first = pl.col("t_intended_ns").min().over("worker", "session")
+    start = pl.when(pl.col("session").is_not_null()).then(first).otherwise(pl.col("t_intended_ns"))
+    early = start < window.start_ns if window.start_ns is not None else pl.lit(False)
+    cut = req.select(pl.col("transient").sum().alias("all"), (pl.col("transient") & early).sum().alias("early"))
+    total, warm = (int(x) for x in cut.row(0))
+    return dataclasses.replace(window, warmup=warm, drain=total - warm)
 
 
 def whole_sessions(req: pl.DataFrame, flag: str) -> pl.DataFrame:
