@@ -162,15 +162,26 @@ def test_empirical_file_and_stages_and_trace_replay(tmp_path):
 def test_the_scenarios_simulator_fields_are_the_simulators_own() -> None:
     """target.simulator is typed in the plan (which must not import the simulator): same fields, same bounds,
     same preset names as local_target.sim, so a scenario the plan accepts is one the simulator starts."""
-    from local_target.sim.config import DEFAULT_PRESET, PRESETS, EngineConfig, FaultConfig
+    from local_target.sim.config import (DEFAULT_PRESET, PRESETS, EffortMedians, EngineConfig, FaultConfig,
+                                         ReasoningConfig)
     from loadgen.plan import simulator_spec as spec
 
     assert set(spec.PRESET_NAMES) == set(PRESETS) and spec.DEFAULT_PRESET == DEFAULT_PRESET
-    for ours, theirs in ((spec.SimulatorSpec, EngineConfig), (spec.SimulatorFaults, FaultConfig)):
+    for ours, theirs in ((spec.SimulatorSpec, EngineConfig), (spec.SimulatorFaults, FaultConfig),
+                         (spec.SimulatorReasoning, ReasoningConfig), (spec.SimulatorEffortMedians, EffortMedians)):
         assert set(ours.model_fields) - set(spec.LOADGEN_ONLY) == set(theirs.model_fields)
         for name, field in theirs.model_fields.items():
-            if name == "faults":
+            if name in ("faults", "reasoning", "median_tokens"):
                 continue
             assert ours.model_fields[name].metadata == field.metadata, name  # gt/ge/le bounds
+    for name in ("default_effort", "stream_field"):  # the same choices
+        ours_type = spec.SimulatorReasoning.model_fields[name].annotation
+        assert typing.get_args(ours_type) == typing.get_args(ReasoningConfig.model_fields[name].annotation), name
+    given = spec.SimulatorSpec.model_validate({"reasoning": {"default_effort": "low", "median_tokens": {"low": 9},
+                                                             "stream_field": "think_tags"},
+                                               "tool_call_probability": 1.0})
+    engine = EngineConfig.model_validate(given.overrides())  # what the scenario sets, the simulator takes
+    assert (engine.reasoning.default_effort, engine.reasoning.median_tokens.low, engine.reasoning.median_tokens.high,
+            engine.reasoning.stream_field, engine.tool_call_probability) == ("low", 9, 2048, "think_tags", 1.0)
     preset_type = spec.SimulatorSpec.model_fields["preset"].annotation
     assert set(typing.get_args(typing.get_args(preset_type)[0])) == set(PRESETS)

@@ -36,6 +36,31 @@ class SimulatorFaults(_Sparse):
     stall_every_s: float | None = Field(None, ge=0, description="seconds between injected stalls (0: never)")
 
 
+class SimulatorEffortMedians(_Sparse):
+    """Median reasoning tokens per effort (an unset one keeps the simulator's: 0, 128, 512, 2048)."""
+
+    minimal: int | None = Field(None, ge=0, description="tokens: median reasoning at effort minimal")
+    low: int | None = Field(None, ge=0, description="tokens: median reasoning at effort low")
+    medium: int | None = Field(None, ge=0, description="tokens: median reasoning at effort medium")
+    high: int | None = Field(None, ge=0, description="tokens: median reasoning at effort high")
+
+
+class SimulatorReasoning(_Sparse):
+    """How the simulated model reasons: only requests that ask for it (reasoning_effort, enable_thinking,
+    Responses reasoning.effort, Anthropic thinking) reason, unless default_effort is set."""
+
+    median_tokens: SimulatorEffortMedians | None = Field(None, description="median reasoning tokens per effort "
+                                                         "(a lognormal, capped by the budget and max_tokens)")
+    sigma: float | None = Field(None, ge=0, description="the reasoning length's lognormal sigma (default 0.6)")
+    default_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        None, description="the effort of a request that asks nothing (unset: it does not reason)")
+    stream_field: Literal["reasoning_content", "reasoning", "think_tags"] | None = Field(
+        None, description="chat's reasoning delta: reasoning_content (SGLang, llama.cpp), reasoning (vLLM), "
+                          "think_tags (inline in content); unset: the engine's own")
+    mixed_boundary: bool | None = Field(None, description="the last reasoning token and the first answer token "
+                                        "leave in one chunk carrying both")
+
+
 class SimulatorSpec(_Sparse):
     """A preset (default a100-llama-7b) and the engine fields that override it; an unset field keeps the
     preset's value (or the engine's default)."""
@@ -77,6 +102,12 @@ class SimulatorSpec(_Sparse):
                                                 "client does not set ignore_eos (lognormal)")
     natural_output_sigma: float | None = Field(None, ge=0, description="that lognormal's sigma (0: always the "
                                                "median)")
+    reasoning: SimulatorReasoning | None = Field(None, description="reasoning lengths and how they stream")
+    tool_call_probability: float | None = Field(None, ge=0, le=1, description="tool_choice auto: share of "
+                                                "answers that are a tool call (default 0.5)")
+    tool_call_median_tokens: float | None = Field(None, gt=0, description="tokens: a tool call's arguments, "
+                                                  "median (default 40)")
+    tool_call_sigma: float | None = Field(None, ge=0, description="that lognormal's sigma (default 0.5)")
     time_scale: float | None = Field(None, gt=0, description="multiplies every modelled duration")
     max_chunk_tokens: int | None = Field(None, ge=1, description="coalesce up to K tokens per SSE chunk")
     spin_ms: float | None = Field(None, ge=0, description="ms: busy-wait this long before a step's end for "

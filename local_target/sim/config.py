@@ -26,6 +26,42 @@ class FaultConfig(BaseModel):
     stall_every_s: float = Field(0.0, ge=0, description="... injected into one step this often (0 = never)")
 
 
+class EffortMedians(BaseModel):
+    """Median reasoning tokens per effort (the lognormal's median; ``minimal`` 0: no reasoning at all)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    minimal: int = Field(0, ge=0)
+    low: int = Field(128, ge=0)
+    medium: int = Field(512, ge=0)
+    high: int = Field(2048, ge=0)
+
+
+class ReasoningConfig(BaseModel):
+    """How the model reasons (``reasoning.py``): only requests that ask for it reason, unless ``default_effort``
+    is set; ``stream_field`` is how the reasoning is streamed (None: the engine's own shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median_tokens: EffortMedians = Field(default_factory=EffortMedians)
+    sigma: float = Field(0.6, ge=0, description="the reasoning length's lognormal sigma")
+    default_effort: Literal["minimal", "low", "medium", "high"] | None = Field(
+        None, description="the effort of a request that asks nothing (None: it does not reason)")
+    stream_field: Literal["reasoning_content", "reasoning", "think_tags"] | None = Field(
+        None, description="chat's reasoning delta: reasoning_content (SGLang, llama.cpp), reasoning (vLLM >= "
+                          "0.11.2), think_tags (<think>...</think> inline in content: TGI, no parser); None: "
+                          "the engine's own")
+    mixed_boundary: bool = Field(False, description="the last reasoning token and the first answer token leave "
+                                                    "in one chunk carrying both (vLLM's multi-token steps)")
+
+    def field_for(self, engine: str) -> str:
+        """The chat delta field the reasoning goes in, for ``engine`` when ``stream_field`` is unset."""
+        if self.stream_field is not None:
+            return self.stream_field
+        return {"vllm": "reasoning", "sglang": "reasoning_content", "llamacpp": "reasoning_content"}.get(
+            engine, "think_tags")
+
+
 class EngineConfig(BaseModel):
     """A continuous-batching engine: scheduler limits plus a roofline-shaped step-time model.
 
@@ -63,6 +99,12 @@ class EngineConfig(BaseModel):
     # output length when the client does not force it (ignore_eos): lognormal, clipped to [min_tokens, max_tokens]
     natural_output_median: float = Field(200, gt=0)
     natural_output_sigma: float = Field(0.8, ge=0)
+    # reasoning and tool calls (reasoning.py): only for requests that ask (or reasoning.default_effort)
+    reasoning: ReasoningConfig = Field(default_factory=ReasoningConfig)
+    tool_call_probability: float = Field(0.5, ge=0, le=1, description="tool_choice auto: share of answers that "
+                                         "are a tool call")
+    tool_call_median_tokens: float = Field(40, gt=0, description="a tool call's arguments: median tokens")
+    tool_call_sigma: float = Field(0.5, ge=0, description="... and the lognormal's sigma")
     # runtime
     time_scale: float = Field(1.0, gt=0, description="multiplies every modelled duration in real time")
     max_chunk_tokens: int = Field(1, ge=1, description="coalesce up to K tokens per SSE chunk")

@@ -33,6 +33,7 @@ from typing import Callable
 from .config import EngineConfig
 from .costmodel import PrefillChunk, step_ms
 from .prefix_cache import PrefixCache, block_hashes, generated_tokens
+from .reasoning import PhasePlan
 
 
 @dataclass(eq=False)
@@ -58,6 +59,7 @@ class SimRequest:
     finish_reason: str | None = None
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
     block_hashes: list[int] = field(default_factory=list)
+    plan: PhasePlan | None = None  # its reasoning / tool-call phases (None: all answer), reasoning.py
 
     def __post_init__(self) -> None:
         self.prefill_target = self.prompt_tokens
@@ -255,7 +257,7 @@ class Engine:
         if self.prefix_cache is not None and req.tokens is not None:
             full = len(req.block_hashes)
             parent = req.block_hashes[-1] if full else 0
-            self.prefix_cache.insert(block_hashes(req.tokens + generated_tokens(req.generated),
+            self.prefix_cache.insert(block_hashes(req.tokens + generated_tokens(req.generated, req.plan),
                                                   self.cfg.block_size_tokens, parent, full))
         self.running.remove(req)
         self.kv_used -= req.kv_tokens

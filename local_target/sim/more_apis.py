@@ -26,7 +26,11 @@ import zlib
 from typing import Any
 
 from .config import EngineConfig
-from .openai_api import ApiError, Prepared, prepare
+from .openai_api import ApiError, Prepared, asks_of, prepare
+from .reasoning import messages_asks, responses_asks
+from .stream_shapes import FORMATTERS, full_response
+
+__all__ = ["FORMATTERS", "PREPARE", "embedding_response", "full_response"]
 
 EMBEDDING_DIM = 8
 
@@ -50,14 +54,41 @@ def prepare_responses(body: dict[str, Any], cfg: EngineConfig) -> Prepared:
     if isinstance(given, str):
         messages = [{"role": "user", "content": given}]
     elif isinstance(given, list) and given:
-        messages = [{"role": item.get("role", "user"), "content": _text(item.get("content"), f"input[{i}]")}
-                    for i, item in enumerate(given) if isinstance(item, dict)]
+        messages = []
+        for i, item in enumerate(given):
+            if isinstance(item, dict):
+                _responses_item(messages, item, f"input[{i}]")
     else:
         raise ApiError(400, "input: a string or a non-empty list of messages", param="input")
     if isinstance(body.get("instructions"), str):
         messages.insert(0, {"role": "system", "content": body["instructions"]})
     chat = {**_extensions(body), "messages": messages, "max_tokens": body.get("max_output_tokens")}
-    return _as(prepare("chat", chat, cfg), "responses")
+    prep = _as(prepare("chat", chat, cfg), "responses")
+    prep.asks = asks_of(responses_asks, body, "responses")
+    return prep
+
+
+def _call(call_id: Any, name: Any, arguments: str) -> dict[str, Any]:
+    return {"id": str(call_id), "type": "function", "function": {"name": str(name), "arguments": arguments}}
+
+
+def _responses_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """One ``input`` item as chat messages: a message, a ``function_call`` (the assistant's tool call, joined to
+    the assistant message before it) or a ``function_call_output`` (a ``tool`` message); reasoning items are
+    dropped, as chat templates drop earlier reasoning."""
+    kind = item.get("type", "message")
+    if kind == "function_call":
+        call = _call(item.get("call_id"), item.get("name"), str(item.get("arguments", "")))
+        if messages and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        messages.append({"role": "tool", "tool_call_id": str(item.get("call_id")),
+                         "content": output if isinstance(output, str) else json.dumps(output)})
+    elif kind == "message":
+        messages.append({"role": item.get("role", "user"), "content": _text(item.get("content"), where)})
 
 
 def prepare_messages(body: dict[str, Any], cfg: EngineConfig) -> Prepared:
@@ -66,15 +97,41 @@ def prepare_messages(body: dict[str, Any], cfg: EngineConfig) -> Prepared:
     given = body.get("messages")
     if not isinstance(given, list) or not given:
         raise ApiError(400, "messages: a non-empty list", param="messages")
-    messages = [{"role": m.get("role"), "content": _text(m.get("content"), f"messages[{i}]")}
-                for i, m in enumerate(given) if isinstance(m, dict)]
-    if any(m["role"] not in ("user", "assistant") for m in messages):
+    if any(not isinstance(m, dict) or m.get("role") not in ("user", "assistant") for m in given):
         raise ApiError(400, "messages: roles must be user or assistant (the system prompt is `system`)",
                        param="messages")
+    messages: list[dict[str, Any]] = []
+    for i, m in enumerate(given):
+        messages += _anthropic_message(m, f"messages[{i}]")
     if body.get("system") is not None:
         messages.insert(0, {"role": "system", "content": _text(body["system"], "system")})
     chat = {**_extensions(body), "messages": messages, "max_tokens": body["max_tokens"]}
-    return _as(prepare("chat", chat, cfg), "messages")
+    prep = _as(prepare("chat", chat, cfg), "messages")
+    prep.asks = asks_of(messages_asks, body, "messages")
+    return prep
+
+
+def _anthropic_message(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """One Anthropic message as chat messages: ``tool_result`` blocks become ``tool`` messages, an assistant's
+    ``tool_use`` blocks its ``tool_calls`` (the input re-serialized: the same tokens), thinking blocks drop."""
+    content = m.get("content")
+    if not isinstance(content, list):
+        return [{"role": m["role"], "content": _text(content, where)}]
+    blocks = [b for b in content if isinstance(b, dict)]
+    out = [{"role": "tool", "tool_call_id": str(b.get("tool_use_id")), "content": _result_text(b.get("content"))}
+           for b in blocks if b.get("type") == "tool_result"]
+    text = _text([b for b in blocks if b.get("type") == "text"], where)
+    calls = [_call(b.get("id"), b.get("name"), json.dumps(b.get("input", {}), separators=(",", ":")))
+             for b in blocks if b.get("type") == "tool_use"]
+    if text or calls or not out:
+        out.append({"role": m["role"], "content": text, **({"tool_calls": calls} if calls else {})})
+    return out
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
 
 
 def prepare_embeddings(body: dict[str, Any], cfg: EngineConfig) -> Prepared:
@@ -100,91 +157,4 @@ def embedding_response(prep: Prepared, model: str, request_id: str) -> dict[str,
             "usage": {"prompt_tokens": prep.prompt_tokens, "total_tokens": prep.prompt_tokens}}
 
 
-def _sse(kind: str, obj: dict[str, Any]) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj}, separators=(',', ':'))}\n\n".encode()
-
-
-class ResponsesFormatter:
-    """The Responses API's stream, chunk by chunk (the same calls as ``openai_api.ChunkFormatter``)."""
-
-    def __init__(self, prep: Prepared, request_id: str, created: int) -> None:
-        self.prep, self.id, self.created = prep, request_id, created
-        self.cached_tokens: int | None = None
-        self._tokens, self._finish = 0, "stop"
-
-    def _response(self, status: str, with_usage: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
-                               "model": self.prep.model, "usage": None}
-        if with_usage:
-            out["usage"] = {"input_tokens": self.prep.prompt_tokens, "output_tokens": self._tokens,
-                            "total_tokens": self.prep.prompt_tokens + self._tokens,
-                            "input_tokens_details": {"cached_tokens": self.cached_tokens or 0},
-                            "output_tokens_details": {"reasoning_tokens": 0}}
-        return out
-
-    def start(self) -> bytes:
-        item = {"id": "msg_" + self.id, "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-        return (_sse("response.created", {"response": self._response("in_progress", False)})
-                + _sse("response.output_item.added", {"output_index": 0, "item": item}))
-
-    def content(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
-        self._tokens, self._finish = completion_tokens, finish_reason or self._finish
-        return _sse("response.output_text.delta", {"item_id": "msg_" + self.id, "output_index": 0,
-                                                   "content_index": 0, "delta": text})
-
-    def done(self) -> bytes:
-        if self._finish == "length":
-            response = {**self._response("incomplete", True), "incomplete_details": {"reason": "max_output_tokens"}}
-            return _sse("response.incomplete", {"response": response})
-        return _sse("response.completed", {"response": self._response("completed", True)})
-
-
-class AnthropicFormatter:
-    """Anthropic's Messages stream, chunk by chunk (the same calls as ``openai_api.ChunkFormatter``)."""
-
-    def __init__(self, prep: Prepared, request_id: str, created: int) -> None:
-        self.prep, self.id = prep, request_id
-        self.cached_tokens: int | None = None
-        self._tokens, self._finish = 0, "stop"
-
-    def start(self) -> bytes:
-        cached = self.cached_tokens or 0
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.prep.model, "content": [],
-                   "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": self.prep.prompt_tokens - cached, "output_tokens": 1,
-                             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
-        return (_sse("message_start", {"message": message})
-                + _sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}))
-
-    def content(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
-        self._tokens, self._finish = completion_tokens, finish_reason or self._finish
-        return _sse("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
-
-    def done(self) -> bytes:
-        reason = "max_tokens" if self._finish == "length" else "end_turn"
-        return (_sse("content_block_stop", {"index": 0})
-                + _sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": None},
-                                         "usage": {"output_tokens": self._tokens}})
-                + _sse("message_stop", {}))
-
-
-def full_response(prep: Prepared, request_id: str, created: int, text: str, finish_reason: str,
-                  completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
-    """A non-streamed answer of the Responses or Messages API."""
-    if prep.kind == "responses":
-        fmt = ResponsesFormatter(prep, request_id, created)
-        fmt.cached_tokens, fmt._tokens = cached_tokens, completion_tokens
-        out = fmt._response("incomplete" if finish_reason == "length" else "completed", True)
-        out["output"] = [{"type": "message", "role": "assistant", "status": "completed",
-                          "content": [{"type": "output_text", "text": text, "annotations": []}]}]
-        return out
-    cached = cached_tokens or 0
-    return {"id": request_id, "type": "message", "role": "assistant", "model": prep.model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "max_tokens" if finish_reason == "length" else "end_turn", "stop_sequence": None,
-            "usage": {"input_tokens": prep.prompt_tokens - cached, "output_tokens": completion_tokens,
-                      "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
-
-
 PREPARE = {"responses": prepare_responses, "messages": prepare_messages, "embeddings": prepare_embeddings}
-FORMATTERS = {"responses": ResponsesFormatter, "messages": AnthropicFormatter}

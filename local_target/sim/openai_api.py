@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import tokenizer
 from .config import EngineConfig
+from .reasoning import NO_ASKS, AskError, Asks, PhasePlan, chat_asks
 
 
 class ApiError(Exception):
@@ -75,6 +76,7 @@ class Prepared:
     include_usage: bool
     continuous_usage: bool
     tokens: list[str]  # the rendered prompt's token strings (the prefix cache hashes them)
+    asks: Asks = NO_ASKS  # what it asks of reasoning and tools (reasoning.py)
 
 
 def _validation_error(exc: ValidationError) -> ApiError:
@@ -136,33 +138,70 @@ def prepare(kind: Literal["chat", "completions"], body: dict[str, Any], cfg: Eng
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
     return Prepared(kind, req.model, prompt_tokens, max_tokens, req.min_tokens, req.ignore_eos, req.stream,
-                    opts.include_usage, opts.continuous_usage_stats, tokens)
+                    opts.include_usage, opts.continuous_usage_stats, tokens, asks_of(chat_asks, body, kind))
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    """OpenAI's usage; with prefix caching on, ``prompt_tokens_details.cached_tokens`` as vLLM reports it."""
+def asks_of(read: Callable[[dict[str, Any]], Asks], body: dict[str, Any], kind: str) -> Asks:
+    """What ``body`` asks of reasoning and tools (chat only; completions ask nothing); a bad field is a 400."""
+    if kind == "completions":
+        return NO_ASKS
+    try:
+        return read(body)
+    except AskError as exc:
+        raise ApiError(400, str(exc), param=exc.param) from None
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          reasoning_tokens: int | None = None, engine: str = "vllm") -> dict[str, Any]:
+    """OpenAI's usage; with prefix caching on, ``prompt_tokens_details.cached_tokens`` as vLLM reports it; for a
+    request that reasons, ``completion_tokens_details.reasoning_tokens`` (OpenAI, vLLM), or SGLang's top-level
+    ``reasoning_tokens``."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                            "total_tokens": prompt_tokens + completion_tokens}
     if cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None and engine == "sglang":
+        out["reasoning_tokens"] = reasoning_tokens
+    elif reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out
 
 
-class ChunkFormatter:
-    """Builds SSE events for one stream; the constant head of every chunk is serialized once."""
+NO_PLAN = PhasePlan()
 
-    def __init__(self, prep: Prepared, request_id: str, created: int) -> None:
-        self.prep = prep
+
+class ChunkFormatter:
+    """Builds SSE events for one stream; the constant head of every chunk is serialized once.
+
+    A request that reasons (``plan.effort``) streams its reasoning in ``field``: ``delta.reasoning_content``
+    (SGLang, llama.cpp), ``delta.reasoning`` (vLLM >= 0.11.2), or ``think_tags`` (``<think>…</think>`` inline in
+    ``content``, as TGI or a server without a reasoning parser); its usage adds the reasoning count. A tool call
+    streams as vLLM's: ``delta.tool_calls[{id, type, index, function{name}}]``, then
+    ``{index, function{arguments}}`` fragments."""
+
+    def __init__(self, prep: Prepared, request_id: str, created: int, plan: PhasePlan = NO_PLAN,
+                 field: str = "reasoning", engine: str = "vllm") -> None:
+        self.prep, self.plan, self.field, self.engine = prep, plan, field, engine
         self.cached_tokens: int | None = None  # set at the first token when the prefix cache is on
+        self._think = 0  # think_tags: 0 none sent, 1 <think> sent, 2 </think> sent
         obj = "chat.completion.chunk" if prep.kind == "chat" else "text_completion"
         self._head = (f'data: {{"id":{json.dumps(request_id)},"object":"{obj}","created":{created},'
                       f'"model":{json.dumps(prep.model)},"choices":[')
 
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        reasoning = None if self.plan.effort is None else min(completion_tokens, self.plan.reasoning_tokens)
+        return usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens, reasoning, self.engine)
+
     def _event(self, choice: str, completion_tokens: int) -> bytes:
         tail = ""
         if self.prep.continuous_usage:
-            tail = ',"usage":' + json.dumps(usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens))
+            tail = ',"usage":' + json.dumps(self._usage(completion_tokens))
         return f"{self._head}{choice}]{tail}}}\n\n".encode()
+
+    def _delta(self, delta: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        reason = "null" if finish_reason is None else f'"{finish_reason}"'
+        return self._event(f'{{"index":0,"delta":{{{delta}}},"logprobs":null,"finish_reason":{reason}}}',
+                           completion_tokens)
 
     def start(self) -> bytes:
         """What goes out with the first token: chat's role-only chunk."""
@@ -172,7 +211,31 @@ class ChunkFormatter:
         return self._event('{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
                            '"finish_reason":null}', 0)
 
-    def content(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+    def _tagged(self, reasoning: str, text: str | None) -> str:
+        """think_tags: the content that carries ``reasoning`` (then ``text``) inline, tags where they fall."""
+        out = reasoning
+        if reasoning and self._think == 0:
+            out, self._think = "<think>" + out, 1
+        if text is not None and self._think == 1:
+            out, self._think = out + "</think>", 2
+        return out + (text or "")
+
+    def reasoning(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        if self.field == "think_tags":
+            return self.content(text, finish_reason, completion_tokens, reasoning=True)
+        return self._delta(f'"{self.field}":{json.dumps(text)}', finish_reason, completion_tokens)
+
+    def mixed(self, reasoning: str, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        """One chunk that ends the reasoning and starts the answer (vLLM: ``{"content", "reasoning"}``)."""
+        if self.field == "think_tags":
+            return self.content(self._tagged(reasoning, text), finish_reason, completion_tokens, raw=True)
+        return self._delta(f'"content":{json.dumps(text)},"{self.field}":{json.dumps(reasoning)}', finish_reason,
+                           completion_tokens)
+
+    def content(self, text: str, finish_reason: str | None, completion_tokens: int, reasoning: bool = False,
+                raw: bool = False) -> bytes:
+        if self.field == "think_tags" and not raw and (self._think or reasoning):
+            text = self._tagged(text, None) if reasoning else self._tagged("", text)
         reason = "null" if finish_reason is None else f'"{finish_reason}"'
         if self.prep.kind == "chat":
             choice = f'{{"index":0,"delta":{{"content":{json.dumps(text)}}},"logprobs":null,"finish_reason":{reason}}}'
@@ -180,8 +243,17 @@ class ChunkFormatter:
             choice = f'{{"index":0,"text":{json.dumps(text)},"logprobs":null,"finish_reason":{reason}}}'
         return self._event(choice, completion_tokens)
 
+    def tool_start(self, call_id: str, name: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        call = {"id": call_id, "type": "function", "index": 0, "function": {"name": name}}
+        return self._delta(f'"tool_calls":[{json.dumps(call, separators=(",", ":"))}]', finish_reason,
+                           completion_tokens)
+
+    def tool_args(self, text: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        return self._delta(f'"tool_calls":[{{"index":0,"function":{{"arguments":{json.dumps(text)}}}}}]',
+                           finish_reason, completion_tokens)
+
     def final_usage(self, completion_tokens: int) -> bytes:
-        body = json.dumps(usage(self.prep.prompt_tokens, completion_tokens, self.cached_tokens))
+        body = json.dumps(self._usage(completion_tokens))
         return f'{self._head}],"usage":{body}}}\n\n'.encode()
 
     @staticmethod
@@ -189,17 +261,29 @@ class ChunkFormatter:
         return b"data: [DONE]\n\n"
 
 
-def full_response(prep: Prepared, request_id: str, created: int, text: str, finish_reason: str,
-                  completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+def full_response(prep: Prepared, request_id: str, created: int, plan: PhasePlan, generated: int,
+                  finish_reason: str, cached_tokens: int | None = None, field: str = "reasoning",
+                  engine: str = "vllm") -> dict[str, Any]:
+    reasoning, text, arguments = plan.texts(generated)
     if prep.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish_reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if plan.effort is not None and field == "think_tags":
+            message["content"] = f"<think>{reasoning}</think>{text}" if reasoning else text
+        elif plan.effort is not None:
+            message[field] = reasoning
+        if plan.tool is not None and plan.counts(generated)["tool_calls"]:
+            message["content"] = None if field != "think_tags" or not reasoning else message["content"]
+            message["tool_calls"] = [{"id": plan.tool.call_id, "type": "function",
+                                      "function": {"name": plan.tool.name, "arguments": arguments}}]
+            finish_reason = "tool_calls"
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
+    reasoning_tokens = plan.counts(generated)["reasoning_tokens"] if plan.effort is not None else None
     return {"id": request_id, "object": obj, "created": created, "model": prep.model, "choices": [choice],
-            "usage": usage(prep.prompt_tokens, completion_tokens, cached_tokens)}
+            "usage": usage(prep.prompt_tokens, generated, cached_tokens, reasoning_tokens, engine)}
 
 
 def tokenize_response(body: dict[str, Any], cfg: EngineConfig) -> dict[str, Any]:

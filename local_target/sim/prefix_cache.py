@@ -13,15 +13,23 @@ prefix up to it matches.
   so the cache never changes when the scheduler preempts.
 
 The generated tokens' strings are the tokenizer's ``output_token(i)`` without its leading space, which is what
-tokenizing the answer's text (the next turn's history) gives, so the hashes agree.
+tokenizing the answer's text (the next turn's history) gives, so the hashes agree. A request that reasoned or
+called a tool inserts what it really generated (``PhasePlan.generated_tokens``): reasoning, then the answer or
+the tool call's name and arguments. A client resends the answer and the tool call (the tokenizer counts an
+assistant message's ``tool_calls`` as exactly those tokens) but drops the reasoning, as chat templates do, so
+the next call's hit runs through a tool call that followed no reasoning, and stops at the last full block
+before the reasoning otherwise — as on a real server, whose cached blocks hold the reasoning.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .tokenizer import output_token
+
+if TYPE_CHECKING:
+    from .reasoning import PhasePlan
 
 
 def block_hashes(tokens: Sequence[str], block_size: int, parent: int = 0, start: int = 0) -> list[int]:
@@ -34,7 +42,9 @@ def block_hashes(tokens: Sequence[str], block_size: int, parent: int = 0, start:
     return out
 
 
-def generated_tokens(count: int) -> list[str]:
+def generated_tokens(count: int, plan: "PhasePlan | None" = None) -> list[str]:
+    if plan is not None:
+        return plan.generated_tokens(count)
     return [output_token(i).strip() for i in range(count)]
 
 

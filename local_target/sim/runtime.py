@@ -20,9 +20,11 @@ from typing import Callable
 from .config import EngineConfig
 from .engine import Engine, SimRequest, Step
 from .metrics import EngineMetrics
+from .reasoning import PhasePlan
 from .trace import TraceWriter
 
 RESYNC_MS = 5.0
+NO_PLAN = PhasePlan()
 
 
 class EngineRuntime:
@@ -52,9 +54,12 @@ class EngineRuntime:
         self.engine.add(req)
         self.metrics.prompt_tokens_total += req.prompt_tokens
         if self.trace:
+            plan = req.plan
             self.trace.write({"type": "request", "id": req.id, "t_arrival_ns": req.t_arrival_ns,
                               "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens,
-                              "stop_after": req.stop_after})
+                              "stop_after": req.stop_after, "effort": plan.effort if plan else None,
+                              "reasoning_tokens": plan.reasoning_tokens if plan else 0,
+                              "tool_tokens": plan.tool.tokens if plan and plan.tool else 0})
         self._wake.set()
 
     def abort(self, req: SimRequest) -> None:
@@ -141,7 +146,8 @@ class EngineRuntime:
         if self.trace:
             self.trace.write({"type": "finish", "id": req.id, "t_ns": req.t_last_token_ns,
                               "reason": req.finish_reason, "output_tokens": req.generated,
-                              "preemptions": req.preemptions, "cached_tokens": req.cached_tokens})
+                              "preemptions": req.preemptions, "cached_tokens": req.cached_tokens,
+                              **(req.plan or NO_PLAN).counts(req.generated)})
 
     def _trace_step(self, step: Step, t_start: int, t_end: int, stall_ms: float) -> None:
         assert self.trace is not None

@@ -20,7 +20,7 @@ from .engine import SimRequest
 from .http import Connection
 from .metrics import render
 from .runtime import EngineRuntime
-from .tokenizer import output_token
+from .reasoning import PhasePlan, draw_plan
 from .trace import TraceWriter
 
 
@@ -31,14 +31,22 @@ class StreamFaults:
 
 
 class StreamSink:
-    """Turns a request's emitted tokens into SSE writes on its connection (``max_chunk_tokens`` per chunk)."""
+    """Turns a request's emitted tokens into SSE writes on its connection (``max_chunk_tokens`` per chunk).
+
+    A chunk never spans two phases (reasoning, a tool call's name, its arguments, the answer; ``reasoning.py``):
+    the last token of a phase flushes what is pending, and a tool call's name goes whole in one delta once its
+    last token is generated. With ``reasoning.mixed_boundary`` the last reasoning token is held and leaves with
+    the first answer token, in one chunk carrying both."""
 
     def __init__(self, conn: Connection, app: "SimApp", prep: api.Prepared, request_id: str,
-                 faults: StreamFaults) -> None:
+                 faults: StreamFaults, plan: PhasePlan | None = None) -> None:
         self.conn, self.app, self.prep, self.faults = conn, app, prep, faults
+        self.plan = plan or api.NO_PLAN
         formatter = more_apis.FORMATTERS.get(prep.kind, api.ChunkFormatter)
-        self.fmt = formatter(prep, request_id, int(time.time()))
+        self.fmt = formatter(prep, request_id, int(time.time()), self.plan,
+                             app.cfg.reasoning.field_for(app.cfg.engine), app.cfg.engine)
         self.max_chunk = app.cfg.max_chunk_tokens
+        self.mixed = app.cfg.reasoning.mixed_boundary
         self.pending = 0
 
     def on_token(self, req: SimRequest, index: int) -> Callable[[], None] | None:
@@ -51,10 +59,9 @@ class StreamSink:
         self.pending += 1
         last = req.finish_reason is not None and index == req.generated - 1
         flushed = 0
-        if self.pending >= self.max_chunk or last:
+        if last or self._flush_due(index):
             flushed, self.pending = self.pending, 0
-            text = "".join(output_token(i) for i in range(index - flushed + 1, index + 1))
-            out += self.fmt.content(text, req.finish_reason if last else None, index + 1)
+            out += self._chunks(index - flushed + 1, index, self._finish_reason(req) if last else None)
         if last:
             out += self.fmt.final_usage(req.generated) if self.prep.include_usage else b""
             out += self.fmt.done()
@@ -63,6 +70,40 @@ class StreamSink:
             return None
         framed = self.conn.frame(out) if out else b""
         return lambda: self._deliver(req, framed, index - flushed + 1, flushed, last, cut)
+
+    def _flush_due(self, index: int) -> bool:
+        phase, after = self.plan.phase(index), self.plan.phase(index + 1)
+        if phase != after:
+            return not (self.mixed and phase == "reasoning" and after == "answer")
+        return phase != "name" and self.pending >= self.max_chunk
+
+    def _finish_reason(self, req: SimRequest) -> str | None:
+        if self.plan.tool is not None and self.plan.counts(req.generated)["tool_calls"]:
+            return "tool_calls"
+        return req.finish_reason
+
+    def _chunks(self, first: int, last: int, finish_reason: str | None) -> bytes:
+        """The events of tokens ``first..last``: one per phase among them (two in one chunk when mixed)."""
+        groups: list[tuple[str, int, int]] = []  # (phase, first index, last index)
+        for i in range(first, last + 1):
+            phase = self.plan.phase(i)
+            if groups and groups[-1][0] == phase:
+                groups[-1] = (phase, groups[-1][1], i)
+            else:
+                groups.append((phase, i, i))
+        text = ["".join(self.plan.token_text(i) for i in range(a, b + 1)) for _, a, b in groups]
+        if [g[0] for g in groups] == ["reasoning", "answer"] and hasattr(self.fmt, "mixed"):
+            return self.fmt.mixed(text[0], text[1], finish_reason, last + 1)
+        out = b""
+        for k, (phase, _, b) in enumerate(groups):
+            reason = finish_reason if k == len(groups) - 1 else None
+            if phase == "name":
+                assert self.plan.tool is not None
+                out += self.fmt.tool_start(self.plan.tool.call_id, self.plan.tool.name, reason, b + 1)
+            else:
+                call = {"reasoning": self.fmt.reasoning, "answer": self.fmt.content, "args": self.fmt.tool_args}
+                out += call[phase](text[k], reason, b + 1)
+        return out
 
     def _deliver(self, req: SimRequest, framed: bytes, first: int, count: int, last: bool, cut: bool) -> None:
         t_write_ns = self.conn.write_framed(framed) if framed else 0
@@ -83,6 +124,7 @@ class SimApp:
         self.runtime = runtime
         self.cfg = runtime.cfg
         self.rng = random.Random(self.cfg.seed + 1)
+        self.phase_rng = random.Random(self.cfg.seed + 2)  # reasoning lengths and tool calls (reasoning.py)
         self._ids = itertools.count(1)
         self.created = int(time.time())
         self.routes: dict[tuple[str, str], Callable[[Connection, h11.Request, bytes], None]] = {
@@ -130,20 +172,22 @@ class SimApp:
                 else api.prepare(kind, parsed, self.cfg))  # type: ignore[arg-type]
         self._inject_refusals()
         request_id = self._request_id(kind, request)
-        req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep),
-                         tokens=prep.tokens if self.cfg.prefix_caching else None)
+        plan = self._plan(prep, request_id)
+        req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep, plan),
+                         tokens=prep.tokens if self.cfg.prefix_caching else None, plan=plan)
         if kind == "embeddings":
             answer = more_apis.embedding_response(prep, self.cfg.model, request_id)
             req.on_finish = lambda r, reason: conn.send_json(200, answer)
         elif prep.stream:
-            sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after))
+            sink = StreamSink(conn, self, prep, request_id, self._stream_faults(req.stop_after), plan)
             req.on_token = sink.on_token
             conn.start_stream()
         else:
             full = more_apis.full_response if kind in more_apis.FORMATTERS else api.full_response
             req.on_finish = lambda r, reason: conn.send_json(200, full(
-                prep, request_id, self.created, "".join(output_token(i) for i in range(r.generated)),
-                reason, r.generated, r.cached_tokens if self.cfg.prefix_caching else None))
+                prep, request_id, self.created, plan or api.NO_PLAN, r.generated, reason,
+                r.cached_tokens if self.cfg.prefix_caching else None,
+                self.cfg.reasoning.field_for(self.cfg.engine), self.cfg.engine))
         conn.active = req
         self.runtime.submit(req, conn.t_received_ns)
 
@@ -152,10 +196,22 @@ class SimApp:
         suffix = given.decode(errors="replace") if given else f"{next(self._ids):08d}"
         return {"chat": "chatcmpl-", "completions": "cmpl-"}.get(kind, f"{kind}-") + suffix
 
-    def _stop_after(self, prep: api.Prepared) -> int:
+    def _plan(self, prep: api.Prepared, request_id: str) -> PhasePlan | None:
+        """The request's reasoning and tool-call phases; None (draws nothing) when it asks for neither."""
+        if prep.kind not in ("chat", "responses", "messages"):
+            return None
+        plan = draw_plan(prep.asks, self.phase_rng, self.cfg, prep.max_tokens, request_id)
+        return plan if plan.active else None
+
+    def _stop_after(self, prep: api.Prepared, plan: PhasePlan | None = None) -> int:
+        """The output length: ``max_tokens`` under ``ignore_eos``, else the natural (answer) length drawn, after
+        the reasoning; a tool call ends the output whatever ``ignore_eos`` says."""
+        if plan is not None and plan.tool is not None:
+            return plan.reasoning_tokens + plan.tool.tokens
         if prep.ignore_eos:
             return prep.max_tokens
-        return min(prep.max_tokens, max(prep.min_tokens, self.runtime.natural_output_tokens()))
+        reasoning = plan.reasoning_tokens if plan is not None else 0
+        return min(prep.max_tokens, max(prep.min_tokens, reasoning + self.runtime.natural_output_tokens()))
 
     def _inject_refusals(self) -> None:
         faults = self.cfg.faults

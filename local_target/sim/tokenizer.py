@@ -4,7 +4,9 @@ Rule: a token is a run of letters/digits/underscore (``\\w+``) or one other non-
 not a token. ``"Hello, world!"`` is 4 tokens. Token ids are a stable hash of the token text into the vocabulary.
 
 Chat requests are rendered as: every message costs its content's tokens plus ``MESSAGE_OVERHEAD_TOKENS`` (role
-and separators), and the prompt ends with ``GENERATION_PROMPT_TOKENS`` (the assistant header).
+and separators), and the prompt ends with ``GENERATION_PROMPT_TOKENS`` (the assistant header). An assistant
+message's ``tool_calls`` add each call's function name and arguments tokens after its content (exactly the
+tokens the simulator generated for that call), and a ``tool`` message costs its content like any other.
 
 Generated text is a cycle of words, each emitted as one token ``" word"``, so re-tokenizing the output gives
 exactly the number of tokens the engine generated.
@@ -47,13 +49,26 @@ def _content_text(content: Any) -> str:
     raise ValueError("message content must be a string or a list of parts")
 
 
+def message_text(message: dict[str, Any]) -> str:
+    """What a message contributes to the prompt: its content, then any tool calls' names and arguments."""
+    text = _content_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return text
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            text += f" {fn.get('name') or ''} {fn.get('arguments') or ''}"
+    return text
+
+
 def chat_tokens(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[str]:
     """The token strings of a rendered chat prompt (special tokens shown as <|role|> markers)."""
     out: list[str] = []
     for message in messages:
         role = str(message.get("role", "user"))
         out += [f"<|{role}|>", "\n"]
-        out += tokenize(_content_text(message.get("content")))
+        out += tokenize(message_text(message))
         out += ["<|end|>", "\n"]
     if add_generation_prompt:
         out += ["<|assistant|>", "\n"]

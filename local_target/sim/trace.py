@@ -1,13 +1,19 @@
 """Ground truth: every engine step and every emitted token, as JSON lines.
 
 Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this machine read):
-- ``{"type": "request", "id", "t_arrival_ns", "prompt_tokens", "max_tokens", "stop_after"}`` on arrival;
+- ``{"type": "request", "id", "t_arrival_ns", "prompt_tokens", "max_tokens", "stop_after", "effort",
+  "reasoning_tokens", "tool_tokens"}`` on arrival (``effort``: the reasoning effort it was served with, null:
+  no reasoning; the planned reasoning and tool-call tokens, ``reasoning.py``);
 - ``{"type": "step", "step", "t_start_ns", "t_end_ns", "prefill": [[id, tokens, start], ...], "decode": [id, ...],
   "preempted": [id, ...], "stall_ms", "tokens": [[id, index, t_write_ns], ...]}`` — ``t_end_ns`` is the modelled
   emission time of every token the step generated, ``t_write_ns`` when its bytes actually went to the socket
   (later than ``t_end_ns`` for tokens held back by ``max_chunk_tokens`` coalescing);
-- ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions", "cached_tokens"}`` (prompt tokens
-  the prefix cache held at the request's first admission; 0 with caching off).
+- ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions", "cached_tokens",
+  "reasoning_tokens", "answer_tokens", "tool_tokens", "tool_calls", "first_answer_index"}`` (``cached_tokens``:
+  prompt tokens the prefix cache held at the request's first admission, 0 with caching off; ``answer_tokens`` =
+  ``output_tokens - reasoning_tokens``, tool-call tokens included; ``first_answer_index``: the index of the
+  first token after the reasoning, null when none was generated: the step event's ``tokens`` entry for
+  ``[id, first_answer_index, t_write_ns]`` is when the first answer token was written).
 """
 
 from __future__ import annotations
