@@ -18,7 +18,7 @@ from typing import Any
 from loadgen.report.charts import Chart
 from loadgen.report.conversation_report import conversations_html
 from loadgen.report.session_report import sessions_html
-from loadgen.report.writers import COLS, fmt, rows_of, target_line
+from loadgen.report.writers import COLS, culprit_words, fmt, rows_of, target_line
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
@@ -108,7 +108,7 @@ def stalls_section(result: RunResult) -> str:
         out.append("<table><tr><th>at (s)</th><th>victims</th><th>worst gap (ms)</th><th>cause</th>"
                    "<th>culprits (prompt tokens)</th></tr>")
         for ev in st["worst_events"]:
-            culprits = ", ".join(f"#{c['seq']} ({c['prompt_tokens']})" for c in ev["culprits"]) or "–"
+            culprits = culprit_words(ev["culprits"], st)
             out.append(f"<tr><td>{ev['at_s']:.1f}</td><td>{ev['victims']}</td><td>{ev['max_gap_ms']:.0f}</td>"
                        f"<td class=\"text\">{e(ev['cause'])}</td><td class=\"text\">{e(culprits)}</td></tr>")
         out.append("</table>")

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import altair as alt
 import polars as pl
 
+from loadgen.analysis.sessions import session_table, step_table
+
 NS_PER_S = 1e9
 INDENT = "\u2013\u00a0"  # "– " per level: a sub-agent under the call that spawned it (an SVG trims leading spaces)
 LANE_PHASES = {"tool wait": "#d9d9d9", "think time": "#eeeeee", "waiting": "#a0a0a0", "to first token": "#f58518",
@@ -48,28 +50,20 @@ def session_calls(requests: pl.DataFrame) -> pl.DataFrame:
     return requests.filter(pl.col("session").is_not_null())
 
 
-def session_times(calls: pl.DataFrame) -> pl.DataFrame:
-    """Per session: start (its first intended send), end (its last call's end), session_ms, calls, ok, warmup."""
-    return (calls.group_by("session").agg(
-        class_name=pl.col("class_name").first(), start_ns=pl.col("t_intended_ns").min(),
-        end_ns=pl.col("t_done_ns").max(), calls=pl.len(), ok=pl.col("error_kind").is_null().all(),
-        warmup=pl.col("warmup").any())
-        .with_columns(session_ms=(pl.col("end_ns") - pl.col("start_ns")) / 1e6).sort("session"))
-
-
 def pick_session(calls: pl.DataFrame, asked: int | None = None) -> int | None:
-    """The session asked for, else the slowest measured one (else the slowest of all); None: no session."""
+    """The session asked for, else the slowest measured one (largest ``session_ms``; else the slowest of all);
+    None: no session."""
     if calls.is_empty():
         return None
-    times = session_times(calls)
     if asked is not None:
-        if asked not in times["session"].to_list():
-            raise ValueError(f"--session {asked}: no such session in this run "
-                             f"(sessions {times['session'].min()}–{times['session'].max()})")
+        known = calls["session"].unique().sort()
+        if asked not in known.to_list():
+            raise ValueError(f"--session {asked}: no such session in this run (sessions {known.min()}–{known.max()})")
         return asked
-    measured = times.filter(~pl.col("warmup"))
-    pool = measured if measured.height else times
-    return int(pool.sort(["session_ms", "session"], descending=[True, False])["session"][0])
+    measured = calls.filter(~pl.col("warmup"))
+    pool = measured if measured.height else calls
+    table = session_table(pool, step_table(pool))
+    return int(table.sort(["session_ms", "session"], descending=[True, False], nulls_last=True)["session"][0])
 
 
 def _depths(calls: pl.DataFrame) -> dict[int, int]:
@@ -179,38 +173,25 @@ def _stalls(calls: pl.DataFrame, stalls: pl.DataFrame, requests: pl.DataFrame,
     return marks.drop("culprits"), links, rows, bars
 
 
-def step_ms(calls: pl.DataFrame) -> pl.DataFrame:
-    """Per call: its step's time, intended send → result usable (its end; for a step that spawned sub-agents
-    and was joined, the join's ready time), and ``joined`` (that join's call, else null)."""
-    agent_of = calls.select(after_call="call", p_agent="agent")
-    released = calls.join(agent_of, on="after_call", how="left")
-    joins = released.filter(pl.col("p_agent") != pl.col("agent")).select(
-        "agent", step=pl.col("step") - 1, joined="call", join_ready_ns="t_ready_ns")
-    spawners = released.filter(pl.col("p_agent") != pl.col("agent")).select(call="after_call").unique()
-    usable = pl.when(pl.col("spawned") & pl.col("joined").is_not_null()).then(pl.col("join_ready_ns")) \
-        .otherwise(pl.col("t_done_ns"))
-    return (calls.join(joins, on=["agent", "step"], how="left")
-            .with_columns(spawned=pl.col("call").is_in(spawners["call"].to_list()))
-            .with_columns(step_ms=(usable - pl.col("t_intended_ns")) / 1e6,
-                          joined=pl.when(pl.col("spawned")).then(pl.col("joined"))))
-
-
-def _caption(calls: pl.DataFrame, bars: pl.DataFrame, marks: pl.DataFrame, session_ms: float) -> str:
-    steps = step_ms(calls).drop_nulls("step_ms")
+def _caption(calls: pl.DataFrame, bars: pl.DataFrame, links: pl.DataFrame, marks: pl.DataFrame,
+             session_ms: float) -> str:
+    """'Session took T s. Slowest step: agent a · step s · call c, X s from its intended send to its result:
+    its parts; the largest part; its stalls and their culprits' (the step as analysis/sessions.py times it)."""
+    steps = calls.join(step_table(calls).select("call", step_ms="agent_step_ms"), on="call").drop_nulls("step_ms")
     if steps.is_empty():
         return f"Session took {session_ms / 1e3:.2f} s; no call of it completed."
     worst = steps.sort("step_ms", descending=True).row(0, named=True)
+    spawned = links.filter((pl.col("parent") == worst["call"]) & (pl.col("kind") == "fan-out")).height
     own = bars.filter(pl.col("call") == worst["call"]).group_by("phase").agg(pl.col("ms").sum())
     parts = {p: ms for p, ms in own.iter_rows()}
     words = [f"{p} {parts[p] / 1e3:.2f} s" for p in ("waiting", "to first token", "reasoning", "answer", "failed")
              if parts.get(p)]
     sub_s = ""
-    if worst["joined"] is not None:
-        sub_ms = worst["step_ms"] - sum(parts.get(p, 0.0) for p in ("waiting", "to first token", "reasoning",
-                                                                     "answer"))
-        words.append(f"then its sub-agents until the join (call {worst['joined']}) {sub_ms / 1e3:.2f} s")
+    sub_ms = worst["step_ms"] - sum(parts.get(p, 0.0) for p in ("waiting", "to first token", "reasoning", "answer"))
+    if spawned and sub_ms > 0.5:
+        words.append(f"then its {spawned} sub-agent{'s' if spawned > 1 else ''} until the join {sub_ms / 1e3:.2f} s")
         parts["its sub-agents"] = sub_ms
-        sub_s = " (sub-agents joined)"
+        sub_s = f" (it spawned {spawned} sub-agent{'s' if spawned > 1 else ''})"
     largest = max(parts, key=lambda p: parts[p]) if parts else "–"
     text = (f"Session took {session_ms / 1e3:.2f} s. Slowest step: {worst['row'].strip()}{sub_s}, "
             f"{worst['step_ms'] / 1e3:.2f} s from its intended send to its result: {', '.join(words)}; "
@@ -238,7 +219,7 @@ def build_lane(requests: pl.DataFrame, stalls: pl.DataFrame, asked: int | None =
     whole = all_calls.filter(pl.col("session") == chosen).sort("call")
     first = whole.select(pl.col("t_intended_ns").min()).item()
     start = min(first, whole.select(pl.col("t_ready_ns").min()).item() or first)
-    session_ms = (whole.select(pl.col("t_done_ns").max()).item() - first) / 1e6
+    session_ms = float(session_table(whole, step_table(whole))["session_ms"][0])  # as analysis/sessions.py says
     calls = _call_rows(whole.head(MAX_LANE_ROWS))
     bars = _bars(calls, start)
     marks, culprit_links, culprit_rows, culprit_bars = _stalls(calls, stalls, requests, start)
@@ -249,10 +230,11 @@ def build_lane(requests: pl.DataFrame, stalls: pl.DataFrame, asked: int | None =
         bars = pl.concat([bars, culprit_bars.with_columns(
             order=pl.col("row").replace_strict(dict(zip(rows["row"], rows["order"])), return_dtype=pl.Int64),
             ms=(pl.col("end_s") - pl.col("start_s")) * 1e3).select(bars.columns)], how="vertical_relaxed")
-    caption = _caption(calls, bars, marks, session_ms)
+    links = _links(calls, start)
+    caption = _caption(calls, bars, links, marks, session_ms)
     if whole.height > calls.height:
         caption += f" Only its first {MAX_LANE_ROWS} of {whole.height} calls are drawn."
-    return Lane(chosen, str(calls["class_name"][0]), session_ms, rows, bars, _links(calls, start), marks,
+    return Lane(chosen, str(calls["class_name"][0]), session_ms, rows, bars, links, marks,
                 culprit_links, caption)
 
 

@@ -24,17 +24,17 @@ TTFT_DEFINITION = ("TTFT is the first generated token of any kind (reasoning, to
                    "LoadGen counts a reasoning fragment as the first token; first answer is the first token that "
                    "is not reasoning (answer text or a tool call).")
 REASONING_HEAD = ("class", "reasoned", "share", "ttft p50", "ttft p99", "first answer p50", "first answer p99")
-SESSION_HEAD = ("figure", "count", "mean", "min", "p50", "p90", "p99", "max")
+SESSION_HEAD = ("figure", "count", "mean", "p50", "p90", "p99", "max")
 SESSION_ROWS = {"session_ms": "session (ms)", "agent_step_ms": "agent step (ms)",
-                "cache_hit_ratio": "cache hit per session", "tool_wait_ms": "tool wait (ms)"}
+                "cache_hit_ratio": "cache hit per session", "tool_waits.wait_ms": "tool wait (ms)"}
 
 
 def _reasoning(result: RunResult) -> dict[str, Any] | None:
-    return getattr(result, "reasoning", None) or None
+    return dict(result.reasoning) if result.reasoning else None
 
 
 def _sessions(result: RunResult) -> dict[str, Any] | None:
-    return getattr(result, "sessions", None) or None
+    return dict(result.sessions) if result.sessions else None
 
 
 def _share(value: Any) -> str:
@@ -80,15 +80,18 @@ def sessions_headline(result: RunResult) -> str:
         return ""
     parts = [f"Sessions: {s.get('count')} ({s.get('completed')} completed with every call successful, "
              f"{s.get('failed', 0)} failed"]
-    if s.get("calls_not_sent"):
-        parts.append(f", {s['calls_not_sent']} calls not sent after a failure")
     parts.append(f"); {fmt(s.get('calls_mean'), 3)} calls and {fmt(s.get('agents_mean'), 3)} agents per session")
     if s.get("jobs_per_hour") is not None:
         parts.append(f"; {fmt(s['jobs_per_hour'])} jobs per hour")
     if s.get("attainment") is not None:
         parts.append(f"; attainment {_share(s['attainment'])} (sessions good by slo.sessions.good)")
+    waits = s.get("tool_waits") or {}
+    if waits.get("count"):
+        parts.append(f"; {waits['count']} tool waits, median {fmt((waits.get('wait_ms') or {}).get('p50'))} ms")
+    if s.get("tool_calls"):
+        parts.append(f"; {s['tool_calls']} tool calls")
     if s.get("tool_calls_missing"):
-        parts.append(f"; {s['tool_calls_missing']} tool turns answered with text")
+        parts.append(f", {s['tool_calls_missing']} tool turns answered with text instead")
     return "".join(parts) + "."
 
 
@@ -97,7 +100,8 @@ def sessions_rows(result: RunResult) -> list[list[str]]:
     s = _sessions(result) or {}
     rows = []
     for key, label in SESSION_ROWS.items():
-        stats = s.get(key)
+        head, _, tail = key.partition(".")
+        stats = (s.get(head) or {}).get(tail) if tail else s.get(head)
         if not isinstance(stats, dict):
             continue
         share = key == "cache_hit_ratio"

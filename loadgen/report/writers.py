@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 from xml.etree import ElementTree as ET
 
 from loadgen.core.vocabulary import METRICS
@@ -172,10 +172,17 @@ def stalls_markdown(result: RunResult) -> list[str]:
         lines += ["| at (s) | victims | worst gap (ms) | cause | culprits (prompt tokens) |",
                   "| ---: | ---: | ---: | --- | --- |"]
         for e in st["worst_events"]:
-            culprits = ", ".join(f"#{c['seq']} ({c['prompt_tokens']})" for c in e["culprits"]) or "–"
+            culprits = culprit_words(e["culprits"], st)
             lines.append(f"| {e['at_s']:.1f} | {e['victims']} | {e['max_gap_ms']:.0f} | {e['cause']} | {culprits} |")
         lines.append("")
     return lines
+
+
+def culprit_words(culprits: list[dict[str, Any]], st: Mapping[str, Any]) -> str:
+    """'#12 (3800), #40 session 3 call 9 (12000)': an event's culprits with their prompt tokens (as prefilled),
+    a session's call named as such (``top_culprits``' labels)."""
+    labels = {c["seq"]: f" {c['label']}" for c in st.get("top_culprits") or [] if c.get("label")}
+    return ", ".join(f"#{c['seq']}{labels.get(c['seq'], '')} ({c['prompt_tokens']})" for c in culprits) or "–"
 
 
 def write_all(run_dir: Path, result: RunResult, name: str, tables: dict[str, Any] | None = None,
