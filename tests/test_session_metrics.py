@@ -190,3 +190,17 @@ def test_compare_bootstraps_session_ms_when_both_runs_have_sessions() -> None:
     assert results["session_ms.p50"].status == results["session_ms.p90"].status == "regressed"
     assert results["session_ms.p50"].worsening == pytest.approx(np.median(new.session_ms) / np.median(
         base.session_ms) - 1, rel=0.05)
+
+
+def test_session_and_step_percentiles_take_one_sample_per_session_and_per_step() -> None:
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["workload"]["classes"][0]["name"] = "agent"
+    doc["load"]["steady_state"] = "declared"
+    doc["slo"] = {"session_ms": {"p50": 5000}, "agent_step_ms": {"p50": 190}, "error_rate": {"max": 0.5}}
+    summary, _ = summarize(Scenario.model_validate(doc), *frames(dag()), planned=10)
+    got = {o["objective"]: o for o in summary["slo"]}
+    session, step = got["session_ms.p50"], got["agent_step_ms.p50"]
+    assert session["basis"] == step["basis"] == "interval"
+    assert (session["samples"], step["samples"]) == (2, 8)  # completed sessions; their successful steps
+    assert session["decision"] == "inconclusive" and session["needed"] is not None and session["needed"] > 2
+    assert "sessions to decide" in session["note"] and "steps to decide" in step["note"]
