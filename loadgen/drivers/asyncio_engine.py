@@ -35,7 +35,7 @@ from loadgen.core.tracker import StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation_error, quiet_runtime, sleep_until
-from loadgen.drivers.conversations import Conversations, TurnFor
+from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
 from loadgen.drivers.fast_parse import FAST_PARSERS
@@ -51,10 +51,11 @@ OnCapture = Callable[[RequestRecord, bytes], None]
 
 class AsyncioEngine:
     def __init__(self, cfg: EngineConfig, plan: Plan, body_for: BodyFor, on_record: OnRecord,
-                 client: httpx.AsyncClient, turn_for: TurnFor | None = None, capture: OnCapture | None = None) -> None:
+                 client: httpx.AsyncClient, turn_for: TurnFor | None = None, capture: OnCapture | None = None,
+                 call_for: CallFor | None = None) -> None:
         self.cfg, self.plan, self.body_for, self.on_record, self.client = cfg, plan, body_for, on_record, client
         self.capture = capture
-        self.conversations = Conversations(self, turn_for) if turn_for and plan.conversational else None
+        self.conversations = make_scheduler(self, turn_for, call_for)  # sessions', or conversations', or none
         self.stats = EngineStats()
         self._sem = asyncio.Semaphore(cfg.max_in_flight)
         self._timeouts: dict[int, tuple[str, str]] = {}
@@ -80,12 +81,12 @@ class AsyncioEngine:
     def next_seq(self) -> int:
         return next(self._seqs)
 
-    async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> Outcome:
+    async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
         """Send ``req`` now and stream it to its end (drivers/sender.py's port, for the schedulers)."""
-        task = self._spawn(req, t_intended_ns, body)
+        task = self._spawn(req, t_intended_ns, body, after)
         tracker = self.stats.in_flight[req.seq][1]
         await asyncio.gather(task, return_exceptions=True)
-        return Outcome(tracker.record, tracker.answer if tracker.meta.keep_text else "")
+        return Outcome(tracker.record, tracker.answer if tracker.meta.keep_text else "", tracker.tool_calls)
 
     async def run(self) -> EngineStats:
         with quiet_runtime():  # its collections before and after are not the run's: measured inside
@@ -126,7 +127,7 @@ class AsyncioEngine:
         assert self.plan.requests is not None
         for req in self.plan.requests:
             deadline = self.stats.t0_ns + req.t_intended_offset_ns
-            if req.conversation is not None:  # its conversation's task sends every turn
+            if req.conversation is not None or req.session is not None:  # its unit's task sends every one
                 if req.turn == 0 and self.conversations:
                     self.conversations.start(req, deadline)
                 continue
@@ -172,8 +173,9 @@ class AsyncioEngine:
                                       warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
             await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
 
-    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> asyncio.Task[None]:
-        tracker = StreamTracker(request_meta(req, t_intended_ns), 0, self.cfg.max_event_bytes, self.cfg.api,
+    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
+               after_call: int | None = None) -> asyncio.Task[None]:
+        tracker = StreamTracker(request_meta(req, t_intended_ns, after_call), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves
         task = asyncio.create_task(self._send(req, tracker, body))
         task.add_done_callback(lambda done: self._unstarted(done, req.seq, tracker))

@@ -25,6 +25,7 @@ from loadgen.run import exits
 from loadgen.analysis.result import RunResult
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine
+from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
@@ -177,6 +178,8 @@ class Run:
         st = engine.stats
         self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
         self.note_cut_at_end(target, st.cut_at_end)
+        if isinstance(engine.conversations, Sessions) and engine.conversations.failed:
+            target.notes.append(engine.conversations.note())
         return target
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
@@ -255,8 +258,13 @@ class Run:
         async def turn_for(req: PlannedRequest, history: list[tuple[str, str]]) -> tuple[dict[str, Any], str]:
             return await prepared.turn(req, history, prompts.get(req.seq) if not self.plan.closed_loop else None)
 
+        async def call_for(req: PlannedRequest, transcript: Transcript,
+                           parents: list[CallResult]) -> tuple[dict[str, Any], Transcript]:
+            return await prepared.call(req, transcript, parents,
+                                       prompts.get(req.seq) if not self.plan.closed_loop else None)
+
         return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
-                             capture=self.captures)
+                             capture=self.captures, call_for=call_for)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with self.progress() as progress:
