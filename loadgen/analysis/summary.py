@@ -114,9 +114,12 @@ def _lengths(measured: pl.DataFrame, from_datasets: list[str]) -> dict[str, Any]
     ok = measured.filter(pl.col("ok"))
     out: dict[str, Any] = {}
     for kind in ("prompt", "output"):
-        # a conversation's later turn asks for its new message; the server counts the history too
-        rows = (ok.filter((pl.col("turn").fill_null(0) == 0) & ~pl.col("class_name").is_in(from_datasets))
-                if kind == "prompt" else ok)
+        # a conversation's later turn (a session's released call) asks for its new message; the server counts
+        # the history too
+        first = pl.col("turn").fill_null(0) == 0
+        if "after_call" in ok.columns:
+            first = first & pl.col("after_call").is_null()
+        rows = ok.filter(first & ~pl.col("class_name").is_in(from_datasets)) if kind == "prompt" else ok
         asked, got = rows[f"{kind}_tokens_asked"], rows[f"{kind}_tokens"]
         diff = (got - asked).abs() if rows.height else pl.Series([], dtype=pl.Int64)
         out[kind] = {"exact": int((diff == 0).sum()), "requests": rows.height,
