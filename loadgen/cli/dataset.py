@@ -12,9 +12,11 @@ from pydantic import ValidationError
 
 from loadgen.cli.common import console, fail
 from loadgen.core.secrets import write_text
+from loadgen.plan.agent_traces import describe, read_agent_trace
 from loadgen.plan.datasets import format_of, rows_for
 from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
 from loadgen.plan.scenario import DatasetSpec, ScenarioError
+from loadgen.plan.session_spec import SessionTrace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prompt datasets: the sample, and a check.")
 
@@ -38,15 +40,18 @@ def sample_trace(out: Path = typer.Option(Path("scenarios/data/mooncake_sample.j
 
 
 @app.command()
-def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, parquet, ShareGPT json) or a "
-                                        "saved Hugging Face dataset directory"),
-            format: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet, sharegpt or hf"),
+def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, parquet, ShareGPT json), a "
+                                        "saved Hugging Face dataset directory, or an agent trace"),
+            format: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet, sharegpt or hf; agent "
+                                       "traces: weka, otel or loadgen"),
             prompt_column: str = typer.Option("prompt", "--prompt-column"),
             messages_column: Optional[str] = typer.Option(None, "--messages-column"),
             output_column: Optional[str] = typer.Option(None, "--output-column")) -> None:
     """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths."""
     if not path.exists():
         raise fail(f"{path}: no such file")
+    if format in ("weka", "otel", "loadgen"):
+        return _inspect_trace(path, format)
     try:
         spec = DatasetSpec(path=path, format=format, prompt_column=prompt_column,  # type: ignore[arg-type]
                            messages_column=messages_column, output_column=output_column)
@@ -62,3 +67,12 @@ def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, p
                   f"{statistics.mean(turns):.2f}, max {max(turns)} ({sum(t > 1 for t in turns)} multi-turn); "
                   f"first prompt ≈ {prompts[len(prompts) // 2]} tokens at the median, {prompts[-1]} at most; "
                   f"{answered} rows with a recorded answer", highlight=False)
+
+
+def _inspect_trace(path: Path, format: str) -> None:
+    """How a class's ``session.trace`` would read an agent trace (recorded waits uncapped)."""
+    try:
+        sessions = read_agent_trace(SessionTrace(path=path, format=format, max_wait_s=3600))  # type: ignore[arg-type]
+    except ScenarioError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"{path}: {format} agent trace, {describe(sessions)}", highlight=False)

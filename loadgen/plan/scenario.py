@@ -16,6 +16,11 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from loadgen.plan.conversation_spec import MAX_TURNS as MAX_TURNS, Conversation as Conversation
+from loadgen.plan.lengths_spec import (MAX_TOKENS as MAX_TOKENS, Component as Component, Distribution as Distribution,
+                                       Empirical as Empirical, Exponential as Exponential, Fixed as Fixed,
+                                       LogNormal as LogNormal, Mixture as Mixture, Normal as Normal, Uniform as Uniform)
+from loadgen.plan.session_spec import Reasoning, Session, Tool, check_api, check_class
 from loadgen.plan.simulator_spec import SimulatorSpec
 from loadgen.plan.slo_spec import Slo
 from loadgen.plan.steady_spec import SteadyState, steady_state_field
@@ -23,7 +28,6 @@ from loadgen.plan.until_spec import Until, UntilRule, max_duration_field, until_
 from loadgen.errors import ScenarioError as ScenarioError
 
 
-MAX_TOKENS = 1_048_576  # one prompt or output (the longest context windows served today)
 MAX_CONCURRENCY = 10_000  # concurrent requests: each holds a socket and a stream
 MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_PLAN_REQUESTS = 1_000_000  # open loop: planned in full before the first send
@@ -31,84 +35,6 @@ MAX_PLAN_REQUESTS = 1_000_000  # open loop: planned in full before the first sen
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-# ---- length distributions ------------------------------------------------------------------------------
-class _Clipped(_Strict):
-    min: int = Field(1, ge=0, description="tokens: a sample below this is raised to it (default 1)")
-    max: int | None = Field(None, ge=1, le=MAX_TOKENS, description="tokens: a sample above this is lowered to it "
-                            "(default none: only the 1,048,576-token limit)")
-
-    @model_validator(mode="after")
-    def _order(self) -> "_Clipped":
-        if self.max is not None and self.max < self.min:
-            raise ValueError(f"max ({self.max}) is below min ({self.min})")
-        return self
-
-
-class Fixed(_Strict):
-    dist: Literal["fixed"] = Field(description="fixed: every sample is the same length")
-    value: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the length of every sample")
-
-
-class Uniform(_Clipped):
-    dist: Literal["uniform"] = Field(description="uniform: every whole length from min to max equally likely")
-    min: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the shortest length drawn (inclusive)")
-    max: int = Field(ge=1, le=MAX_TOKENS, description="tokens: the longest length drawn (inclusive)")
-
-
-class Normal(_Clipped):
-    dist: Literal["normal"] = Field(description="normal: a Gaussian length, rounded, then clipped to min/max")
-    mean: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's mean")
-    std: float = Field(ge=0, le=MAX_TOKENS, description="tokens: its standard deviation (0: always the mean)")
-
-
-class LogNormal(_Clipped):
-    dist: Literal["lognormal"] = Field(description="lognormal: median × e^(sigma × a standard normal draw)")
-    median: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's median")
-    sigma: float = Field(ge=0, le=10, description="the standard deviation of the length's natural log "
-                         "(0: always the median)")
-
-
-class Exponential(_Clipped):
-    dist: Literal["exponential"] = Field(description="exponential: a long-tailed length, rounded and clipped")
-    mean: float = Field(gt=0, le=MAX_TOKENS, description="tokens: the distribution's mean")
-
-
-class Empirical(_Clipped):
-    """``histogram: [[lo, hi, weight], ...]`` (uniform inside a bin) or ``file:`` (one length per line)."""
-
-    dist: Literal["empirical"] = Field(description="empirical: lengths from a histogram or a file")
-    histogram: list[tuple[int, int, float]] | None = Field(None, description="bins [lo, hi, weight]: a bin drawn "
-                                                           "by weight, then a length uniform in lo..hi")
-    file: Path | None = Field(None, description="a file of lengths, one a line (the first comma-separated field), "
-                              "each equally likely; relative to the scenario file")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "Empirical":
-        if (self.histogram is None) == (self.file is None):
-            raise ValueError("give exactly one of histogram or file")
-        for lo, hi, weight in self.histogram or []:
-            if lo < 1 or hi < lo or hi > MAX_TOKENS or weight < 0:
-                raise ValueError(f"bad histogram bin [{lo}, {hi}, {weight}]: need 1 <= lo <= hi <= {MAX_TOKENS}, "
-                                 "weight >= 0")
-        return self
-
-
-class Component(_Strict):
-    weight: float = Field(gt=0, description="this component's relative share of samples (any positive number)")
-    dist: "Distribution" = Field(description="the length distribution this component draws from")
-
-
-class Mixture(_Clipped):
-    dist: Literal["mixture"] = Field(description="mixture: each sample drawn from one component picked by weight")
-    components: list[Component] = Field(min_length=1, description="the distributions mixed, with their weights")
-
-
-Distribution = Annotated[Union[Fixed, Uniform, Normal, LogNormal, Exponential, Empirical, Mixture],
-                         Field(discriminator="dist")]
-Component.model_rebuild()
-
 
 
 # ---- sections ------------------------------------------------------------------------------------------
@@ -267,9 +193,6 @@ class Load(_Strict, UntilRule):
         return None
 
 
-MAX_TURNS = 1000
-
-
 class DatasetSpec(BaseModel):
     """Prompts from a file (plan/datasets.py): each arrival of the class takes one row, drawn by the seed."""
 
@@ -293,31 +216,6 @@ class DatasetSpec(BaseModel):
     max_rows: int | None = Field(None, ge=1, description="use the first N rows that pass the filter")
 
 
-class Conversation(_Strict):
-    """A class whose every arrival is a conversation: ``turns`` requests one after another, each sent
-    ``think_time_s`` after the previous answer ended, carrying the history (every earlier prompt and the answer
-    actually received). The class's ``prompt_tokens`` is each turn's new message; its ``output_tokens`` each
-    answer."""
-
-    turns: Distribution | None = Field(None, description="turns per conversation (with a dataset: at most this "
-                                       "many of each row's turns; default all of them)")
-    first_prompt_tokens: Distribution | None = Field(None, description="the first turn's prompt (a document, "
-                                                     "say); default: prompt_tokens like every turn")
-    think_time_s: float = Field(0.0, ge=0, le=3600, description="seconds from an answer's end to the next turn")
-    think_time_dist: Literal["fixed", "exponential"] = Field("fixed", description="exponential: think_time_s "
-                                                            "is the mean")
-
-    @field_validator("turns")
-    @classmethod
-    def _bounded(cls, turns: Any) -> Any:
-        if turns is None:
-            return turns
-        top = getattr(turns, "max", None) or getattr(turns, "value", None)
-        if top is None or top > MAX_TURNS:
-            raise ValueError(f"turns needs a max (or a fixed value) of at most {MAX_TURNS}")
-        return turns
-
-
 class RequestClass(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique in the workload; names its records")
     weight: float = Field(1.0, gt=0, description="this class's relative share of arrivals")
@@ -334,10 +232,14 @@ class RequestClass(_Strict):
                              "(not even the shared system prompt) can be served from a prefix cache")
     ignore_eos: bool = Field(True, description="force exactly the sampled output length")
     conversation: Conversation | None = Field(None, description="each arrival is a multi-turn conversation")
+    session: Session | None = Field(None, description="each arrival is an agent session (a graph of calls)")
+    reasoning: Reasoning | None = Field(None, description="reasoning effort and thinking budget asked")
+    tools: list[Tool] | None = Field(None, description="tools offered in the body (chat shape)")
 
     @model_validator(mode="after")
     def _sources(self) -> "RequestClass":
-        if self.dataset is None and self.prompt_tokens is None:
+        check_class(self.name, self)
+        if self.dataset is None and self.prompt_tokens is None and not self.traced:
             raise ValueError("give prompt_tokens (or a dataset)")
         if self.dataset is not None and self.prompt_tokens is not None:
             raise ValueError("a dataset gives the prompts: drop prompt_tokens (filter with "
@@ -349,6 +251,11 @@ class RequestClass(_Strict):
         if self.conversation and self.conversation.first_prompt_tokens and self.dataset is not None:
             raise ValueError("conversation.first_prompt_tokens is for synthetic prompts, not a dataset's")
         return self
+
+    @property
+    def traced(self) -> bool:
+        """Its sessions come from an agent trace (which gives every call's lengths)."""
+        return self.session is not None and self.session.trace is not None
 
 
 class Workload(_Strict):
@@ -378,10 +285,11 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _api_fits(self) -> "Scenario":
         for cls in self.workload.classes:
+            check_api(cls.name, cls, self.target.api)
             if self.target.api == "embeddings":
                 if cls.conversation is not None:
                     raise ValueError(f"workload.classes[{cls.name}]: an embeddings target has no conversations")
-            elif cls.output_tokens is None and cls.dataset is None:
+            elif cls.output_tokens is None and cls.dataset is None and not cls.traced:
                 raise ValueError(f"workload.classes[{cls.name}]: give output_tokens (only embeddings need none)")
         return self
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from loadgen.plan.arrivals import arrival_offsets_s, read_trace_file, sample_length
 from loadgen.plan.datasets import Row, class_rows
 from loadgen.plan.scenario import MAX_PLAN_REQUESTS, MAX_TURNS, Conversation, RequestClass, Scenario, ScenarioError
-from loadgen.plan.sessions import SessionPlan
+from loadgen.plan.agent_traces import read_agent_trace
+from loadgen.plan.sessions import SessionCall, SessionPlan, check_session, critical_wait_ns, synthetic_session
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class PlannedRequest:
     agent: int = 0  # 0: the main agent; k: the session's k-th sub-agent
     step: int = 0  # the agent's step
     tool_turn: bool = False  # expected to end in a tool call (tool_choice "required")
+    block_tokens: int = 0  # an agent trace's calls with ``blocks``: tokens per block (0: load.trace's)
 
 
 # ---- the plan ------------------------------------------------------------------------------------------
@@ -61,19 +63,22 @@ class Plan:
                                               [r.offset_s for r in self._trace] if self._trace else
                                               arrival_offsets_s(scenario, rng))
         self.conversational = any(c.conversation is not None for c in self._classes)
-        self.sessional = any(getattr(c, "session", None) is not None for c in self._classes)
+        self.sessional = any(c.session is not None for c in self._classes)
+        base = scenario.source[0].parent if scenario.source else None  # session.trace.path is relative to it
+        self._agent_traces = {c.name: read_agent_trace(c.session.trace, base)
+                              for c in self._classes if c.session is not None and c.session.trace is not None}
         self.requests: list[PlannedRequest] | None = (
             self._expand(len(self.offsets_s)) if self.offsets_s is not None else None)
 
     def _expand(self, arrivals: int) -> list[PlannedRequest]:
-        if not self.conversational:
+        if not self.conversational and not self.sessional:
             return [self._arrival(i) for i in range(arrivals)]
         out: list[PlannedRequest] = []
         for i in range(arrivals):
             out += [dataclasses.replace(r, seq=len(out) + k) for k, r in enumerate(self.unit(i))]
             if len(out) > MAX_PLAN_REQUESTS:
-                raise ScenarioError(f"the plan's conversations hold over {MAX_PLAN_REQUESTS:,} requests: lower "
-                                    "the rate, the duration or the turns")
+                raise ScenarioError(f"the plan's conversations or sessions hold over {MAX_PLAN_REQUESTS:,} "
+                                    "requests: lower the rate, the duration, the turns or the steps")
         return out
 
     @property
@@ -93,6 +98,8 @@ class Plan:
         """Arrival ``index``'s requests: itself, or its conversation's turns (each ``seq`` is ``index``: an
         open-loop plan renumbers them, a closed-loop driver numbers them as it sends)."""
         first = self._arrival(index)
+        if self.class_of(first.class_name).session is not None:
+            return self.session(index)[1]
         conv = self.class_of(first.class_name).conversation
         if conv is None:
             return [first]
@@ -111,7 +118,27 @@ class Plan:
         """Arrival ``index``'s session (a class with ``session``): its graph and one request per call, in call
         order (each ``seq`` is ``index``: an open-loop plan renumbers them, a closed-loop driver numbers them as
         it sends)."""
-        raise NotImplementedError("sessions: being built (issue 38, P2)")
+        first = self._arrival(index)
+        cls = self.class_of(first.class_name)
+        if cls.session is None:
+            raise ValueError(f"arrival {index} is of class {cls.name}, which has no session")
+        rng = random.Random(f"session:{self.scenario.seed}:{index}")
+        traced = self._agent_traces.get(cls.name)
+        if traced is None:
+            plan = synthetic_session(index, cls, rng)
+            check_session(plan, f"workload.classes[{cls.name}].session")
+        else:
+            pick = rng.randrange(len(traced)) if cls.session.trace and cls.session.trace.sample == "random" else \
+                index % len(traced)
+            plan = dataclasses.replace(traced[pick], index=index, class_name=cls.name)
+        bust = (index + 1) * 10**15 if cls.cache_bust or cls.session.cache_bust_calls else 0  # own block text
+        per_call = 10**12 if cls.session.cache_bust_calls else 0
+        return plan, [dataclasses.replace(
+            first, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens, session=index, call=c.call,
+            parents=c.parents, context=c.context, wait_ns=c.wait_ns, wait_kind=c.wait_kind, agent=c.agent,
+            step=c.step, tool_turn=c.tool_turn, block_tokens=plan.block_tokens if c.blocks else 0,
+            blocks=None if c.blocks is None else tuple(b + bust + per_call * (c.call + 1) for b in c.blocks))
+            for c in plan.calls]
 
     def _turns(self, cls: RequestClass, conv: Conversation, first: PlannedRequest, rng: random.Random) -> int:
         """A conversation's turns: drawn; with a dataset, the row's turns (those with a recorded answer when
@@ -131,6 +158,8 @@ class Plan:
     def _lengths(self, cls: RequestClass, rng: random.Random, row: int | None, turn: int) -> tuple[int, int]:
         """(prompt, output) tokens: drawn, or a dataset row's estimates (output: drawn if the class says; none
         for embeddings)."""
+        if cls.traced:
+            return 1, 1  # a trace's session: every call's lengths come from the trace (Plan.session)
         if self.scenario.target.api == "embeddings":
             prompt = sample_length(cls.prompt_tokens, rng) if cls.prompt_tokens else self._rows(cls)[row or 0]
             return (prompt if isinstance(prompt, int) else max(1, prompt.prompt_estimate(turn))), 0
@@ -173,12 +202,18 @@ class Plan:
         return None
 
     def _longest_think_s(self) -> float:
-        """An open-loop plan: the most think time of any one conversation (its turns wait that long in all)."""
+        """An open-loop plan: the most think time of any one conversation (its turns wait that long in all), or
+        the most wait along any one session's critical path."""
         totals: dict[int, int] = {}
+        calls: dict[int, list[SessionCall]] = {}
         for r in self.requests or []:
             if r.conversation is not None:
                 totals[r.conversation] = totals.get(r.conversation, 0) + r.think_ns
-        return max(totals.values(), default=0) / 1e9
+            if r.session is not None:
+                calls.setdefault(r.session, []).append(SessionCall(
+                    r.call, r.parents, r.context, r.wait_ns, "none", 0, 0, 1, 1, False))
+        waits = [critical_wait_ns(c) for c in calls.values()]
+        return max([*totals.values(), *waits], default=0) / 1e9
 
     def class_of(self, name: str) -> RequestClass:
         return next(c for c in self._classes if c.name == name)

@@ -25,6 +25,7 @@ from loadgen.core.apis import CHAT_LIKE
 from loadgen.plan.datasets import class_rows
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.plan.scenario import RequestClass, Scenario
+from loadgen.plan.session_bodies import add_knobs, session_tag
 from loadgen.errors import ServerFault as ServerFault
 
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
@@ -94,7 +95,7 @@ class PromptFactory:
         for cls in self.scenario.workload.classes:
             if cls.dataset is None:
                 self._fits[cls.name] = await fit(self.counter, await self._system(cls, 0))
-        if any(c.conversation is not None for c in self.scenario.workload.classes):
+        if any(c.conversation is not None or c.session is not None for c in self.scenario.workload.classes):
             self._fits[""] = await fit(self.counter, None)  # a later turn's message, counted alone
 
     async def _system(self, cls: RequestClass, group: int) -> str | None:
@@ -119,19 +120,19 @@ class PromptFactory:
             return await self._from_row(cls, req)
         if req.blocks is not None:
             return await self._from_blocks(req)
-        system = await self._system(cls, req.group)
-        if cls.cache_bust:
-            system = _busted(system, request_tag(self.scenario.seed, req.seq))
-        prompt = await self._build(req, system if req.turn == 0 else None,
-                                   self._fits[req.class_name if req.turn == 0 else ""])
+        system, fresh = await self._system(cls, req.group), req.turn == 0 and req.context is None
+        tag = session_tag(self.scenario.seed, cls, req) or (
+            request_tag(self.scenario.seed, req.seq) if cls.cache_bust else None)
+        system = _busted(system, tag) if tag else system
+        prompt = await self._build(req, system if fresh else None, self._fits[req.class_name if fresh else ""])
         return Prompt(system, prompt.user, prompt.tokens)
 
     async def _from_blocks(self, req: PlannedRequest) -> Prompt:
         """A Mooncake trace's request: block ``h``'s text is the same wherever hash id ``h`` appears (seeded by
         ``h``), so prompts that share leading hash ids share their leading text; the last block is cut so the
         prompt (the template's tokens included) has ``req.prompt_tokens`` tokens as the target counts them."""
-        assert req.blocks is not None and self.scenario.load.trace is not None
-        size = self.scenario.load.trace.block_tokens
+        assert req.blocks is not None and (req.block_tokens or self.scenario.load.trace is not None)
+        size = req.block_tokens or (self.scenario.load.trace.block_tokens if self.scenario.load.trace else 0)
         if self._template_tokens is None:
             self._template_tokens = await self.counter.count(None, PAD_WORD) - 1
         words = [w for h in req.blocks for w in _block_words(self.scenario.seed, h, size)]
@@ -239,6 +240,7 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
     else:
         parts = [prompt.system] if prompt.system else []
         body["prompt"] = "\n".join(parts + [part for turn in history or [] for part in turn] + [prompt.user])
+    add_knobs(body, api, cls, output_tokens, False)
     body.update(scenario.target.extra_body)
     return body
 
