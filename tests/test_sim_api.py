@@ -360,3 +360,19 @@ def test_chat_tool_call_round_trip_is_counted_in_the_next_prompt_and_hits_the_pr
     cached = _truth(trace, "finish")[1]["cached_tokens"]
     assert cached == (one["prompt_tokens"] + finish["tool_tokens"]) // 16 * 16  # through the tool call
     assert cached > one["prompt_tokens"]
+
+
+def test_reasoning_and_tool_chunks_and_answers_validate_against_openai_types():
+    stream = _body("chat", reasoning_effort="low", tools=TOOLS, tool_choice="required")
+    reads, trace = _serve_and_stream({}, [("chat", stream), ("chat", {**stream, "stream": False,
+                                                                      "stream_options": None})])
+    chunks = [ChatCompletionChunk.model_validate(e) for e in _events(reads[0][0])]
+    calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls[0].id and calls[0].function.name == "get_weather" and calls[0].type == "function"
+    full = ChatCompletion.model_validate_json(b"".join(b for _, b in reads[1][0]))
+    truth = _truth(trace, "finish")[1]
+    call = full.choices[0].message.tool_calls[0]
+    assert full.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments)
+    assert tokenizer.count_tokens(call.function.name + call.function.arguments) == truth["tool_tokens"]
+    assert tokenizer.count_tokens(full.choices[0].message.model_extra["reasoning"]) == truth["reasoning_tokens"]
+    assert full.usage.completion_tokens_details.reasoning_tokens == truth["reasoning_tokens"] > 0

@@ -16,7 +16,11 @@ count, KV and cost model apply), and answered in its own API's shape:
   prompt (one step's worth of compute, batched with whatever runs); the answer, one JSON body, leaves when that
   prefill ends. The vector is 8 numbers derived from the token ids (deterministic, not meaningful).
 
-vLLM's ``ignore_eos``/``min_tokens`` are accepted by all three, as vLLM accepts them.
+vLLM's ``ignore_eos``/``min_tokens`` are accepted by all three, as vLLM accepts them. Reasoning and tools
+(``reasoning.py``): Responses ``reasoning.effort`` and ``tools``/``tool_choice``, Messages ``thinking`` and
+``tools``/``tool_choice``; a session's transcript comes back as Responses ``function_call`` /
+``function_call_output`` items or Anthropic ``tool_use`` / ``tool_result`` blocks, translated to the chat
+``tool_calls`` / ``tool`` messages the tokenizer counts. The streams themselves are ``stream_shapes.py``'s.
 """
 
 from __future__ import annotations
