@@ -1,6 +1,8 @@
-"""loadgen's vocabulary, declared once: the latency metrics (unit, what one sample is, whether an SLO may limit
-it, which way is better), the statistics every metric table carries, the stall causes, and an objective's
-identity as ``(metric, stat)`` rather than a string built in one module and parsed in others.
+"""loadgen's vocabulary, declared once: the metrics (unit, what one sample is, whether an SLO may limit it, which
+way is better, their family: latency always; reasoning and session in a run that has them), the run-level
+figures (``FIGURES``: one value per run, not a distribution), the statistics every metric table carries, the
+stall causes, and an objective's identity as ``(metric, stat)`` rather than a string built in one module and
+parsed in others.
 
 The scenario's SLO fields (``plan/slo_spec.py``), the summary's metric tables (``analysis/metrics.py``), the SLO
 objectives (``analysis/slo.py``), the report's rows (``report/writers.py``), compare's and the capacity
