@@ -340,26 +340,49 @@ def test_responses_and_messages_stream_reasoning_then_a_tool_call(api):
     _check_against_truth(reads[1][0], api, plain, trace)
 
 
-def test_chat_tool_call_round_trip_is_counted_in_the_next_prompt_and_hits_the_prefix_cache():
-    first = _body("chat", words=40, tools=TOOLS, tool_choice="required")
-    reads, trace = _serve_and_stream({}, [("chat", first)])
-    text = _phases("chat", _events(reads[0][0]))
+ASK_TOOL = {"chat": {"tools": TOOLS, "tool_choice": "required"},
+            "responses": {"tools": [{"type": "function", "name": "get_weather",
+                                     "parameters": {"properties": {"city": {}}}}], "tool_choice": "required"},
+            "messages": {"tools": [{"name": "get_weather", "input_schema": {"properties": {"city": {}}}}],
+                         "tool_choice": {"type": "any"}}}
+
+
+def _transcript(api: str, first: dict, name: str, arguments: str) -> dict:
+    """The next call as a client sends it: the history, the assistant's tool call, the tool's result."""
+    if api == "chat":
+        call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": arguments}}
+        return {**first, "messages": first["messages"] + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny and 21 C"}]}
+    if api == "responses":
+        return {**first, "input": [{"role": "user", "content": first["input"]},
+                                   {"type": "function_call", "call_id": "c1", "name": name, "arguments": arguments},
+                                   {"type": "function_call_output", "call_id": "c1", "output": "sunny and 21 C"}]}
+    return {**first, "messages": first["messages"] + [
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": name,
+                                           "input": json.loads(arguments)}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny and 21 C"}]}]}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_a_tool_call_sent_back_is_counted_in_the_next_prompt_and_hits_the_prefix_cache(api):
+    first = _body(api, words=40, **ASK_TOOL[api])
+    reads, trace = _serve_and_stream({}, [(api, first)])
+    text = _phases(api, _events(reads[0][0]))
     finish, = _truth(trace, "finish")
-    assert finish["tool_calls"] == 1 and _events(reads[0][0])[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert finish["tool_calls"] == 1
     words = finish["tool_tokens"] - 1 - 8  # the name's token, and {"city":""}
     assert json.loads(text["args"]) == {"city": "".join(tokenizer.output_token(i) for i in range(words))}
-    call = {"id": "call_1", "type": "function", "function": {"name": text["name"], "arguments": text["args"]}}
-    history = first["messages"] + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                                   {"role": "tool", "tool_call_id": "call_1", "content": "sunny and 21 C"}]
-    second = {**first, "messages": history}
-    reads, trace = _serve_and_stream({}, [("chat", first), ("chat", second)])
+    reads, trace = _serve_and_stream({}, [(api, first), (api, _transcript(api, first, text["name"], text["args"]))])
     one, two = _truth(trace, "request")
-    assert two["prompt_tokens"] == len(tokenizer.chat_tokens(history)) == (
+    assert two["prompt_tokens"] == (  # the assistant message (its tool call) and the tool message, each + 4
         one["prompt_tokens"] + finish["tool_tokens"] + 2 * tokenizer.MESSAGE_OVERHEAD_TOKENS + 4)
-    assert _events(reads[1][0])[-1]["usage"]["prompt_tokens"] == two["prompt_tokens"]
     cached = _truth(trace, "finish")[1]["cached_tokens"]
     assert cached == (one["prompt_tokens"] + finish["tool_tokens"]) // 16 * 16  # through the tool call
     assert cached > one["prompt_tokens"]
+    if api == "chat":
+        assert _events(reads[1][0])[-1]["usage"]["prompt_tokens"] == two["prompt_tokens"]
+        assert _events(reads[0][0])[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_reasoning_and_tool_chunks_and_answers_validate_against_openai_types():
