@@ -176,4 +176,3 @@ def test_fault_injection_engine_stall_shows_in_trace(start_sim):
     assert stalls and all(e["stall_ms"] == pytest.approx(40.0) for e in stalls)
     gaps = [b - a for a, b in zip(s.content_times, s.content_times[1:])]
     assert max(gaps) / 1e6 > 40
-
