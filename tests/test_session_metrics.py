@@ -172,7 +172,8 @@ def two_call_sessions(n: int, slow: float) -> list[tuple[RequestRecord, list[Chu
     out = []
     for i in range(n):
         t0, d = 1000 * i, int(slow * (100 + 3 * (i % 40)))
-        out += [call(2 * i, i, 0, 0, 0, None, t0, 0, t0 + d), call(2 * i + 1, i, 1, 0, 1, 0, t0 + d, 30, t0 + 2 * d + 30)]
+        out += [call(2 * i, i, 0, 0, 0, None, t0, 0, t0 + d),
+                call(2 * i + 1, i, 1, 0, 1, 0, t0 + d, 30, t0 + 2 * d + 30)]
     return out
 
 
@@ -204,3 +205,10 @@ def test_session_and_step_percentiles_take_one_sample_per_session_and_per_step()
     assert (session["samples"], step["samples"]) == (2, 8)  # completed sessions; their successful steps
     assert session["decision"] == "inconclusive" and session["needed"] is not None and session["needed"] > 2
     assert "sessions to decide" in session["note"] and "steps to decide" in step["note"]
+
+
+def test_a_session_the_driver_did_not_finish_is_no_completed_job() -> None:
+    req = m.with_request_metrics(frames(dag())[0])
+    f = SessionFrames(req, window_s=3.6, not_finished=[2]).figures()
+    assert (f["completed"], f["failed"], f["good"]) == (1, 2, 1)
+    assert f["session_ms"]["count"] == 1 and f["jobs_per_hour"] == pytest.approx(1 / 3.6 * 3600)

@@ -131,7 +131,8 @@ def session_figures(sessions: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataF
     waits = calls.filter(pl.col("wait_kind") == "tool")["wait_ns"].cast(pl.Float64) / 1e6
     stats = session_stats(sessions, steps)
     return {"count": sessions.height, "completed": completed, "failed": sessions.height - completed,
-            "calls_mean": float(sessions["calls"].mean() or 0.0), "agents_mean": float(sessions["agents"].mean() or 0.0),
+            "calls_mean": float(sessions["calls"].mean() or 0.0),  # type: ignore[arg-type]
+            "agents_mean": float(sessions["agents"].mean() or 0.0),  # type: ignore[arg-type]
             **stats, "jobs_per_hour": completed / window_s * 3600 if window_s > 0 else None,
             "good": good, "attainment": good / sessions.height if sessions.height else None,
             "cache_hit_ratio": describe(sessions["cache_hit_ratio"]),
@@ -142,13 +143,20 @@ def session_figures(sessions: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataF
 
 class SessionFrames:
     """A run's session frames, made once: ``calls`` (the measured session calls), ``steps``, ``sessions``
-    (``good`` by ``slo.sessions.good``'s limits), and the window the jobs per hour are over."""
+    (``good`` by ``slo.sessions.good``'s limits), and the window the jobs per hour are over. ``not_finished``:
+    sessions the driver did not send every call of (run.json ``sessions_not_finished``): neither completed nor
+    good, whatever their sent calls did."""
 
-    def __init__(self, measured: pl.DataFrame, window_s: float, good: dict[str, float] | None = None) -> None:
+    def __init__(self, measured: pl.DataFrame, window_s: float, good: dict[str, float] | None = None,
+                 not_finished: list[int] | None = None) -> None:
         self.calls = session_calls(measured)
         self.window_s = window_s
         self.steps = step_table(self.calls)
-        self.sessions = session_table(self.calls, self.steps, good)
+        table = session_table(self.calls, self.steps, good)
+        if not_finished:  # the driver did not send all their calls (the run's end): not completed jobs
+            cut = pl.col("session").is_in(not_finished)
+            table = table.with_columns(ok=pl.col("ok") & ~cut, good=pl.col("good") & ~cut)
+        self.sessions = table
 
     @property
     def present(self) -> bool:

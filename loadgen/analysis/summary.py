@@ -30,7 +30,8 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     req, measured = run.req, run.measured
     good = _good(measured, scenario)
     counts = m.request_counts(measured)
-    frames = _session_frames(measured, scenario) if "session" in run.families else None
+    unfinished = list((extra or {}).get("sessions_not_finished") or [])
+    frames = _session_frames(measured, scenario, unfinished) if "session" in run.families else None
     metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
                                   session_stats=frames.stats() if frames else None)
     tput = m.throughput(measured, good)
@@ -73,10 +74,11 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     }, {"stalls": spike.stalls, **(frames.tables() if frames else {})}
 
 
-def _session_frames(measured: pl.DataFrame, scenario: Scenario) -> SessionFrames:
+def _session_frames(measured: pl.DataFrame, scenario: Scenario,
+                    not_finished: list[int] | None = None) -> SessionFrames:
     """The measured sessions (analysis/sessions.py), good by ``slo.sessions.good``'s limits."""
     spec = scenario.slo.sessions
-    return SessionFrames(measured, m.window_s(measured), spec.good.model_dump() if spec else None)
+    return SessionFrames(measured, m.window_s(measured), spec.good.model_dump() if spec else None, not_finished)
 
 
 def prefilled(requests: pl.DataFrame) -> pl.DataFrame:
