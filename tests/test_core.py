@@ -7,6 +7,8 @@ import json
 import pytest
 
 from loadgen.core import RequestMeta, SseDecoder, StreamTracker
+from loadgen.core.records import ToolCall
+from loadgen.core.think_tags import ThinkSplitter
 from loadgen.core.token_shares import scale as _scale
 
 
@@ -194,6 +196,9 @@ def _random_chunk(rng) -> str:
     maybe(usage, "prompt_tokens", 12, 0)
     maybe(usage, "completion_tokens", 3, 40)
     maybe(usage, "prompt_tokens_details", {"cached_tokens": rng.choice([8, None, "8", True])})
+    if rng.random() < 0.3:
+        maybe(usage, "completion_tokens_details", {"reasoning_tokens": rng.choice([5, None, 0, "5"])})
+        maybe(usage, "reasoning_tokens", 4, 0)
     chunk: dict = {"object": "chat.completion.chunk", "model": "m"}
     maybe(chunk, "id", "chatcmpl-1")
     maybe(chunk, "choices", [choice], [choice, choice], [choice])
@@ -264,3 +269,117 @@ def test_whole_events_take_the_shortcut_and_decode_as_line_by_line(monkeypatch):
         monkeypatch.setattr(SseDecoder, "_whole_events", lambda self, chunk, now_ns: None)
         assert fast == decode(stream, cuts), (stream, cuts)
     assert shortcut > 100
+
+
+# ---- reasoning and tool calls (issue 38) -----------------------------------------------------------------------
+
+def _delta(t_ns: int, usage: dict | None = None, **delta) -> tuple[bytes, int]:
+    obj: dict = {"id": "c", "choices": [{"index": 0, "delta": delta}] if delta else []}
+    if usage:
+        obj["usage"] = usage
+    return b"data: " + json.dumps(obj).encode() + b"\n\n", t_ns
+
+
+def _phases(reads, keep_text=True, **tracker):
+    meta = RequestMeta(seq=1, class_name="c", warmup=False, t_intended_ns=0, prompt_tokens_asked=5,
+                       output_tokens_asked=50, keep_text=keep_text)
+    t = StreamTracker(meta, t_sent_ns=100, **tracker)
+    for data, t_ns in [*reads, (b"data: [DONE]\n\n", 900)]:
+        t.feed(data, t_ns)
+    record, chunks = t.finish(1_000)
+    return record, chunks, t
+
+
+THINK_CUT = [_delta(200, content="<thi"), _delta(300, content="nk>Let me"), _delta(400, content=" think</th"),
+             _delta(500, content="ink>\n\nHi"), _delta(600, content=" there"),
+             _delta(700, usage={"prompt_tokens": 5, "completion_tokens": 12})]
+
+
+def test_inline_think_tags_are_reasoning_wherever_events_and_reads_cut_them():
+    """llama-server --reasoning-format none: the tags cut between events ("<thi" + "nk>", "</th" + "ink>");
+    the held start of a tag goes with the event that completes it; "</think>" then the answer in one event is one
+    answer chunk whose reasoning share counts; the kept answer (a conversation's next history) has no think part."""
+    record, chunks, t = _phases(THINK_CUT)
+    assert [(c.t_ns, c.reasoning) for c in chunks] == [(300, True), (400, True), (500, False), (600, False)]
+    assert (record.t_first_token_ns, record.t_first_answer_ns, record.t_last_reasoning_ns) == (300, 500, 500)
+    assert t.answer == "\n\nHi there" and record.reasoning and sum(c.tokens for c in chunks) == 12
+    # local weights (a tag one token) 3 | 1 | 1+1 | 1, scaled to 12: 5 | 2 | 3 | 2, of which 5 + 2 + 2 reasoning
+    assert [c.tokens for c in chunks] == [5, 2, 3, 2] and record.reasoning_tokens == 9
+    whole = b"".join(data for data, _ in THINK_CUT)
+    for cut in range(1, len(whole)):  # one read cut anywhere: the same records as event by event at that time
+        assert _phases([(whole[:cut], 300), (whole[cut:], 300)])[:2] == _phases([(whole, 300)])[:2]
+
+
+@pytest.mark.parametrize("pieces", [["<think>ab</think>cd"], ["<", "think>a", "b</", "think", ">c", "d"],
+                                    ["<think>", "ab", "</think>", "cd"], ["<think>ab</think", ">cd"]])
+def test_the_think_splitter_gives_the_same_parts_however_the_text_is_cut(pieces):
+    splitter = ThinkSplitter()
+    parts = [splitter.feed(p) for p in pieces] + [splitter.flush()]
+    assert ("".join(r for r, _ in parts), "".join(a for _, a in parts)) == ("<think>ab</think>", "cd")
+
+
+@pytest.mark.parametrize("pieces, answer", [(["Use <think>", " tags"], "Use <think> tags"),
+                                            (["<th"], "<th"), (["<b>", "<think>x</think>"], "<b><think>x</think>")])
+def test_a_stream_that_does_not_open_with_think_is_left_as_it_is(pieces, answer):
+    record, chunks, t = _phases([_delta(200 + i, content=p) for i, p in enumerate(pieces)])
+    assert t.answer == answer and not record.reasoning and record.reasoning_tokens == 0
+    assert record.t_first_answer_ns == record.t_first_token_ns is not None
+
+
+def test_think_splitting_can_be_turned_off():
+    record, _, t = _phases(THINK_CUT, think_tags=False)
+    assert t.answer == "<think>Let me think</think>\n\nHi there" and not record.reasoning
+
+
+MIXED = [_delta(200, reasoning="a b c"), _delta(300, reasoning=" d e", content="X Y"), _delta(400, content=" Z")]
+
+
+def test_a_delta_with_reasoning_and_content_is_one_answer_chunk_its_reasoning_counted():
+    """vLLM's multi-token step across </think>: one chunk flagged answer (ITL), its reasoning share in the
+    request's reasoning tokens (local weights 3 | 2+2 | 1 scaled to 20: 7 | 10 | 3, of which 7 + 5 reasoning)."""
+    record, chunks, t = _phases([*MIXED, _delta(500, usage={"prompt_tokens": 5, "completion_tokens": 20})])
+    assert [(c.t_ns, c.tokens, c.reasoning) for c in chunks] == [(200, 7, True), (300, 10, False), (400, 3, False)]
+    assert (record.t_first_answer_ns, record.t_last_reasoning_ns, record.reasoning_tokens) == (300, 300, 12)
+    assert t.answer == "X Y Z" and record.reasoning
+
+
+def test_the_servers_reasoning_count_splits_the_chunks_tokens():
+    """With usage.completion_tokens_details.reasoning_tokens, reasoning parts are scaled to it and the rest to
+    the remainder: reasoning 3 + 2 -> 15 (9 + 6), answer 2 + 1 -> 5 (3 + 2)."""
+    usage = {"prompt_tokens": 5, "completion_tokens": 20, "completion_tokens_details": {"reasoning_tokens": 15}}
+    record, chunks, _ = _phases([*MIXED, _delta(500, usage=usage)])
+    assert [c.tokens for c in chunks] == [9, 9, 2] and record.reasoning_tokens == 15
+    hidden = {"prompt_tokens": 5, "completion_tokens": 30, "reasoning_tokens": 27}  # SGLang's, hidden reasoning
+    record, chunks, _ = _phases([_delta(200, content="Paris."), _delta(300, usage=hidden)])
+    assert (sum(c.tokens for c in chunks), record.reasoning_tokens, record.reasoning) == (30, 27, True)
+
+
+def test_tool_calls_are_kept_with_their_ids_names_and_arguments():
+    """Parallel calls by index; a delta with content and a tool call keeps the call out of the answer text."""
+    call = [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get", "arguments": ""}}]
+    reads = [_delta(200, content="Sure.", tool_calls=call),
+             _delta(300, tool_calls=[{"index": 1, "id": "call_b", "function": {"name": "put"}}]),
+             _delta(400, tool_calls=[{"index": 0, "function": {"arguments": '{"k": '}}]),
+             _delta(500, tool_calls=[{"index": 1, "id": None, "function": {"name": None, "arguments": "{}"}}]),
+             _delta(600, tool_calls=[{"index": 0, "function": {"arguments": "1}"}}]),
+             _delta(700, usage={"prompt_tokens": 5, "completion_tokens": 14})]
+    record, chunks, t = _phases(reads)
+    assert t.tool_calls == (ToolCall("call_a", "get", '{"k": 1}'), ToolCall("call_b", "put", "{}"))
+    assert t.answer == "Sure." and record.tool_calls == 2 and record.t_first_answer_ns == 200
+    assert 0 < record.tool_tokens < 14 and record.reasoning_tokens == 0
+    record, _, t = _phases(reads, keep_text=False)
+    assert t.tool_calls == () and record.tool_calls == 2  # counted always, kept for session calls only
+
+
+def test_an_anthropic_thinking_block_without_text_marks_reasoning():
+    events = [{"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 5}}},
+              {"type": "content_block_start", "index": 0, "content_block": {"type": "redacted_thinking", "data": "x"}},
+              {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Hi"}},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 9}},
+              {"type": "message_stop"}]
+    t = StreamTracker(_meta(), t_sent_ns=1, api="messages")
+    for i, e in enumerate(events):
+        t.feed(b"data: " + json.dumps(e).encode() + b"\n\n", 10 + i)
+    record, chunks = t.finish(20)
+    assert record.reasoning and [c.reasoning for c in chunks] == [False] and record.t_last_reasoning_ns is None
+

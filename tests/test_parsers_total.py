@@ -141,6 +141,14 @@ def test_one_token_asked_without_usage_may_come_back_without_text(asked):
                   {"type": "message_stop"}]),
     ("chat", [{"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [
         {"index": 0, "function": {"name": "f", "arguments": "{}"}}]}}]}, _usage(2), "[DONE]"]),
+    # a function call whose name alone came (its item), and an Anthropic tool_use block with empty input
+    ("responses", [{"type": "response.output_item.added", "output_index": 0,
+                    "item": {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}},
+                   {"type": "response.completed", "response": {"id": "r", "usage": {"output_tokens": 1}}}]),
+    ("messages", [{"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "t",
+                                                                               "name": "f", "input": {}}},
+                  {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 1}},
+                  {"type": "message_stop"}]),
 ])
 def test_reasoning_or_a_tool_call_alone_is_an_answer(api, events):
     record, chunks = _track(api, events)

@@ -137,7 +137,9 @@ def _chunks(wrong: bool) -> st.SearchStrategy[dict]:
         "finish_reason": v(st.none() | st.sampled_from(["stop", "length", "tool_calls"]))})
     usage = st.fixed_dictionaries({}, optional={
         "prompt_tokens": v(count), "completion_tokens": v(count), "total_tokens": count,
-        "prompt_tokens_details": v(st.none() | st.fixed_dictionaries({}, optional={"cached_tokens": v(count)}))})
+        "prompt_tokens_details": v(st.none() | st.fixed_dictionaries({}, optional={"cached_tokens": v(count)})),
+        "completion_tokens_details": v(st.none() | st.fixed_dictionaries({}, optional={"reasoning_tokens": v(count)})),
+        "reasoning_tokens": v(count)})  # SGLang's, top level
     failure = st.fixed_dictionaries({"message": v(WORDS)}, optional={
         "code": v(st.sampled_from([400, 429, 500, "500"])), "type": st.just("server_error")})
     error = st.none() | st.just({}) | st.just("") | st.just(False) | WORDS | failure if wrong else \
@@ -148,7 +150,11 @@ def _chunks(wrong: bool) -> st.SearchStrategy[dict]:
         "provider_specific_fields": st.just({})})
 
 
-DELTAS = st.fixed_dictionaries({"content": WORDS}) | st.fixed_dictionaries({"reasoning_content": WORDS}) | \
+THINK = st.sampled_from(["<think>", "<thi", "nk>", "</think>", "</th", "ink>\n", "<think>hm</think>ok"])
+DELTAS = st.fixed_dictionaries({"content": WORDS | THINK}) | st.fixed_dictionaries({"reasoning_content": WORDS}) | \
+    st.fixed_dictionaries({"reasoning": WORDS, "content": WORDS | THINK}) | \
+    st.fixed_dictionaries({"reasoning_content": WORDS, "tool_calls": st.lists(st.fixed_dictionaries(
+        {"index": st.integers(0, 1), "id": WORDS, "function": st.fixed_dictionaries({"name": WORDS})}), max_size=2)}) | \
     st.fixed_dictionaries({"content": st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": WORDS}))}) | \
     st.fixed_dictionaries({"tool_calls": st.lists(st.fixed_dictionaries({"index": st.just(0), "function":
                                                   st.fixed_dictionaries({"arguments": WORDS})}), max_size=1)})
@@ -249,6 +255,9 @@ ANTHROPIC_USAGE = st.fixed_dictionaries({}, optional={
 ANTHROPIC_EVENTS = (
     _object(st.just("message_start"), message=st.fixed_dictionaries({}, optional={
         "id": _member(WORDS), "usage": _member(ANTHROPIC_USAGE), "content": _member(st.just([]))})) |
+    _object(st.just("content_block_start"), index=st.integers(0, 3), content_block=st.fixed_dictionaries(
+        {"type": st.sampled_from(["tool_use", "thinking", "redacted_thinking", "text"])},
+        optional={"id": _member(WORDS), "name": _member(WORDS), "data": WORDS, "thinking": WORDS})) |
     _object(st.just("content_block_delta"), index=st.just(0), delta=st.fixed_dictionaries({}, optional={
         "type": _member(st.sampled_from(["text_delta", "thinking_delta", "input_json_delta", "signature_delta"])),
         "text": _member(WORDS), "thinking": _member(WORDS), "partial_json": _member(WORDS)})) |
@@ -260,13 +269,18 @@ ANTHROPIC_EVENTS = (
             index=st.just(0), content_block=JSON))
 RESPONSES_USAGE = st.fixed_dictionaries({}, optional={
     "input_tokens": _member(COUNT), "output_tokens": _member(COUNT),
-    "input_tokens_details": _member(st.fixed_dictionaries({}, optional={"cached_tokens": _member(COUNT)}))})
+    "input_tokens_details": _member(st.fixed_dictionaries({}, optional={"cached_tokens": _member(COUNT)})),
+    "output_tokens_details": _member(st.fixed_dictionaries({}, optional={"reasoning_tokens": _member(COUNT)}))})
 RESPONSE = st.fixed_dictionaries({}, optional={"id": _member(WORDS), "status": _member(WORDS),
                                                "usage": _member(RESPONSES_USAGE), "error": _member(FAILURE)})
 RESPONSES_EVENTS = (
     _object(st.sampled_from(["response.output_text.delta", "response.refusal.delta",
                              "response.function_call_arguments.delta", "response.reasoning_text.delta",
-                             "response.reasoning_summary_text.delta"]), delta=WORDS, item_id=WORDS) |
+                             "response.reasoning_summary_text.delta"]), delta=WORDS, item_id=WORDS,
+            output_index=st.integers(0, 2)) |
+    _object(st.just("response.output_item.added"), output_index=st.integers(0, 2), item=st.fixed_dictionaries(
+        {"type": st.sampled_from(["function_call", "message", "reasoning"])},
+        optional={"call_id": _member(WORDS), "name": _member(WORDS), "arguments": _member(WORDS)})) |
     _object(st.sampled_from(["response.created", "response.in_progress", "response.completed",
                              "response.incomplete", "response.failed", "response.output_item.added"]) | OTHER,
             response=RESPONSE) |

@@ -24,14 +24,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from loadgen.core.secrets import clip
 
 ERROR_TEXT_CHARS = 2000  # a server's error message, kept whole up to this (the sink clips it after redaction)
 
 
-class ToolDelta(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ToolDelta:
     """One fragment of a tool call: the call's index in the answer, its id and name (when this fragment carries
     them, else ""), and the argument text it adds."""
     index: int

@@ -63,3 +63,9 @@ def _tag_start(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
+
+
+def tag_excess(text: str) -> int:
+    """How much a local token estimate of ``text`` overcounts its think tags: each is one token (a special token
+    of the models that emit them: Qwen3, DeepSeek-R1), but weighs 3 (``<think>``) or 4 (``</think>``) locally."""
+    return 2 * text.count(OPEN) + 3 * text.count(CLOSE) if "think>" in text else 0

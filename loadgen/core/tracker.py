@@ -37,7 +37,7 @@ from loadgen.core.apis import EVENT_PARSERS, parse_embeddings_body
 from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, ToolDelta, error_of, local_token_weight, weight
 from loadgen.core.secrets import CUT, clip
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
-from loadgen.core.think_tags import ThinkSplitter
+from loadgen.core.think_tags import ThinkSplitter, tag_excess
 from loadgen.core.token_shares import phase_tokens
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 
@@ -202,7 +202,7 @@ class StreamTracker:
         """One chunk of these parts (none if all are empty: text held back); True if it was made."""
         if not (reasoning or tool or content):
             return False
-        weights = (weight(reasoning), weight(tool), weight(content))
+        weights = (weight(reasoning) - tag_excess(reasoning), weight(tool), weight(content))
         if count is not None:
             tokens = max(1, count - self._last_count)
         else:
