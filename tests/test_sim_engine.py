@@ -228,9 +228,8 @@ def test_unusable_reasoning_and_tool_fields_name_the_field(api, body, param):
 
 
 def test_tool_calls_and_tool_messages_count_in_the_prompt():
-    messages = [{"role": "user", "content": "weather?"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]},
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    messages = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c", "content": "rain, 4 C"}]
     tokens = tokenizer.chat_tokens(messages)
     assert tokens[6:6 + 9] == ["<|assistant|>", "\n", "get_weather", "{", '"', "city", '"', ":", '"']

@@ -156,9 +156,10 @@ def test_responses_and_messages_stream_reasoning_then_a_tool_call(api):
              "tool_choice": "required"} if api == "responses" else
             {"thinking": {"type": "enabled", "budget_tokens": 1024}, "tool_choice": {"type": "any"},
              "tools": [{"name": "get_weather", "input_schema": {"properties": {"city": {}}}}]})
+    think = {"reasoning": asks["reasoning"]} if api == "responses" else {"thinking": asks["thinking"]}
     reads, trace = _serve_and_stream({"reasoning.median_tokens.medium": 9},
-                                     [(api, _body(api, **asks)), (api, _body(api))])
-    tool, plain = _truth(trace, "finish")
+                                     [(api, _body(api, **asks)), (api, _body(api)), (api, _body(api, **think))])
+    tool, plain, thought = _truth(trace, "finish")
     assert tool["reasoning_tokens"] > 0 and tool["tool_calls"] == 1 and tool["answer_tokens"] == tool["tool_tokens"]
     _check_against_truth(reads[0][0], api, tool, trace)
     last = _events(reads[0][0])[-2 if api == "messages" else -1]
@@ -171,6 +172,9 @@ def test_responses_and_messages_stream_reasoning_then_a_tool_call(api):
         assert kinds.index("signature_delta") == tool["reasoning_tokens"]  # after every thinking delta
     assert (plain["reasoning_tokens"], plain["tool_calls"]) == (0, 0)  # asks nothing: none
     _check_against_truth(reads[1][0], api, plain, trace)
+    assert thought["reasoning_tokens"] > 0 and thought["answer_tokens"] == 40 - thought["reasoning_tokens"]
+    text = _check_against_truth(reads[2][0], api, thought, trace)
+    assert text["answer"] == "".join(tokenizer.output_token(i) for i in range(thought["answer_tokens"]))
 
 
 ASK_TOOL = {"chat": {"tools": TOOLS, "tool_choice": "required"},

@@ -27,6 +27,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .config import EngineConfig
 from .tokenizer import output_token, tokenize
 
 Effort = Literal["minimal", "low", "medium", "high"]
@@ -158,9 +159,9 @@ def draw_lognormal(rng: random.Random, median: float, sigma: float) -> int:
     return max(0, round(median * math.exp(sigma * rng.gauss(0.0, 1.0))))
 
 
-def draw_plan(asks: Asks, rng: random.Random, cfg: Any, max_tokens: int, request_id: str) -> PhasePlan:
-    """The request's phases; ``cfg`` is the ``EngineConfig``. Draws nothing when nothing is asked (so every
-    run that asks for neither reasoning nor tools stays as it was)."""
+def draw_plan(asks: Asks, rng: random.Random, cfg: EngineConfig, max_tokens: int, request_id: str) -> PhasePlan:
+    """The request's phases. Draws nothing when nothing is asked (so every run that asks for neither reasoning
+    nor tools stays as it was)."""
     effort = asks.resolved_effort(cfg.reasoning.default_effort)
     reasoning = 0
     if effort is not None:
@@ -173,7 +174,7 @@ def draw_plan(asks: Asks, rng: random.Random, cfg: Any, max_tokens: int, request
     return PhasePlan(reasoning, tool, effort)
 
 
-def _draw_tool(asks: Asks, rng: random.Random, cfg: Any, room: int, request_id: str) -> ToolPlan | None:
+def _draw_tool(asks: Asks, rng: random.Random, cfg: EngineConfig, room: int, request_id: str) -> ToolPlan | None:
     if not asks.tools or asks.tool_choice == "none":
         return None
     if asks.tool_choice == "auto" and not (rng.random() < cfg.tool_call_probability):
