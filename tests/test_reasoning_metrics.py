@@ -12,6 +12,7 @@ import polars as pl
 import pytest
 
 from loadgen.analysis import metrics as m
+from loadgen.analysis.compare import compare, run_samples
 from loadgen.analysis.objective_samples import ObjectiveSamples
 from loadgen.analysis.reasoning import reasoning_figures
 from loadgen.analysis.run_analysis import RunAnalysis
@@ -149,3 +150,26 @@ def test_the_summary_carries_the_reasoning_section_and_rows() -> None:
     assert summary["classes"]["think"]["metrics"]["itl_reasoning_ms"]["count"] == 3
     assert {o["objective"]: o["passed"] for o in summary["slo"]}["ttft_answer_ms.p50"] is True
     assert set(tables) == {"stalls"}
+
+
+def thinking_run(n: int, think_ms: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``n`` requests a second apart: first token at +10 ms, reasoning for ``think_ms`` (+ i mod 7), then 2
+    answer chunks."""
+    items = []
+    for i in range(n):
+        t0, answer = 1000 * i, 1000 * i + 10 + think_ms + i % 7
+        items.append(stream(i, t0, [(t0 + 10, 1, True), (answer - 1, 3, True), (answer, 1, False),
+                                    (answer + 5, 1, False)], 4, answer, answer - 1))
+    return requests_frame([r for r, _ in items]), chunks_frame([c for _, cs in items for c in cs])
+
+
+def test_compare_gains_time_to_first_answer_when_both_runs_reasoned() -> None:
+    sides = []
+    for think_ms in (100, 300):
+        req, chunks = thinking_run(50, think_ms)
+        sides.append(run_samples(req, chunks, pl.DataFrame(), RunAnalysis(req, chunks, "declared")))
+    base, new = sides
+    assert base.ttft_answer_ms is not None and base.ttft_answer_ms[0] == 110.0 and base.session_ms is None
+    results = {r.metric: r for r in compare(base, new, replicates=200, paired=True)}
+    assert "session_ms.p50" not in results
+    assert results["ttft_answer_ms.p50"].status == "regressed" and results["ttft_ms.p50"].status == "unchanged"
