@@ -15,10 +15,12 @@ import pytest
 from loadgen.analysis import metrics as m
 from loadgen.analysis import steady
 from loadgen.analysis.compare import compare, run_samples
+from loadgen.analysis.result import RunResult
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.sessions import SessionFrames
 from loadgen.analysis.slo import evaluate
 from loadgen.analysis.summary import summarize
+from loadgen.analysis.sweep_result import Step
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.slo_spec import Slo
@@ -212,3 +214,14 @@ def test_a_session_the_driver_did_not_finish_is_no_completed_job() -> None:
     f = SessionFrames(req, window_s=3.6, not_finished=[2]).figures()
     assert (f["completed"], f["failed"], f["good"]) == (1, 2, 1)
     assert f["session_ms"]["count"] == 1 and f["jobs_per_hour"] == pytest.approx(1 / 3.6 * 3600)
+
+
+def test_a_sweep_steps_figures_carry_the_session_figures_when_the_run_has_them() -> None:
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["workload"]["classes"][0]["name"] = "agent"
+    doc["load"]["steady_state"] = "declared"
+    summary, _ = summarize(Scenario.model_validate(doc), *frames(dag()), planned=10)
+    step = Step.from_result(RunResult.from_dict(summary), 4, 10.0, 1, 12.0, [], "pass", None, None, None)
+    assert step.metrics["session_ms"]["p50"] == summary["metrics"]["session_ms"]["p50"]
+    assert step.metrics["agent_step_ms"]["p99"] is not None and "ttft_answer_ms" not in step.metrics
+    assert step.jobs_per_hour == summary["sessions"]["jobs_per_hour"] and "jobs/h" in step.line("concurrency")
