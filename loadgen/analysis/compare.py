@@ -12,6 +12,9 @@ distribution of the change: relative (NEW/BASE − 1) for latencies and throughp
 and the stall rate (rare events: a relative change of a near-zero rate says little). When both runs follow one
 seeded plan (same scenario and seed) the bootstrap is *paired*: a request's weight follows its plan sequence
 number into both runs, so the interval measures the server's change, not the luck of which requests were drawn.
+An agentic session's latency (``session_ms``) is one value per session, weighted by its first call's weight: one
+Poisson(1) weight per session, paired as that call is. Time to first answer token and session latency are
+compared by default when both runs have them (``FAMILY_METRICS``).
 
 A metric *regressed* when the whole confidence interval of its worsening lies above the threshold (we are
 confident it got worse by more than the threshold); *improved* when it lies below −threshold; *unchanged* when
