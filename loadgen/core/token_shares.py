@@ -22,6 +22,10 @@ def phase_tokens(chunks: list[ChunkRecord], parts: list[tuple[int, int, int]], s
     the chunks to ``completion_tokens``. A server's count is taken unless fewer than the chunks that carried
     reasoning (SGLang says 0 when it did not separate the reasoning itself: inline ``<think>`` then counts)."""
     total, server = s.completion_tokens, s.reasoning_tokens
+    if not any(r or t for r, t, _ in parts):  # answer text alone (most streams): nothing to share out
+        if not exact:
+            _rescale(chunks, total)
+        return (server if server is not None and (total is None or total - server >= len(parts)) else 0), 0
     n_reasoning = sum(1 for r, _, _ in parts if r)
     n_other = len(parts) - sum(1 for _, t, a in parts if not (t or a))
     usable = server is not None and server >= n_reasoning and (total is None or total - server >= n_other)
