@@ -236,3 +236,24 @@ def test_reasoning_and_tool_chunks_and_answers_validate_against_openai_types():
     assert tokenizer.count_tokens(call.function.name + call.function.arguments) == truth["tool_tokens"]
     assert tokenizer.count_tokens(full.choices[0].message.model_extra["reasoning"]) == truth["reasoning_tokens"]
     assert full.usage.completion_tokens_details.reasoning_tokens == truth["reasoning_tokens"] > 0
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_non_streamed_answers_carry_the_reasoning_and_the_tool_call(api):
+    think = {"reasoning": {"effort": "low"}} if api == "responses" else {
+        "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    body = {**_body(api, **ASK_TOOL[api], **think), "stream": False}
+    reads, trace = _serve_and_stream({"reasoning.median_tokens.medium": 9}, [(api, body)])
+    full, truth = json.loads(b"".join(b for _, b in reads[0][0])), _truth(trace, "finish")[0]
+    parts = full["output"] if api == "responses" else full["content"]
+    assert [p["type"] for p in parts] == (["reasoning", "function_call"] if api == "responses" else
+                                          ["thinking", "tool_use"])
+    thought = parts[0]["content"][0]["text"] if api == "responses" else parts[0]["thinking"]
+    call = parts[1]
+    arguments = call["arguments"] if api == "responses" else json.dumps(call["input"], separators=(",", ":"))
+    assert tokenizer.count_tokens(thought) == truth["reasoning_tokens"] > 0
+    assert tokenizer.count_tokens(call["name"] + arguments) == truth["tool_tokens"] and json.loads(arguments)
+    if api == "responses":
+        assert full["usage"]["output_tokens_details"]["reasoning_tokens"] == truth["reasoning_tokens"]
+    else:
+        assert full["stop_reason"] == "tool_use" and parts[0]["signature"]

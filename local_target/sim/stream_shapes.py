@@ -30,6 +30,11 @@ def _sse(kind: str, obj: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **obj}, separators=(',', ':'))}\n\n".encode()
 
 
+def signature(request_id: str) -> str:
+    """The thinking block's opaque signature (Anthropic's is a base64 token the client sends back)."""
+    return base64.b64encode(f"sim-signature-{request_id}".encode()).decode()
+
+
 class _Blocks:
     """One open output item / content block at a time; a new phase closes the old one and opens its own."""
 
@@ -147,8 +152,7 @@ class AnthropicFormatter(_Blocks):
             return b""
         out = b""
         if self._kind == "thinking":
-            signature = base64.b64encode(f"sim-signature-{self.id}".encode()).decode()
-            out = self._delta({"type": "signature_delta", "signature": signature})
+            out = self._delta({"type": "signature_delta", "signature": signature(self.id)})
         return out + _sse("content_block_stop", {"index": self._index})
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
@@ -204,7 +208,9 @@ def full_response(prep: Prepared, request_id: str, created: int, plan: PhasePlan
         out["output"] = items
         return out
     cached = cached_tokens or 0
-    blocks: list[dict[str, Any]] = [{"type": "thinking", "thinking": reasoning, "signature": ""}] if reasoning else []
+    blocks: list[dict[str, Any]] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": signature(request_id)})
     if called and plan.tool is not None:
         blocks.append({"type": "tool_use", "id": plan.tool.call_id.replace("call_", "toolu_"),
                        "name": plan.tool.name, "input": json.loads(arguments)})
