@@ -202,10 +202,12 @@ class StreamTracker:
         """One chunk of these parts (none if all are empty: text held back); True if it was made."""
         if not (reasoning or tool or content):
             return False
-        weights = (weight(reasoning) - tag_excess(reasoning), weight(tool), weight(content))
-        if count is not None:
+        if count is not None:  # exact; weights only to share a mixed chunk's tokens (regex-free when pure)
             tokens = max(1, count - self._last_count)
+            weights = (tokens, 0, 0) if not (tool or content) else (0, tokens, 0) if not (reasoning or content) \
+                else (0, 0, tokens) if not (reasoning or tool) else self._weights(reasoning, tool, content)
         else:
+            weights = self._weights(reasoning, tool, content)
             self._exact, tokens = False, sum(weights)
         answer = bool(tool or content)
         self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, not answer, self.meta.worker))
@@ -213,6 +215,11 @@ class StreamTracker:
         if self._text is not None and content:
             self._text.append(content)
         return True
+
+    @staticmethod
+    def _weights(reasoning: str, tool: str, content: str) -> tuple[int, int, int]:
+        """Local weights of a chunk's parts (a think tag one token)."""
+        return weight(reasoning) - tag_excess(reasoning), weight(tool), weight(content)
 
     def _add_calls(self, calls: tuple[ToolDelta, ...]) -> None:
         """Tool-call fragments: a call's id and name are its first non-empty ones, its arguments concatenated."""
