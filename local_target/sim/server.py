@@ -21,6 +21,7 @@ from .http import Connection
 from .metrics import render
 from .runtime import EngineRuntime
 from .reasoning import PhasePlan, draw_plan
+from .tokenizer import output_token
 from .trace import TraceWriter
 
 
@@ -72,6 +73,8 @@ class StreamSink:
         return lambda: self._deliver(req, framed, index - flushed + 1, flushed, last, cut)
 
     def _flush_due(self, index: int) -> bool:
+        if not self.plan.active:  # the common case, kept as cheap as it was
+            return self.pending >= self.max_chunk
         phase, after = self.plan.phase(index), self.plan.phase(index + 1)
         if phase != after:
             return not (self.mixed and phase == "reasoning" and after == "answer")
@@ -84,6 +87,8 @@ class StreamSink:
 
     def _chunks(self, first: int, last: int, finish_reason: str | None) -> bytes:
         """The events of tokens ``first..last``: one per phase among them (two in one chunk when mixed)."""
+        if not self.plan.active:
+            return self.fmt.content("".join(output_token(i) for i in range(first, last + 1)), finish_reason, last + 1)
         groups: list[tuple[str, int, int]] = []  # (phase, first index, last index)
         for i in range(first, last + 1):
             phase = self.plan.phase(i)
