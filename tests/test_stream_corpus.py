@@ -106,6 +106,8 @@ def test_each_reasoning_shape_gives_the_servers_phases(name: str) -> None:
     server = truth["server_reasoning_tokens"]
     if server is not None and (server or not event):  # SGLang says 0 when it did not split <think> out itself
         assert record.reasoning_tokens == server
+        if event and "chunk_tokens" not in want:  # estimates: the reasoning chunks scaled to the server's count
+            assert sum(c.tokens for c in chunks if c.reasoning) == server
     assert record.reasoning_tokens >= len(event)
     assert record.reasoning_tokens <= record.output_tokens and record.tool_tokens <= record.output_tokens
 
