@@ -383,3 +383,18 @@ def test_an_anthropic_thinking_block_without_text_marks_reasoning():
     record, chunks = t.finish(20)
     assert record.reasoning and [c.reasoning for c in chunks] == [False] and record.t_last_reasoning_ns is None
 
+
+
+def test_a_session_calls_place_is_copied_into_its_record_whatever_its_end():
+    from loadgen.core.tracker import bare_record
+    place = {"session": 3, "call": 5, "agent": 1, "step": 2, "after_call": 4, "t_ready_ns": 800, "wait_ns": 200,
+             "wait_kind": "tool"}
+    meta = RequestMeta(seq=9, class_name="agent", warmup=False, t_intended_ns=1_000, prompt_tokens_asked=5,
+                       output_tokens_asked=5, keep_text=True, **place)
+    tracker = StreamTracker(meta, t_sent_ns=1_000)
+    tracker.feed(_chunk(content="ok") + _chunk(choices=False, usage=(5, 1)) + b"data: [DONE]\n\n", 1_500)
+    records = [tracker.finish(2_000)[0], StreamTracker(meta, 1_000).finish(2_000, 500)[0],
+               bare_record(meta, 1_000, 2_000, 0, "internal", "bug")]
+    for record in records:
+        assert {k: getattr(record, k) for k in place} == place
+    assert (records[0].reasoning_tokens, records[0].tool_calls, records[1].reasoning_tokens) == (0, 0, None)

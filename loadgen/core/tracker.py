@@ -119,7 +119,7 @@ class StreamTracker:
         """The answer's tool calls (id, function name, arguments as streamed), kept when ``meta.keep_text``."""
         if self._text is None:
             return ()
-        return tuple(ToolCall(i, name, "".join(args)) for i, name, args in self._calls.values())
+        return tuple(ToolCall(call_id, name, "".join(args)) for call_id, name, args in self._calls.values())
 
     def feed(self, data: bytes, now_ns: int) -> None:
         self.last_read_ns = now_ns
