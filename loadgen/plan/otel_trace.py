@@ -81,7 +81,8 @@ def _otlp_span(s: Any, where: str) -> _Span:
         start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
     except (KeyError, TypeError, ValueError):
         raise ScenarioError(f"{where}: startTimeUnixNano and endTimeUnixNano must be whole nanoseconds") from None
-    attrs = {a.get("key"): _otlp_value(a.get("value") or {}) for a in s.get("attributes") or [] if isinstance(a, dict)}
+    attrs = {str(a.get("key")): _otlp_value(a.get("value") or {}) for a in s.get("attributes") or []
+             if isinstance(a, dict)}
     return _checked(_Span(str(s.get("spanId", "")), str(s.get("name", "")), start, end, attrs), where)
 
 

@@ -238,7 +238,7 @@ class RequestClass(_Strict):
 
     @model_validator(mode="after")
     def _sources(self) -> "RequestClass":
-        check_class(self.name, self)
+        check_class(self)
         if self.dataset is None and self.prompt_tokens is None and not self.traced:
             raise ValueError("give prompt_tokens (or a dataset)")
         if self.dataset is not None and self.prompt_tokens is not None:

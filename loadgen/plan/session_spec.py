@@ -37,8 +37,9 @@ class SubAgents(Strict):
 
 
 class SessionTrace(Strict):
-    """Sessions replayed from an agent trace file: each arrival of the class takes the next session of the file
-    (``sample: random``: one drawn by the seed); its calls keep their recorded graph, lengths and waits."""
+    """Sessions replayed from an agent trace file: arrival i takes the file's session i mod n (in file order
+    when the class is the only one; ``sample: random``: one drawn by the seed); its calls keep their recorded
+    graph, lengths, block reuse and waits. Sessions arrive by the load (rate_per_s or concurrency)."""
 
     path: Path = Field(description="the trace file (relative to the scenario file)")
     format: Literal["weka", "otel", "loadgen"] = Field(description="weka: WEKA agentic-coding traces (a JSON "
@@ -54,7 +55,8 @@ class SessionTrace(Strict):
 class Session(Strict):
     """Each arrival of the class is an agent session: a graph of LLM calls with growing context, tool waits,
     sub-agents that fan out and join, and think time between user turns. The class's ``prompt_tokens`` is each
-    step's new tokens (a tool result, a user message), its ``output_tokens`` each answer."""
+    step's new tokens (a tool result, a user message; the first call's, system prompt included, is
+    ``first_prompt_tokens``), its ``output_tokens`` each answer. ``cache_bust`` tags each session."""
 
     steps: Distribution | None = Field(None, description="main-agent LLM calls per user turn (each but the last "
                                        "ends in a tool call)")
@@ -90,7 +92,7 @@ class Session(Strict):
 
 
 class Reasoning(Strict):
-    """Reasoning knobs in the body (plan/session_bodies.py): chat ``reasoning_effort`` (and
+    """Reasoning knobs in every request body of the class: chat ``reasoning_effort`` (and
     ``chat_template_kwargs.enable_thinking: false`` when disabled), Responses ``reasoning.effort``, Messages
     ``thinking.budget_tokens``. ``max_tokens`` becomes output_tokens + budget_tokens: output_tokens is the
     answer asked for, servers count reasoning inside max_tokens."""
@@ -104,6 +106,8 @@ class Reasoning(Strict):
 
 
 class ToolFunction(Strict):
+    """A function tool: its name, description and JSON Schema parameters (OpenAI's function definition)."""
+
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the function's name")
     description: str = Field("", description="what it does (sent to the model)")
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
@@ -117,14 +121,14 @@ class Tool(Strict):
     function: ToolFunction = Field(description="the function the model may call")
 
 
-def check_class(name: str, cls: Any) -> None:
+def check_class(cls: Any) -> None:
     """A class's session fields against its other fields (ValueError: one line)."""
     if cls.session is None:
         return
     if cls.conversation is not None:
-        raise ValueError(f"workload.classes[{name}]: session and conversation exclude each other")
+        raise ValueError("session and conversation exclude each other")
     if cls.dataset is not None:
-        raise ValueError(f"workload.classes[{name}]: a session class takes synthetic prompts, not a dataset")
+        raise ValueError("a session class takes synthetic prompts (or a trace), not a dataset")
 
 
 def check_api(name: str, cls: Any, api: str) -> None:
