@@ -137,7 +137,8 @@ class PromptFactory:
             self._template_tokens = await self.counter.count(None, PAD_WORD) - 1
         words = [w for h in req.blocks for w in _block_words(self.scenario.seed, h, size)]
         user = " ".join(words[:max(1, req.prompt_tokens - self._template_tokens)])
-        return Prompt(None, user, await self.counter.count(None, user))
+        tag = session_tag(self.scenario.seed, self._classes[req.class_name], req)  # a trace session's: its own
+        return Prompt(tag, user, await self.counter.count(tag, user))
 
     async def _from_row(self, cls: RequestClass, req: PlannedRequest) -> Prompt:
         assert cls.dataset is not None and req.row is not None
