@@ -175,3 +175,29 @@ def test_the_fixture_readme_matches_the_files():
             assert f"`{path.name}`" in readme
             if path.suffix == ".json":
                 json.loads(path.read_text())
+
+
+def span(sid: str, agent: str, start: float, end: float, said: list[str], answer: str, **usage: int) -> dict:
+    """An inference-perf span with semconv ``parts`` messages and the older usage names."""
+    def at(t: float) -> str:
+        return f"2026-01-01T00:00:{t:06.3f}Z"
+    messages = [{"role": "user", "parts": [{"type": "text", "content": "go"}]}] + [
+        {"role": "assistant", "parts": [{"type": "text", "content": s}]} for s in said]
+    return {"span_id": sid, "name": "chat m", "start_time": at(start), "end_time": at(end), "attributes": {
+        "gen_ai.operation.name": "chat", "gen_ai.agent.name": agent, "gen_ai.input.messages": json.dumps(messages),
+        "gen_ai.output.text": answer, **{f"gen_ai.usage.{k}": v for k, v in usage.items()}}}
+
+
+def test_otel_joins_come_from_the_answers_a_call_carries_not_from_timing_alone(tmp_path):
+    spans = [span("a", "lead", 0, 1, [], "plan it", prompt_tokens=10, completion_tokens=3),
+             span("b", "w1", 1.2, 2, [], "w1 says x", prompt_tokens=5, completion_tokens=4),
+             span("c", "w2", 1.2, 3, [], "w2 says y", prompt_tokens=6, completion_tokens=4),
+             span("d", "lead", 3.5, 4, ["plan it", "w1 says x", "w2 says y"], "done", prompt_tokens=40,
+                  completion_tokens=2),
+             span("e", "other", 5, 6, [], "unrelated")]  # no content link: only the temporal edge
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"trace_id": "t1", "spans": spans}))
+    [plan] = read_agent_trace(SessionTrace(path=path, format="otel"))
+    assert graph(plan) == [((), None, 0, "none", 0), ((0,), None, 200, "tool", 1), ((0,), None, 200, "tool", 2),
+                           ((0, 1, 2), 0, 500, "tool", 0), ((3,), None, 1000, "tool", 3)]
+    assert [c.prompt_tokens for c in plan.calls][:4] == [10, 5, 6, 40 - 13] and plan.calls[0].tool_turn
