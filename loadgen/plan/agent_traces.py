@@ -12,7 +12,9 @@ line, for JSONL) and what is wrong (ScenarioError, exit 2).
   (it waits for all of them, then its recorded delay); an ``async_launched`` sub-agent, or one with no later
   request, joins nothing (background). Sub-agent ``t`` is read from the session start (as AIPerf's fixtures).
   The delay is the recorded ``think_time`` (end-to-start), else ``t`` minus the latest parent's
-  ``t + api_time``; ``hash_ids`` (ids local to the trace unless ``hash_id_scope: global``) give the text.
+  ``t + api_time``; ``hash_ids`` (ids local to the trace unless ``hash_id_scope: global``) give the text (a
+  call extending its context: the ids past its context's). Every call streams (``type`` n or s alike); ``ttft``,
+  ``api_time``, ``model`` and ``output_types`` are informative.
 * ``loadgen`` — JSONL, one call a line: ``{"session", "call", "after": [...], "context", "wait_s",
   "wait_kind", "agent", "prompt_tokens", "output_tokens", "tool_turn"}`` (docs/agentic.md).
 

@@ -10,7 +10,10 @@ analysis as a missing tool call). Reasoning is never carried to the next call (c
 ``reasoning_effort`` (OpenAI; vLLM gpt-oss) and ``chat_template_kwargs.enable_thinking: false`` (Qwen3 on
 vLLM/SGLang); Responses ``reasoning.effort``; Messages ``thinking: {type: enabled, budget_tokens}`` (Anthropic
 extended thinking, which allows only ``tool_choice: auto`` — so no forced tool there). ``max_tokens`` is the
-answer asked for plus ``budget_tokens``: servers count reasoning inside it.
+answer asked for plus ``budget_tokens``: servers count reasoning inside it. Known limit: Anthropic asks that an
+assistant turn's thinking blocks come back with its ``tool_use`` blocks when thinking is on; loadgen drops
+reasoning from transcripts (as chat clients do), so such a call is refused by Anthropic's own API (the simulator
+and OpenAI-compatible servers accept it).
 """
 
 from __future__ import annotations
