@@ -9,6 +9,11 @@ lengths, think times, from the conversation's own generator) and sent one after 
 when the previous answer has ended plus its think time. In an open-loop plan every turn is a
 ``PlannedRequest`` with its own ``seq`` (turns follow their conversation's first); ``t_intended_offset_ns`` of a
 later turn is its conversation's start, the driver stamps the real time.
+
+An arrival of a class with a ``session`` is an agent session (plan/sessions.py): a graph of calls from the
+class's template or an agent trace (plan/agent_traces.py), planned up front from the session's own generator
+(``Plan.session``). Its calls are all planned requests of an open-loop plan, each with the session's start and
+warm-up (a session is warm-up whole or not at all); the driver sends a call when its parents ended plus its wait.
 """
 
 from __future__ import annotations
