@@ -114,6 +114,8 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
     console = console or Console(quiet=True)
+    if engine == "locust" and any(c.session is not None for c in sc.workload.classes):  # drivers/sessions.py
+        raise ScenarioError("sessions run on the asyncio engine: drop --engine locust (a class has a session)")
     with _redacted(console):
         if engine == "locust":
             return _run_locust(sc, opts, console, workers, source, base_url)

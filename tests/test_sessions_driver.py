@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import polars as pl
 import pytest
 
+from loadgen import api
 from loadgen.core.records import RequestRecord, ToolCall
 from loadgen.core.tracker import bare_record
 from loadgen.drivers.schedulers import make_scheduler
 from loadgen.drivers.sender import Outcome, request_meta
 from loadgen.drivers.sessions import CallResult, Sessions
 from loadgen.drivers.timing import RateCeiling
-from loadgen.plan.schedule import PlannedRequest
+from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.plan.schedule import PlannedRequest, build_plan
+from tests.run_helpers import ROOT, records
 
 MS = 1_000_000
 
@@ -265,3 +272,115 @@ def test_a_closed_loop_mixing_sessions_and_plain_requests_sends_both():
     kinds = [s.record.session for s in engine.sent]
     assert kinds == [0, 0, 0, 0, None, 2, 2, 2, 2]  # one unit after another: a session, a request, a session
     assert engine.sent[4].body == b'{"prompt": "plain"}' and engine.sent[4].record.call is None
+
+
+# ---- agent traces replayed on the embedded simulator, checked against the send timestamps ---------------------
+TRACES = ROOT / "tests" / "data" / "agent_traces"
+FAN_OUT = ([(0, 0.0), (1, 0.1), (1, 0.1), (1, 0.1), (1, 0.2), (1, 0.5), (1, 1.0), (4, 0.3)], [0, 1, 1, 1, 1, 1, 1, 4])
+CHAIN = ([(0, 0.0), (1, 0.25), (1, 0.75), (1, 1.0)], [0, 1, 1, 1])  # the 8 s user gap capped at max_wait_s: 1
+BACKGROUND = ([(0, 0.0), (1, 0.1), (1, 0.2), (1, 0.5)], [0, 0, 1, 2])
+# trace file, format, sessions (file order): (parents, wait s) of every call, sorted; children of every call, sorted
+REPLAYS = {"weka": ("weka_traces.jsonl", "weka", [FAN_OUT, CHAIN, BACKGROUND]),
+           "otel": ("otel_fanout_join.json", "otel", [FAN_OUT])}
+
+
+def sim_scenario(trace: str, fmt: str, load: dict[str, Any], max_wait_s: float = 1.0, **sim: Any) -> Scenario:
+    return Scenario.model_validate({
+        "name": "replay", "seed": 3, "target": {"simulator": {"time_scale": 0.05, **sim}},
+        "load": {"fail_fast_requests": 0, "drain_timeout_s": 10, **load},
+        "workload": {"classes": [{"name": "agent", "session": {"trace": {
+            "path": str(TRACES / trace), "format": fmt, "max_wait_s": max_wait_s}}}]}})
+
+
+def run_records(scenario: Scenario, out: Path) -> tuple[pl.DataFrame, dict[tuple[int, int], PlannedRequest]]:
+    """The run's session records, and each (session, call)'s plan (its parents)."""
+    api.run(scenario, out=out)
+    requests, _ = records(out)
+    plan = build_plan(scenario)
+    planned = {(r.session, r.call): r for s in requests["session"].unique().to_list()
+               for r in plan.session(s)[1]}
+    return requests.filter(pl.col("session").is_not_null()), planned
+
+
+def rows_of(requests: pl.DataFrame, session: int) -> dict[int, SimpleNamespace]:
+    rows = requests.filter(pl.col("session") == session).iter_rows(named=True)
+    return {r["call"]: SimpleNamespace(**r) for r in rows}
+
+
+@pytest.fixture(scope="module", params=sorted(REPLAYS))
+def replayed(request, tmp_path_factory):
+    trace, fmt, expected = REPLAYS[request.param]
+    scenario = sim_scenario(trace, fmt, {"arrival": "constant", "rate_per_s": 20, "requests": len(expected)})
+    return (*run_records(scenario, tmp_path_factory.mktemp(request.param) / "run"), expected)
+
+
+@pytest.mark.slow
+def test_each_trace_replays_with_its_fan_out_join_and_tool_waits(replayed):
+    requests, planned, expected = replayed
+    assert requests["error_kind"].null_count() == requests.height
+    backgrounds = 0
+    for session, (waits, children) in enumerate(expected):
+        plan_calls = [planned[key] for key in sorted(k for k in planned if k[0] == session)]
+        assert sorted((len(r.parents), round(r.wait_ns / 1e9, 3)) for r in plan_calls) == waits, session
+        assert sorted(sum(r.call in o.parents for o in plan_calls) for r in plan_calls) == children, session
+        got = rows_of(requests, session)
+        assert sorted(got) == [r.call for r in plan_calls]  # every call sent, a background sub-agent's too
+        check_schedule(plan_calls, got)  # type: ignore[arg-type]
+        check_fan_out_and_join(plan_calls, got)
+        backgrounds += check_background(plan_calls, got)
+    assert backgrounds == (1 if len(expected) == 3 else 0)
+
+
+def check_fan_out_and_join(plan_calls: list[PlannedRequest], got: dict[int, Any]) -> None:
+    """A join is sent after every branch it joins; the sub-agents it joins ran together."""
+    for join in (r for r in plan_calls if len(r.parents) > 1):
+        assert got[join.call].t_sent_ns >= max(got[p].t_done_ns for p in join.parents)
+        fan = [r.call for r in plan_calls if r.parents == (join.context,) and r.agent != 0]
+        assert len(fan) == 3 and max(got[c].t_sent_ns for c in fan) < min(got[c].t_done_ns for c in fan)
+
+
+def check_background(plan_calls: list[PlannedRequest], got: dict[int, Any]) -> int:
+    """A sub-agent nothing joins: the main agent's next call was ready (its wait running) before the sub-agent
+    ended. Returns how many there were."""
+    found = 0
+    for last in (r for r in plan_calls if r.agent != 0 and not any(r.call in o.parents for o in plan_calls)):
+        spawner = next(r.parents[0] for r in plan_calls if r.agent == last.agent and r.context is None)
+        for main in (r for r in plan_calls if r.agent == 0 and spawner in r.parents):
+            assert got[main.call].t_ready_ns == got[spawner].t_done_ns < got[last.call].t_done_ns
+            found += 1
+    return found
+
+
+@pytest.mark.slow
+def test_a_closed_loop_user_runs_one_whole_session_at_a_time(tmp_path):
+    scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "concurrency", "concurrency": 2,
+                                                          "duration_s": 2.5, "warmup_s": 1}, max_wait_s=0.3)
+    requests, _ = run_records(scenario, tmp_path / "run")
+    spans = requests.group_by("session").agg(pl.col("t_ready_ns").min().alias("start"),
+                                             pl.col("t_done_ns").max().alias("end"), pl.col("warmup").n_unique())
+    assert spans.height >= 4 and spans["warmup"].max() == 1  # a session is warm-up whole or not at all
+    assert requests["warmup"].n_unique() == 2
+    for start in spans["start"]:  # two users: never three sessions at once
+        assert spans.filter((pl.col("start") <= start) & (pl.col("end") > start)).height <= 2
+
+
+@pytest.mark.slow
+def test_a_failed_call_stops_its_descendants_and_the_session_counts_failed(tmp_path):
+    scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "constant", "rate_per_s": 20, "requests": 6},
+                            faults={"error_rate": 0.25})
+    requests, planned = run_records(scenario, tmp_path / "run")
+    failed = {(r["session"], r["call"]) for r in requests.filter(pl.col("error_kind").is_not_null()).iter_rows(
+        named=True)}
+    sent = set(zip(requests["session"], requests["call"]))
+    assert failed and sent < set(planned)
+    for (session, c), req in planned.items():  # sent exactly when every parent was sent and did not fail
+        assert ((session, c) in sent) == all((session, p) in sent - failed for p in req.parents), (session, c)
+    notes = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert "session(s) failed" in json.dumps(notes)
+
+
+def test_the_locust_engine_refuses_sessions_in_one_line(tmp_path):
+    scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "constant", "rate_per_s": 1, "requests": 1})
+    with pytest.raises(ScenarioError, match="^sessions run on the asyncio engine: [^\n]*$"):  # the CLI: exit 2
+        api.run(scenario, engine="locust", out=tmp_path / "run")
+    assert not (tmp_path / "run").exists() and "locust" not in sys.modules  # refused before Locust is loaded

@@ -35,7 +35,7 @@ from loadgen.drivers.locust_messages import DONE_MESSAGE, RECORDS_MESSAGE, SLICE
 from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.plan.deadlines import (ORPHAN_S, SHUTDOWN_S, START_LEAD_S, WORKER_CONNECT_TIMEOUT_S,  # noqa: E402
                                     WORKER_GRACE_S, give_up_s)
-from loadgen.plan.scenario import Scenario, ScenarioError  # noqa: E402
+from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.run import exits  # noqa: E402
@@ -98,8 +98,6 @@ class LocustRun:
         self.scenario, self.opts, self.console, self.workers, self.launch = scenario, opts, console, workers, launch
         refuse_engine(scenario, "locust")  # load.until: decided is the asyncio engine's (exit 2)
         self.plan = build_plan(scenario)
-        if self.plan.sessional:  # exit 2: drivers/sessions.py runs on the asyncio engine only (plan.md §2.8)
-            raise ScenarioError("sessions run on the asyncio engine: drop --engine locust for a class with session")
         self.done_workers: set[str] = set()
         self.left_workers: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
