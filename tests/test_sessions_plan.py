@@ -260,3 +260,27 @@ def test_a_later_call_is_its_new_message_and_the_sub_agents_blocks_are_the_same_
     calls = Plan(traced).session(0)[1]
     subs = [asyncio.run(tf.build(calls[k])).user.split() for k in (2, 4, 5)]
     assert subs[0][:128] == subs[1][:128] == subs[2][:128] and subs[0][128:192] != subs[1][128:192]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_the_simulator_takes_a_session_call_in_each_api_and_sees_the_same_prompt(api):
+    """The seam with local_target/sim: a session call's body (transcript with a tool call and its result) is
+    accepted in every API, asks for the tool and the reasoning, and renders to the chat body's prompt tokens."""
+    from local_target.sim.config import EngineConfig
+    from local_target.sim.more_apis import prepare_messages, prepare_responses
+    from local_target.sim.openai_api import prepare
+    cfg = EngineConfig()
+    new = [{"role": "tool", "tool_call_id": "call_1", "content": "3 passed"}]
+
+    def body(api: str) -> dict[str, Any]:
+        sc = scenario(TEMPLATE, api=api, tools=TOOLS, reasoning={"effort": "low", "budget_tokens": 1024})
+        return session_body(sc, cfg.model, sc.workload.classes[0], Prompt("sys", "3 passed", 3), TRANSCRIPT, new,
+                            40, True, False)
+    chat = prepare("chat", body("chat"), cfg)
+    prep = {"chat": lambda b: prepare("chat", b, cfg), "responses": lambda b: prepare_responses(b, cfg),
+            "messages": lambda b: prepare_messages(b, cfg)}[api](body(api))
+    assert prep.tokens == chat.tokens and prep.max_tokens == 1064
+    assert [t.name for t in prep.asks.tools] == ["run_tests"]
+    # Anthropic's extended thinking allows tool_choice auto only; the others force the tool call
+    assert (prep.asks.tool_choice, prep.asks.effort or prep.asks.budget_tokens) == (
+        "auto" if api == "messages" else "required", 1024 if api == "messages" else "low")
