@@ -126,6 +126,11 @@ def test_a_trace_class_takes_sessions_in_file_order_with_their_own_block_text():
     assert sources == ["weka:7c3e9a10-f4a", "weka:2b81d0c4-6e7", "weka:e05a7f3b-1d2", "weka:7c3e9a10-f4a"]
     same = [r.blocks for r in plan.session(0)[1]] == [r.blocks for r in plan.session(3)[1]]
     assert same and plan.session(0)[1][0].block_tokens == 64
+    drawn = scenario({"trace": {"path": str(TRACES / "weka_traces.jsonl"), "format": "weka", "sample": "random"}},
+                     {"arrival": "concurrency", "concurrency": 2, "duration_s": 5})
+    picks = [Plan(drawn).session(i)[0].source for i in range(30)]
+    assert picks == [Plan(drawn).session(i)[0].source for i in range(30)] and len(set(picks)) == 3
+    assert picks != [sources[i % 3] for i in range(30)]  # drawn by the seed, not in file order
     busted = Plan(base.model_copy(update={"workload": base.workload.model_copy(update={"classes": [
         base.workload.classes[0].model_copy(update={"cache_bust": True})]})}))
     assert {b for r in busted.session(0)[1] for b in r.blocks or ()}.isdisjoint(
