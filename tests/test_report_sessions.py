@@ -16,8 +16,11 @@ from loadgen.analysis.metrics import with_request_metrics
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.spikes import top_culprits
 from loadgen.core.records import RequestRecord
-from loadgen.records.schema import requests_frame
+from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA, requests_frame
 from loadgen.report import session_lane as sl
+from loadgen.report.charts import build_charts
+from loadgen.report.timeline import choose_window
+from loadgen.report.views import RunViews
 from loadgen.report.console import print_summary
 from loadgen.report.html import render_page
 from loadgen.report.session_report import sessions_html
@@ -257,3 +260,21 @@ def test_the_worst_events_name_a_culprit_that_is_a_session_call() -> None:
                                       "culprits": [{"seq": 7, "prompt_tokens": 30000}, {"seq": 3, "prompt_tokens": 1}]}]
     assert "| #7 session 1 call 3 (30000), #3 (1) |" in summary_markdown(result, "n")
     assert "#7 session 1 call 3 (30000), #3 (1)" in render_page(result, "n", "run", [])
+
+
+def test_the_page_ends_with_the_session_lane_when_the_run_has_sessions() -> None:
+    """The records through RunViews, as report/build.py does: the lane is the last chart, its caption the note."""
+    requests = records().select(list(REQUEST_SCHEMA))
+    chunks = pl.DataFrame([{"seq": r["seq"], "t_ns": t, "tokens": 1, "reasoning": False, "worker": 0}
+                           for r in requests.iter_rows(named=True) if r["t_first_token_ns"] is not None
+                           for t in range(r["t_first_token_ns"], r["t_done_ns"] + 1, 50 * MS)], schema=CHUNK_SCHEMA)
+    views = RunViews.build(requests, chunks, stalls(), result_with())
+    charts = build_charts(views, choose_window(views))
+    assert [c.key for c in charts][-1] == "session_lane" and len(charts) == 7
+    assert charts[-1].title == "Session lane: session 0 (coder), the slowest"
+    assert charts[-1].note.startswith("Session took 6.00 s. Slowest step: agent 0 · step 2 · call 5")
+    page = render_page(result_with(), "agentic", "run", charts[-1:])
+    assert '<div id="session_lane" class="chart"></div>' in page and "Slowest step: agent 0" in page
+    plain = views.requests.with_columns(session=pl.lit(None, dtype=pl.Int64))
+    assert "session_lane" not in [c.key for c in build_charts(
+        RunViews.build(plain.select(list(REQUEST_SCHEMA)), chunks, stalls(), result_with()), choose_window(views))]
