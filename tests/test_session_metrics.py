@@ -57,7 +57,7 @@ def dag() -> list[tuple[RequestRecord, list[ChunkRecord]]]:
         call(2, 0, 2, 1, 0, 1, 300, 0, 500, kind="none", cached=0),
         call(3, 0, 3, 1, 1, 2, 500, 20, 700, cached=400),  # call 2 answered text: its tool result is missing
         call(4, 0, 4, 2, 0, 1, 300, 0, 450, kind="none", cached=0),
-        call(5, 0, 5, 0, 2, 3, 700, 0, 900, prompt=1500, cached=1200, kind="none"),
+        call(5, 0, 5, 0, 2, 3, 700, 0, 900, prompt=1500, cached=1200),  # the join: carries call 1's tool results
         call(6, 0, 6, 0, 3, 5, 900, 100, 1200, prompt=1600, cached=None, kind="think"),
         call(7, 1, 0, 0, 0, None, 200, 0, 300, error="http_5xx"),
         call(8, 2, 0, 0, 0, None, 400, 0, 600),
@@ -105,7 +105,7 @@ def test_jobs_per_hour_attainment_and_the_family_rows(session_frames: SessionFra
     assert (f["good"], f["attainment"]) == (1, 1 / 3)  # session 0 over 1,000 ms, session 1 failed
     assert f["session_ms"]["count"] == 2 and f["session_ms"]["max"] == 1200.0  # completed sessions only
     assert f["agent_step_ms"]["count"] == 8 and f["tool_calls_missing"] == 1 and f["tool_calls"] == 3
-    assert f["tool_waits"]["count"] == 2 and f["tool_waits"]["wait_ms"]["max"] == 50.0
+    assert f["tool_waits"]["count"] == 3 and f["tool_waits"]["wait_ms"]["max"] == 50.0
     assert set(session_frames.tables()["session_steps"].columns) == {
         "worker", "session", "agent", "step", "call", "agent_step_ms", "wait_ns", "wait_kind"}
 

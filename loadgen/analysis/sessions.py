@@ -16,8 +16,8 @@ think time after it): ``t_intended_ns = t_ready_ns + wait_ns``.
 - ``cache_hit_ratio`` per session: Σ cached_tokens / Σ prompt_tokens over its calls whose server reported cached
   tokens (inference-perf's per-session KV-cache hit rate); null where none did.
 - a session is good (``attainment``) when every call succeeded and it met every limit of ``slo.sessions.good``.
-- ``tool_calls_missing``: calls answered without a tool call whose next call was planned as its tool result
-  (``wait_kind`` tool): the server answered text instead (plan.md §2.3), counted, never a failure.
+- ``tool_calls_missing``: calls answered without a tool call whose agent's next step was planned as its tool
+  result (``wait_kind`` tool): the server answered text instead (plan.md §2.3), counted, never a failure.
 """
 
 from __future__ import annotations
@@ -105,11 +105,13 @@ def _good(limits: dict[str, float]) -> pl.Expr:
 
 
 def tool_calls_missing(calls: pl.DataFrame) -> int:
-    """Calls answered without a tool call whose next call was planned as its tool result (wait_kind tool)."""
+    """Calls answered without a tool call whose agent's next step was planned as its tool result (wait_kind
+    tool). The agent's previous step, not ``after_call``: a join's releasing parent is a sub-agent's last call."""
     if "tool_calls" not in calls.columns:
         return 0
-    tool_next = calls.filter(pl.col("wait_kind") == "tool").select(*SESSION_KEY, pl.col("after_call").alias("call"))
-    answered = calls.join(tool_next.unique(), on=[*SESSION_KEY, "call"], how="semi")
+    tool_next = (calls.filter((pl.col("wait_kind") == "tool") & (pl.col("step") > 0))
+                 .select(*SESSION_KEY, "agent", pl.col("step") - 1).unique())
+    answered = calls.join(tool_next, on=[*SESSION_KEY, "agent", "step"], how="semi")
     return int((answered["tool_calls"].fill_null(0) == 0).sum())
 
 
