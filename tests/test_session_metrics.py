@@ -84,8 +84,8 @@ def test_session_ms_is_the_critical_path_sum(session_frames: SessionFrames) -> N
     assert s0["session_ms"] == 1200.0 and s0["critical_path"] == [0, 1, 2, 3, 5, 6]
     calls = session_frames.calls.filter(pl.col("session") == 0)
     on_path = calls.filter(pl.col("call").is_in(s0["critical_path"]))
-    parts = (on_path["t_done_ns"] - on_path["t_intended_ns"]).sum() + on_path.filter(
-        pl.col("after_call").is_not_null())["wait_ns"].sum()
+    service = int((on_path["t_done_ns"] - on_path["t_intended_ns"]).sum())
+    parts = service + int(on_path.filter(pl.col("after_call").is_not_null())["wait_ns"].sum())
     assert parts == 1200 * MS  # service times 1,030 ms + waits 170 ms (tool 50 + 20, think 100)
     assert (s0["calls"], s0["agents"], s0["ok"]) == (7, 3, True)
     assert s0["cache_hit_ratio"] == 2600 / 5200  # call 6's server said nothing: out of both sums
@@ -186,6 +186,7 @@ def test_compare_bootstraps_session_ms_when_both_runs_have_sessions() -> None:
         samples.append(run_samples(req, chunks, pl.DataFrame(), RunAnalysis(req, chunks, "declared")))
     base, new = samples
     assert base.session_ms is not None and base.session_owner is not None and len(base.session_ms) == 60
+    assert new.session_ms is not None
     assert base.session_ms[0] == 230.0 and base.session_owner[0] == 0 and base.session_owner[1] == 2
     assert base.ttft_answer_ms is None  # no request reasoned: not compared by default
     results = {r.metric: r for r in compare(base, new, replicates=200, paired=True)}
