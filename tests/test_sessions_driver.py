@@ -66,8 +66,8 @@ class FakeEngine:
 
     def __init__(self, plan: Any, took_ms: dict[tuple[int, int], float] | None = None,
                  fail: set[tuple[int, int]] = frozenset(), warmup_s: float = 0.0,
-                 stop_at: tuple[int, int] | None = None) -> None:
-        self.plan, self.took_ms, self.fail, self.stop_at = plan, took_ms or {}, fail, stop_at
+                 stop_at: tuple[int, int] | None = None, broken: set[tuple[int, int]] = frozenset()) -> None:
+        self.plan, self.took_ms, self.fail, self.stop_at, self.broken = plan, took_ms or {}, fail, stop_at, broken
         self.cfg = SimpleNamespace(send_ahead_ms=0.0, warmup_s=warmup_s)
         self.stats = SimpleNamespace(t0_ns=time.monotonic_ns())
         self.ceiling = RateCeiling(None)
@@ -81,6 +81,8 @@ class FakeEngine:
         return self._seq - 1
 
     async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
+        if (req.session, req.call) in self.broken:
+            raise RuntimeError("a bug")
         t_sent_ns = time.monotonic_ns()
         self.stopping = self.stopping or (req.session, req.call) == self.stop_at  # the run stops as it goes
         await asyncio.sleep(self.took_ms.get((req.session, req.call), 10) / 1e3)
@@ -205,6 +207,13 @@ def test_a_body_that_cannot_be_built_is_recorded_failed_and_ends_its_branch():
         sessions.start(engine.plan.requests[0], time.monotonic_ns())
         await sessions.wait()
     asyncio.run(main())
+    assert [r.call for r in engine.failed_bodies] == [1] and sorted(by_call(engine)) == [0, 2]
+    assert (sessions.failed, sessions.calls_not_sent) == (1, 1)
+
+
+def test_a_fault_of_the_driver_records_the_call_and_ends_its_branch():
+    engine = FakeEngine(open_plan(background()), broken={(0, 1)})
+    sessions = replay(engine)
     assert [r.call for r in engine.failed_bodies] == [1] and sorted(by_call(engine)) == [0, 2]
     assert (sessions.failed, sessions.calls_not_sent) == (1, 1)
 
@@ -354,7 +363,7 @@ def check_background(plan_calls: list[PlannedRequest], got: dict[int, Any]) -> i
 @pytest.mark.slow
 def test_a_closed_loop_user_runs_one_whole_session_at_a_time(tmp_path):
     scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "concurrency", "concurrency": 2,
-                                                          "duration_s": 2.5, "warmup_s": 1}, max_wait_s=0.3)
+                                                          "duration_s": 1.5, "warmup_s": 0.5}, max_wait_s=0.2)
     requests, _ = run_records(scenario, tmp_path / "run")
     spans = requests.group_by("session").agg(pl.col("t_ready_ns").min().alias("start"),
                                              pl.col("t_done_ns").max().alias("end"), pl.col("warmup").n_unique())
@@ -367,7 +376,7 @@ def test_a_closed_loop_user_runs_one_whole_session_at_a_time(tmp_path):
 @pytest.mark.slow
 def test_a_failed_call_stops_its_descendants_and_the_session_counts_failed(tmp_path):
     scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "constant", "rate_per_s": 20, "requests": 6},
-                            faults={"error_rate": 0.25})
+                            max_wait_s=0.2, faults={"error_rate": 0.25})
     requests, planned = run_records(scenario, tmp_path / "run")
     failed = {(r["session"], r["call"]) for r in requests.filter(pl.col("error_kind").is_not_null()).iter_rows(
         named=True)}

@@ -153,6 +153,9 @@ class Sessions:
             if all(p in s.t_done_ns for p in req.parents) and await self._send(s, req, end_ns):
                 return
             s.not_sent += 1
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the call still has its record (internal)
+            s.failed = True
+            self.engine.record_failure(req, time.monotonic_ns(), exc)
         finally:
             s.done[req.call].set()
 
