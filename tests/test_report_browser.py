@@ -5,9 +5,11 @@ Every chart must render (an SVG each) with no console error; a screenshot is kep
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from tests.run_helpers import run_cli, summary
@@ -26,7 +28,9 @@ def _browser_or_skip():
     return sync_api
 
 
-def open_report(page_path: Path, screenshot: Path) -> dict:
+def open_report(page_path: Path, screenshot: Path, lane: bool = False) -> dict:
+    """Open the page, wait for every chart; ``lane``: also read the session lane's title and the call rows its
+    y axis labels (``agent k · step s · call c``)."""
     sync_api = _browser_or_skip()
     errors: list[str] = []
     blocked: list[str] = []
@@ -51,10 +55,14 @@ def open_report(page_path: Path, screenshot: Path) -> dict:
                 "div.chart", "els => els.map(e => [e.id, e.dataset.rendered || '', "
                              "e.querySelectorAll('svg, canvas').length])")
             verdict = page.inner_text("#verdict")
+            lane_title = page.inner_text("section:has(#session_lane) h2") if lane else ""
+            lane_rows = page.eval_on_selector_all(
+                "#session_lane svg text", "els => els.map(e => e.textContent)") if lane else []
             page.screenshot(path=str(screenshot), full_page=True)
         finally:
             browser.close()
-    return {"charts": charts, "errors": errors, "blocked": blocked, "verdict": verdict}
+    return {"charts": charts, "errors": errors, "blocked": blocked, "verdict": verdict, "lane_title": lane_title,
+            "lane_rows": [t for t in lane_rows if re.fullmatch(r"(– )*agent \d+ · step \d+ · call \d+", t)]}
 
 
 def test_report_renders_offline_in_chromium(tmp_path):
@@ -72,3 +80,33 @@ def test_report_renders_offline_in_chromium(tmp_path):
     assert result["errors"] == [] and result["blocked"] == []
     assert result["verdict"] == summary(out)["verdict"].upper()
     assert (shots / "report.png").stat().st_size > 50_000
+
+
+# agentic.yaml shortened to whole sessions in a few seconds: 2-4 steps of a faster server, short tool waits
+AGENTIC_SHORT = ("--duration", "5", "--set", "load.warmup_s=0", "--set", "load.concurrency=4",
+                 "--set", "target.simulator.time_scale=0.25", "--set", "workload.classes.0.session.tool_wait_s=0.1",
+                 "--set", "workload.classes.0.session.steps={dist: uniform, min: 2, max: 4}",
+                 "--set", "workload.classes.0.session.first_prompt_tokens={dist: uniform, min: 1000, max: 2000}")
+
+
+@pytest.fixture(scope="module")
+def agentic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short run of scenarios/agentic.yaml (a few seconds), its report.html written."""
+    out = tmp_path_factory.mktemp("agentic") / "run"
+    res = run_cli("run", "scenarios/agentic.yaml", "--out", str(out), *AGENTIC_SHORT, "--no-progress", "--no-png")
+    assert res.returncode in (0, 1, 3), res.stderr  # seconds decide few objectives: any verdict will do here
+    return out
+
+
+def test_the_session_lane_renders_in_chromium_one_row_a_call(agentic_run: Path, tmp_path: Path) -> None:
+    shots = Path(os.environ.get("LOADGEN_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    result = open_report(agentic_run / "report.html", shots / "session_lane.png", lane=True)
+    print(f"screenshot: {shots / 'session_lane.png'}")
+    assert result["charts"][-1][0] == "session_lane"
+    assert all(rendered == "yes" and count == 1 for _, rendered, count in result["charts"]), result["charts"]
+    assert result["errors"] == [] and result["blocked"] == []
+    chosen = int(re.search(r"Session lane: session (\d+)", result["lane_title"]).group(1))  # type: ignore[union-attr]
+    calls = pl.read_parquet(agentic_run / "requests.parquet").filter(pl.col("session") == chosen)
+    assert calls.height >= 2 and len(result["lane_rows"]) == calls.height, result["lane_rows"]
+    assert sorted(int(r.rsplit(" ", 1)[1]) for r in result["lane_rows"]) == sorted(calls["call"].to_list())

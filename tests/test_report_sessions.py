@@ -238,8 +238,9 @@ def test_the_console_and_the_page_show_both_sections() -> None:
     out = io.StringIO()
     print_summary(Console(file=out, width=120, color_system=None), result_with(), "runs/x")
     text = out.getvalue()
-    assert "reasoning (ms): TTFT counts reasoning, first answer does not" in text
-    assert "agent step (ms)" in text and "attainment 88%" in text and "reasoning_tokens (tokens)" in text
+    assert "reasoning (ms): TTFT counts thinking, answer does not" in text
+    assert "agent step (ms)" in text and "attainment 88%" in text and "metrics (ms; *_tokens rows in tokens)" in text
+    assert "14500" in text and "1200" in text  # whole numbers from 100 up
     page = render_page(result_with(), "agentic", "run", [])
     assert page.index('id="reasoning"') < page.index('id="sessions"') < page.index("<h2>Tail spikes</h2>")
     assert "<td>cache hit per session</td><td>8</td><td>80%</td><td>83%</td>" in page

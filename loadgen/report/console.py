@@ -29,14 +29,13 @@ def compact(value: Any) -> str:
 def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     rows = rows_of(result)
     units = {METRICS[r].unit for r in rows}
-    table = Table(title="latency (ms)" if units == {"ms"} else "metrics", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+    title = "latency (ms)" if units == {"ms"} else "metrics (ms; *_tokens rows in tokens)"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("metric", no_wrap=True)
     for c in COLS:
         table.add_column(c, justify="right", no_wrap=True)
     for row in rows:
-        unit = "" if METRICS[row].unit == "ms" else f" ({METRICS[row].unit})"
-        table.add_row(row + unit, *(compact(result.metrics[row][c]) for c in COLS))
+        table.add_row(row, *(compact(result.metrics[row][c]) for c in COLS))
     console.print(table)
     if result.slo:
         words = decision_words(result, short=True)

@@ -21,9 +21,10 @@ from loadgen.analysis.result import RunResult
 from loadgen.report.wording import fmt
 
 TTFT_DEFINITION = ("TTFT is the first generated token of any kind (reasoning, tool call or answer), as MLPerf "
-                   "LoadGen counts a reasoning fragment as the first token; first answer is the first token that "
-                   "is not reasoning (answer text or a tool call).")
-REASONING_HEAD = ("class", "reasoned", "share", "ttft p50", "ttft p99", "first answer p50", "first answer p99")
+                   "LoadGen counts a reasoning fragment as the first token; answer: the time to the first answer "
+                   "token, the first that is not reasoning (answer text or a tool call).")
+REASONING_HEAD = ("class", "reasoned", "share", "ttft p50", "ttft p99", "answer p50", "answer p99")  # answer:
+# time to first answer token
 SESSION_HEAD = ("figure", "count", "mean", "p50", "p90", "p99", "max")
 SESSION_ROWS = {"session_ms": "session (ms)", "agent_step_ms": "agent step (ms)",
                 "cache_hit_ratio": "cache hit per session", "tool_waits.wait_ms": "tool wait (ms)"}
@@ -135,12 +136,23 @@ def _table(title: str, head: tuple[str, ...], rows: list[list[str]]) -> Table:
 
 def print_sessions(console: Console, result: RunResult) -> None:
     if _reasoning(result):
-        console.print(_table("reasoning (ms): TTFT counts reasoning, first answer does not", REASONING_HEAD,
-                             reasoning_rows(result)))
+        console.print(_table("reasoning (ms): TTFT counts thinking, answer does not",
+                             REASONING_HEAD, _compact(reasoning_rows(result))))
         console.print(reasoning_headline(result), highlight=False, markup=False)
     if _sessions(result):
-        console.print(_table("sessions", SESSION_HEAD, sessions_rows(result)))
+        console.print(_table("sessions", SESSION_HEAD, _compact(sessions_rows(result))))
         console.print(sessions_headline(result), highlight=False, markup=False)
+
+
+def _compact(rows: list[list[str]]) -> list[list[str]]:
+    """Numbers that fit an 80-column console: whole from 100 up (the summary keeps four digits)."""
+    def short(cell: str) -> str:
+        try:
+            value = float(cell)
+        except ValueError:
+            return cell
+        return f"{value:.0f}" if abs(value) >= 100 else cell
+    return [[row[0], *(short(c) for c in row[1:])] for row in rows]
 
 
 def _html_table(head: tuple[str, ...], rows: list[list[str]]) -> str:
