@@ -62,7 +62,7 @@ def open_report(page_path: Path, screenshot: Path, lane: bool = False) -> dict:
         finally:
             browser.close()
     return {"charts": charts, "errors": errors, "blocked": blocked, "verdict": verdict, "lane_title": lane_title,
-            "lane_rows": [t for t in lane_rows if re.fullmatch(r"(– )*agent \d+ · step \d+ · call \d+", t)]}
+            "lane_rows": [t for t in lane_rows if re.fullmatch(r"(–\s)*agent \d+ · step \d+ · call \d+", t)]}
 
 
 def test_report_renders_offline_in_chromium(tmp_path):
