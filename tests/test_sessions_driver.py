@@ -193,6 +193,7 @@ def test_a_failed_call_ends_its_branch_and_its_session_counts_failed():
     assert sorted(by_call(engine, 1)) == list(range(8))  # the other session is whole
     assert (sessions.sessions, sessions.failed, sessions.calls_not_sent) == (2, 1, 3)
     assert "1 of 2 session(s) failed" in sessions.note()
+    assert sessions.unfinished == [0]  # run.json's sessions_not_finished: not a completed job
 
 
 def test_a_body_that_cannot_be_built_is_recorded_failed_and_ends_its_branch():
@@ -265,6 +266,7 @@ def test_a_stop_sends_nothing_more_and_the_session_ends():
     engine = FakeEngine(open_plan(fan_out_join()), stop_at=(0, 1))  # the run stops as call 1 is sent
     sessions = replay(engine)
     assert sorted(by_call(engine)) == [0, 1] and (sessions.calls_not_sent, sessions.failed) == (6, 0)
+    assert sessions.unfinished == [0]  # cut by the stop: its calls were all OK, yet it is no completed job
 
 
 def test_a_closed_loop_mixing_sessions_and_plain_requests_sends_both():

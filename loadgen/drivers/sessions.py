@@ -86,6 +86,7 @@ class Sessions:
         self._calls: dict[int, list[PlannedRequest]] = {}
         self._arrivals = itertools.count()  # closed loop: the next session of the plan
         self.sessions = self.failed = self.calls_not_sent = 0  # run figures (the runner's notes)
+        self.unfinished: list[int] = []  # sessions with calls not sent: not a completed job (run.json)
         for req in engine.plan.requests or []:
             if req.session is not None:
                 self._calls.setdefault(req.session, []).append(req)
@@ -144,6 +145,8 @@ class Sessions:
         self.sessions += 1
         self.failed += s.failed
         self.calls_not_sent += s.not_sent
+        if s.not_sent and calls[0].session is not None:
+            self.unfinished.append(calls[0].session)
         return not s.exhausted
 
     async def _call(self, s: SessionState, req: PlannedRequest, end_ns: int | None) -> None:

@@ -106,7 +106,8 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "model": info.get("target", {}).get("model"), "generator": info.get("generator", {}),
              "target": info.get("target", {}), "started_at": info.get("started_at"), "seed": info.get("seed"),
              "loadgen_version": info.get("loadgen_version"), "finished": info.get("finished", True),
-             "disk_error": info.get("disk_error"), "stopped_early": info.get("stopped_early")}
+             "disk_error": info.get("disk_error"), "stopped_early": info.get("stopped_early"),
+             "sessions_not_finished": info.get("sessions_not_finished", [])}
     server = load_server_metrics(run_dir)
     run = RunAnalysis(requests, chunks, scenario.load.steady_state)  # one analysis: the summary and the views read it
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run)

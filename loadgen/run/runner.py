@@ -129,6 +129,7 @@ class Run:
         self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
         self.stopper: Callable[[str], None] | None = None  # how the driver stops early (set when sending starts)
         self.cut_short: str | None = None  # the driver's reason the plan did not run whole (Locust: a worker left)
+        self.sessions_not_finished: list[int] = []  # sessions with calls not sent (analysis: not completed jobs)
         self.captures = Captures(self.run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.until = DecidedWatch(scenario, session) if scenario.load.until == "decided" else None
@@ -178,8 +179,10 @@ class Run:
         st = engine.stats
         self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
         self.note_cut_at_end(target, st.cut_at_end)
-        if isinstance(engine.conversations, Sessions) and engine.conversations.failed:
-            target.notes.append(engine.conversations.note())
+        if isinstance(engine.conversations, Sessions):
+            self.sessions_not_finished = sorted(engine.conversations.unfinished)
+            if engine.conversations.failed:
+                target.notes.append(engine.conversations.note())
         return target
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
@@ -364,7 +367,8 @@ class Run:
                 "notes": target.notes, "started_at": self.started_at, "finished": finished,
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
                 "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
-                "generator": self.generator, "scenario": scenario}
+                "generator": self.generator, "sessions_not_finished": self.sessions_not_finished,
+                "scenario": scenario}
         if self.until is not None:
             info.update(self.until.info(finished, self.interrupted))
         return info
