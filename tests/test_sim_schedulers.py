@@ -77,6 +77,10 @@ def test_tgi_prefills_at_once_when_the_queue_outweighs_the_batch():
 
 @pytest.mark.parametrize("messages", [[{"role": "user", "content": "Hello, world!"}],
                                       [{"role": "system", "content": "be brief"},
-                                       {"role": "user", "content": "a b\nc <d>"}]])
+                                       {"role": "user", "content": "a b\nc <d>"}],
+                                      [{"role": "user", "content": "fix it"},  # a session's tool round trip
+                                       {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type":
+                                        "function", "function": {"name": "run_tests", "arguments": '{"a": "b c"}'}}]},
+                                       {"role": "tool", "tool_call_id": "c1", "content": "2 failed"}]])
 def test_the_llamacpp_and_tgi_templates_count_like_the_chat_rule(messages):
     assert len(template_tokens(render_template(messages))) == len(tokenizer.chat_tokens(messages))

@@ -26,7 +26,7 @@ def render_template(messages: list[dict[str, Any]], add_generation_prompt: bool 
     """The chat prompt as text, with the same token count as ``tokenizer.chat_tokens``."""
     out = []
     for m in messages:
-        out.append(f"<|{m.get('role', 'user')}|>\n{tokenizer._content_text(m.get('content'))}<|end|>\n")
+        out.append(f"<|{m.get('role', 'user')}|>\n{tokenizer.message_text(m)}<|end|>\n")  # tool calls too
     if add_generation_prompt:
         out.append("<|assistant|>\n")
     return "".join(out)
