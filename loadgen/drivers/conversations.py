@@ -77,10 +77,11 @@ class Conversations:
                 return True
             if e.plan.closed_loop and req.turn == 0:
                 req = dataclasses.replace(req, warmup=t_ns - e.stats.t0_ns < e.cfg.warmup_s * 1e9)
-            record, answer = await e.send(req, t_ns, body)
+            outcome = await e.send(req, t_ns, body)
+            record = outcome.record
             if record is None or record.error_kind is not None:
                 return True
-            history.append((sent, answer))
+            history.append((sent, outcome.answer))
             t_due_ns = record.t_done_ns + next_think_ns(turns, req)
         return True
 

@@ -6,7 +6,7 @@ import circle)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Protocol
 
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
@@ -23,10 +23,6 @@ class Outcome:
     record: RequestRecord | None
     answer: str
     tool_calls: tuple[ToolCall, ...] = ()
-
-    def __iter__(self) -> Iterator[Any]:
-        """Unpacks as ``(record, answer)``, as drivers/conversations.py reads it."""
-        return iter((self.record, self.answer))
 
 
 class Sender(Protocol):
