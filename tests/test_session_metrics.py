@@ -6,6 +6,7 @@ exact arithmetic on synthetic records."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,26 @@ def test_a_sweep_steps_figures_carry_the_session_figures_when_the_run_has_them()
     assert step.metrics["session_ms"]["p50"] == summary["metrics"]["session_ms"]["p50"]
     assert step.metrics["agent_step_ms"]["p99"] is not None and "ttft_answer_ms" not in step.metrics
     assert step.jobs_per_hour == summary["sessions"]["jobs_per_hour"] and "jobs/h" in step.line("concurrency")
+
+
+def test_loadgen_size_sizes_session_objectives_in_sessions_and_converts_them_to_requests() -> None:
+    """`loadgen size` on a pilot with sessions: a session percentile is sized on one sample per completed
+    session and converted at the pilot's calls per session (two here), attainment in sessions, jobs per hour as
+    a rate over the window (before, session_ms was read as a request column and raised)."""
+    from loadgen.analysis.size_result import SizeOptions, size_run
+
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["workload"]["classes"][0]["name"] = "agent"
+    doc["load"]["steady_state"] = "declared"
+    doc["slo"] = {"session_ms": {"p90": 420}, "sessions": {"good": {"session_ms": 400}, "min_attainment": 0.5,
+                                                           "min_jobs_per_hour": 1000}}
+    scenario = Scenario.model_validate(doc)
+    req, chunks = frames(two_call_sessions(60, 1.0))
+    run = RunAnalysis(req, chunks, scenario.load.steady_state)
+    summary, _ = summarize(scenario, req, chunks, planned=120, run=run)
+    rows = {r.objective: r for r in size_run("pilot", summary, run, SizeOptions()).rows}
+    p90, share, jobs = rows["session_ms.p90"], rows["sessions.min_attainment"], rows["sessions.min_jobs_per_hour"]
+    assert (p90.kind, p90.unit, p90.pilot_samples) == ("quantile", "sessions", 60.0)
+    assert p90.samples is not None and p90.requests == math.ceil(2 * p90.samples)
+    assert share.unit == "sessions" and share.samples is not None and share.requests == math.ceil(2 * share.samples)
+    assert (jobs.kind, jobs.unit) == ("rate", "seconds") and jobs.duration_s is not None and jobs.duration_s > 0

@@ -21,8 +21,11 @@ import polars as pl
 
 from loadgen.analysis import intervals as iv
 from loadgen.analysis import sizing
+from loadgen.analysis.metrics import window_s
+from loadgen.analysis.objective_samples import PHASE_OF
 from loadgen.analysis.run_analysis import RunAnalysis
-from loadgen.core.vocabulary import QUANTILES, TOKEN_METRICS
+from loadgen.analysis.sessions import SessionFrames
+from loadgen.core.vocabulary import METRICS, QUANTILES, TOKEN_METRICS
 
 STALL_COUNT = {"max_per_1k_tokens": "count", "max_prefill_induced_per_1k_tokens": "prefill_induced"}
 
@@ -46,7 +49,7 @@ class SizeRow:
     limit: float
     comparison: str
     pilot_samples: float
-    unit: str  # what the samples are: requests, tokens, seconds
+    unit: str  # what the samples are: requests, tokens, seconds, sessions, steps (agent steps)
     decision: str | None = None  # pass | fail: what the sized run would certify; None: cannot be decided
     samples: float | None = None  # samples needed, in ``unit``
     requests: int | None = None  # requests needed (tokens and seconds converted at the pilot's rates)
@@ -90,6 +93,12 @@ class PilotFigures:
         self.warmup = int(counts.get("warmup") or 0)  # arrivals before the measured window (warm-up, transient)
         measured_sent = counts["sent"] - self.warmup
         self.arrivals_per_measured = measured_sent / counts["completed"] if counts["completed"] else 1.0
+        self.sessions = SessionFrames(run.measured, window_s(run.measured)) if "session" in run.families else None
+        self.calls_per = {"requests": 1.0, "tokens": 1 / self.tokens_per_request if tokens else math.inf}
+        if self.sessions is not None and self.sessions.sessions.height:  # a session's (a step's) calls, on average
+            calls = float(self.sessions.calls.height)
+            self.calls_per.update(sessions=calls / self.sessions.sessions.height,
+                                  steps=calls / max(self.sessions.steps.height, 1))
 
     def request_values(self, metric: str, stat: str, scope: str | None) -> np.ndarray:
         """One value per measured, successful request: the metric, or its worst gap (``max_per_request``)."""
@@ -97,6 +106,15 @@ class PilotFigures:
             g = self.run.gaps
             worst = g.group_by("i").agg((pl.col("gap_ns").max() / 1e6).alias("v"))
             return worst["v"].to_numpy().astype(float)
+        basis = METRICS[metric].basis if metric in METRICS else "request"
+        if basis in ("session", "step"):  # one value per completed session (agent step)
+            frames = self.sessions
+            if frames is None:
+                return np.array([], dtype=float)
+            frame = frames.sessions if basis == "session" else frames.steps
+            done = frames.sessions.filter(pl.col("ok")).select("worker", "session")
+            frame = frame.join(done, on=["worker", "session"], how="semi").filter(pl.col("ok"))
+            return frame[metric].cast(pl.Float64).to_numpy()
         ok = self.ok
         if scope:
             low, high = (int(x) for x in scope.split()[0].split("-"))
@@ -105,7 +123,7 @@ class PilotFigures:
 
     def token_samples(self, metric: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
         """Per-token samples: values, weights (tokens a gap covers) and clusters (request, time span)."""
-        g = self.run.gaps
+        g = self.run.phase_gaps(PHASE_OF[metric]) if metric in PHASE_OF else self.run.gaps  # a phase's ITL
         gap_ms = g["gap_ns"].to_numpy() / 1e6
         tokens = g["tokens"].to_numpy().astype(float)
         one_token = metric == "chunk_gap_ms" or bool((tokens == 1).all())
@@ -154,6 +172,10 @@ def size_objective(o: dict[str, Any], pilot: PilotFigures, opts: SizeOptions) ->
         return _mean_row(row, o, opts)
     if metric == "goodput" and stat == "min_requests_per_s":
         return _goodput_rate_row(row, o, opts)
+    if metric == "sessions" and stat == "min_jobs_per_hour":
+        return _jobs_rate_row(row, pilot, opts)
+    if metric == "sessions":
+        row.unit = "sessions"
     return _proportion_row(row, o, opts)
 
 
@@ -168,6 +190,8 @@ def _quantile_row(row: SizeRow, o: dict[str, Any], pilot: PilotFigures, opts: Si
         values = pilot.request_values(metric, stat, o.get("scope"))
         values = values[~np.isnan(values)]
         weights, row.kind = np.ones(len(values)), "quantile"
+        row.unit = {"session": "sessions", "step": "steps"}.get(METRICS[metric].basis, "requests") \
+            if metric in METRICS else "requests"
     n = float(weights.sum())
     row.pilot_samples = n
     if n == 0:
@@ -239,6 +263,22 @@ def _goodput_rate_row(row: SizeRow, o: dict[str, Any], opts: SizeOptions) -> Siz
     return row
 
 
+def _jobs_rate_row(row: SizeRow, pilot: PilotFigures, opts: SizeOptions) -> SizeRow:
+    """Jobs per hour: completed sessions over the measured window, a Poisson rate like goodput's."""
+    frames = pilot.sessions
+    if frames is None or not frames.window_s:
+        row.note = "no sessions in the pilot"
+        return row
+    done, hours = float(frames.sessions["ok"].sum()), frames.window_s / 3600
+    row.kind, row.unit, row.pilot_samples = "rate", "seconds", frames.window_s
+    need = sizing.rate_needed(done, hours, row.limit, row.comparison, opts.confidence, opts.power,
+                             assurance=opts.assurance)
+    row.decision, row.reliable, row.note = need.direction, need.reliable, need.note
+    row.samples = row.duration_s = None if need.n is None else need.n * 3600
+    row.requests = _ceil(None if need.n is None else need.n * 3600 * pilot.rate_per_s)
+    return row
+
+
 def _fill(row: SizeRow, need: sizing.Need, pilot: PilotFigures) -> None:
     row.decision, row.samples, row.reliable, row.note = need.direction, need.n, need.reliable, need.note
 
@@ -253,9 +293,9 @@ def _regression(row: SizeRow, unit_variance: float, pilot: PilotFigures, opts: S
 
 
 def _as_requests(samples: float, unit: str, pilot: PilotFigures) -> float:
-    if unit == "tokens":
-        return samples / pilot.tokens_per_request if pilot.tokens_per_request else math.inf
-    return samples
+    """Samples in ``unit`` as requests: tokens at the pilot's tokens per request, sessions (steps) at its calls
+    per session (step)."""
+    return samples * pilot.calls_per.get(unit, 1.0)
 
 
 def _ceil(x: float | None) -> int | None:
