@@ -251,7 +251,8 @@ def test_a_class_name_is_inert_in_every_section() -> None:
     assert result.reasoning is not None
     result.reasoning["classes"] = {"<b>x|y</b>": result.reasoning["classes"]["victim"]}
     assert "<b>x" not in sessions_html(result) and "&lt;b&gt;x" in sessions_html(result)
-    assert "\\<b\\>" not in summary_markdown(result, "n") and "&lt;b&gt;x\\|y&lt;/b&gt;" in summary_markdown(result, "n")
+    md = summary_markdown(result, "n")
+    assert "\\<b\\>" not in md and "&lt;b&gt;x\\|y&lt;/b&gt;" in md
 
 
 def test_the_worst_events_name_a_culprit_that_is_a_session_call() -> None:
