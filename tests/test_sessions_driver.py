@@ -194,7 +194,7 @@ def test_a_failed_call_ends_its_branch_and_its_session_counts_failed():
     assert sorted(by_call(engine, 1)) == list(range(8))  # the other session is whole
     assert (sessions.sessions, sessions.failed, sessions.calls_not_sent) == (2, 1, 3)
     assert "1 of 2 session(s) failed" in sessions.note()
-    assert sessions.unfinished == [0]  # run.json's sessions_not_finished: not a completed job
+    assert sessions.unfinished == []  # failed, not cut short by the run's end (sessions_not_finished: none)
 
 
 def test_a_body_that_cannot_be_built_is_recorded_failed_and_ends_its_branch():

@@ -160,6 +160,7 @@ class SessionFigures(TypedDict):
     tool_calls_missing: int
     tool_waits: ToolWaits
     window_s: float
+    cut_at_end: int  # sessions the run's end cut short (no call failed): in no other figure
 
 
 @dataclass

@@ -146,8 +146,9 @@ def session_figures(sessions: pl.DataFrame, steps: pl.DataFrame, calls: pl.DataF
 class SessionFrames:
     """A run's session frames, made once: ``calls`` (the measured session calls), ``steps``, ``sessions``
     (``good`` by ``slo.sessions.good``'s limits), and the window the jobs per hour are over. ``not_finished``:
-    sessions the driver did not send every call of (run.json ``sessions_not_finished``): neither completed nor
-    good, whatever their sent calls did."""
+    sessions the run's end cut short with no call failed (run.json ``sessions_not_finished``: the driver sent
+    some of their calls, then stopped sending): not judged — neither a completed job nor a failed one, left out
+    of every session figure (``cut_at_end`` counts them); their calls are still the run's requests."""
 
     def __init__(self, measured: pl.DataFrame, window_s: float, good: dict[str, float] | None = None,
                  not_finished: list[int] | None = None) -> None:
@@ -155,10 +156,10 @@ class SessionFrames:
         self.window_s = window_s
         self.steps = step_table(self.calls)
         table = session_table(self.calls, self.steps, good)
-        if not_finished:  # the driver did not send all their calls (the run's end): not completed jobs
-            cut = pl.col("session").is_in(not_finished)
-            table = table.with_columns(ok=pl.col("ok") & ~cut, good=pl.col("good") & ~cut)
-        self.sessions = table
+        cut = pl.col("session").is_in(not_finished or [])
+        self.cut_at_end = int(table.filter(cut).height)
+        self.sessions = table.filter(~cut)
+        self.steps = self.steps.filter(~cut)
 
     @property
     def present(self) -> bool:
@@ -168,7 +169,8 @@ class SessionFrames:
         return session_stats(self.sessions, self.steps)
 
     def figures(self) -> dict[str, Any]:
-        return session_figures(self.sessions, self.steps, self.calls, self.window_s)
+        return {**session_figures(self.sessions, self.steps, self.calls, self.window_s),
+                "cut_at_end": self.cut_at_end}
 
     def tables(self) -> dict[str, pl.DataFrame]:
         """The tables written beside summary.json (``sessions.parquet``, ``session_steps.parquet``)."""

@@ -70,6 +70,7 @@ class SessionState:
     transcripts: dict[int, Transcript] = field(default_factory=dict)
     failed: bool = False
     not_sent: int = 0
+    cut: bool = False  # a call not sent because the run stopped sending (its end, a stop, the plan's size)
     exhausted: bool = False  # closed loop: the plan's request count ran out during it
 
     def __post_init__(self) -> None:
@@ -86,7 +87,7 @@ class Sessions:
         self._calls: dict[int, list[PlannedRequest]] = {}
         self._arrivals = itertools.count()  # closed loop: the next session of the plan
         self.sessions = self.failed = self.calls_not_sent = 0  # run figures (the runner's notes)
-        self.unfinished: list[int] = []  # sessions with calls not sent: not a completed job (run.json)
+        self.unfinished: list[int] = []  # sessions the run's end cut short, none failed: not judged (run.json)
         for req in engine.plan.requests or []:
             if req.session is not None:
                 self._calls.setdefault(req.session, []).append(req)
@@ -145,7 +146,7 @@ class Sessions:
         self.sessions += 1
         self.failed += s.failed
         self.calls_not_sent += s.not_sent
-        if s.not_sent and calls[0].session is not None:
+        if s.cut and not s.failed and calls[0].session is not None:
             self.unfinished.append(calls[0].session)
         return not s.exhausted
 
@@ -153,8 +154,10 @@ class Sessions:
         try:
             for parent in req.parents:
                 await s.done[parent].wait()
-            if all(p in s.t_done_ns for p in req.parents) and await self._send(s, req, end_ns):
-                return
+            if all(p in s.t_done_ns for p in req.parents):
+                if await self._send(s, req, end_ns):
+                    return
+                s.cut = True
             s.not_sent += 1
         except Exception as exc:  # noqa: BLE001 - a bug of ours: the call still has its record (internal)
             s.failed = True

@@ -81,6 +81,8 @@ def sessions_headline(result: RunResult) -> str:
         return ""
     parts = [f"Sessions: {s.get('count')} ({s.get('completed')} completed with every call successful, "
              f"{s.get('failed', 0)} failed"]
+    if s.get("cut_at_end"):
+        parts.append(f"; {s['cut_at_end']} more cut short by the run's end, not judged")
     parts.append(f"); {fmt(s.get('calls_mean'), 3)} calls and {fmt(s.get('agents_mean'), 3)} agents per session")
     if s.get("jobs_per_hour") is not None:
         parts.append(f"; {fmt(s['jobs_per_hour'])} jobs per hour")
