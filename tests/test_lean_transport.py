@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from loadgen.drivers.errors import ClosedIdle
-from loadgen.drivers.lean_transport import LeanTransport, StreamContext, direct_post
+from loadgen.drivers.lean_transport import LeanTransport, StreamContext
+from loadgen.drivers.streamed_post import direct_post
 
 
 def test_a_prepared_post_is_a_well_formed_http_request():

@@ -251,7 +251,8 @@ def test_a_proxy_that_cannot_be_used_for_a_redirected_origin_is_a_connect_error(
 
     import httpx
 
-    from loadgen.drivers.lean_transport import LeanTransport, direct_post
+    from loadgen.drivers.lean_transport import LeanTransport
+    from loadgen.drivers.streamed_post import direct_post
     from loadgen.drivers.timing import error_kind
     monkeypatch.setenv("HTTP_PROXY", "socks5://127.0.0.1:1")
     monkeypatch.delenv("NO_PROXY", raising=False)

@@ -39,7 +39,7 @@ from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
 from loadgen.drivers.fast_parse import FAST_PARSERS
-from loadgen.drivers.lean_transport import StreamContext, direct_post, send_post
+from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 
 WATCHDOG_PERIOD_S = 0.1
 START_LEAD_MS = 20.0  # t0 is this far in the future, so the first sends are not already late

@@ -14,8 +14,8 @@ What servers and proxies send, and what this does with it:
 - a redirect (301, 302, 303, 307, 308) on a request with a ``StreamContext``: its body is not fed (it is not the
   answer); ``location`` is kept for the caller, which follows it or reports it (``lean_transport.py``).
 - a response reader that raises (loadgen's parser: a bug) fails the request with ``FeedError``, a counted error.
-- a reused connection closed before any byte of its response (the server's idle timeout racing the request):
-  ``ClosedIdle``, which ``lean_transport.py`` retries on a new connection where the request is idempotent.
+- a reused connection closed before any byte of its response (a server's idle close racing the request):
+  ``ClosedIdle``, retried on a new connection by ``lean_transport.py`` where the request is idempotent.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import re
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import httptools
@@ -33,24 +32,12 @@ import httpx
 
 from loadgen.drivers.content_coding import BodyDecoder, decoding
 from loadgen.drivers.errors import ClosedIdle, FeedError
+from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.timing import sleep_until
 
-CONTEXT_KEY = "loadgen.stream"
 REDIRECTS = (301, 302, 303, 307, 308)
 CAPTURE_BYTES = 64 * 1024  # of a captured response, at most (one byte more is kept: it tells that there was more)
 _BLANK_LINE = re.compile(rb"\r?\n\r?\n")  # where a head ends (RFC 9112 §2.1; a bare LF is tolerated, §2.2)
-
-
-@dataclass
-class StreamContext:
-    """Passed as ``extensions={CONTEXT_KEY: ctx}``; the transport fills ``t_sent_ns`` and calls ``feed``."""
-
-    feed: Callable[[bytes, int], None] | None = None
-    t_sent_ns: int = 0
-    not_before_ns: int = 0  # hold the prepared request until this instant (the plan's send time)
-    raw: bytearray | None = None  # --capture: each head as it came, then the body as fed (de-chunked, decoded)
-    location: str | None = None  # a redirect's Location header, as sent
-    http_version: str = ""  # of the final response ("1.1", "1.0")
 
 
 class Connection(asyncio.Protocol):

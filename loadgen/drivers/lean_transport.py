@@ -20,7 +20,7 @@ encrypts and writes at once), reads are stamped when the TLS layer hands over de
 
 Proxies named by the environment are used as curl and httpx use them (``proxy.py``: absolute-form requests for
 http, a CONNECT tunnel for https); ``use_proxy_env=False`` (the embedded simulator) goes direct. Redirects of
-the streamed POSTs are reported or followed by ``send_post`` (``redirects.py``).
+the streamed POSTs are reported or followed by ``streamed_post.send_post`` (``redirects.py``).
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ import h11
 import httpx
 
 from loadgen.drivers.errors import ClosedIdle
-from loadgen.drivers.http_conn import CONTEXT_KEY, REDIRECTS, Connection, StreamContext
+from loadgen.drivers.http_conn import CONTEXT_KEY, Connection, StreamContext
 from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
 from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
-from loadgen.drivers.redirects import MAX_REDIRECTS, next_hop, too_many
 
-__all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext", "drop_stream"]
+__all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext"]
 Origin = tuple[str, str, int]
 IDEMPOTENT = ("GET", "HEAD", "OPTIONS", "PUT", "DELETE")  # RFC 9110 §9.2.2: retried after ClosedIdle
 
@@ -223,60 +222,3 @@ class LeanTransport(httpx.AsyncBaseTransport):
             for conn in conns:
                 conn.close()
         self._idle.clear()
-
-
-_SPENT = httpx.ByteStream(b"")
-
-
-def drop_stream(resp: httpx.Response) -> None:
-    """Break httpx's response ↔ stream reference cycle once a response is read and closed, so that reference
-    counting frees it (and the tracker its request points to) at once: the run turns automatic GC off."""
-    resp.stream = _SPENT
-
-
-async def send_post(client: httpx.AsyncClient, direct: tuple[LeanTransport, PreparedPost] | None, url: str,
-                    headers: dict[str, str], body: bytes, ctx: StreamContext, follow: bool = False) -> int:
-    """One streaming POST to its end, its body fed to ``ctx.feed``; the status. ``direct``: the lean
-    transport's own path (a prepared head, no httpx objects: ~17 % of the loop's time at 128 streams went to
-    httpx's request and response); None: through the client (any other transport). A redirect is followed
-    (``follow``: 307/308) or raised as ``RedirectError`` (redirects.py); the send time stays the first send's."""
-    status = await _post_once(client, direct, url, headers, body, ctx)
-    first_sent_ns = ctx.t_sent_ns
-    for _ in range(MAX_REDIRECTS):
-        if status not in REDIRECTS:
-            break
-        url, headers = next_hop(url, status, ctx.location, follow, headers)  # a URL httpx.URL takes, or raises
-        ctx.not_before_ns = 0
-        status = await _post_once(client, direct_post(client, url, headers), url, headers, body, ctx)
-    else:
-        if status in REDIRECTS:
-            raise too_many(status, ctx.location)
-    ctx.t_sent_ns = first_sent_ns or ctx.t_sent_ns
-    return status
-
-
-async def _post_once(client: httpx.AsyncClient, direct: tuple[LeanTransport, PreparedPost] | None, url: str,
-                     headers: dict[str, str], body: bytes, ctx: StreamContext) -> int:
-    if direct is not None:
-        return await direct[0].post(direct[1], body, ctx)
-    feed = ctx.feed
-    async with client.stream("POST", url, content=body, headers=headers, extensions={CONTEXT_KEY: ctx}) as resp:
-        status = resp.status_code
-        ctx.location = resp.headers.get("location") if status in REDIRECTS else None
-        async for data in resp.aiter_raw():  # empty with the lean transport
-            if feed is not None and status not in REDIRECTS:
-                feed(data, time.monotonic_ns())
-    drop_stream(resp)
-    return status
-
-
-def direct_post(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> tuple[LeanTransport, PreparedPost] | None:
-    """The lean transport's direct path for POSTs to ``url``, when the client is on it and h11 accepts the
-    head; else None (``send_post`` then goes through the client, which reports a bad header per request)."""
-    lean = LeanTransport.of(client)
-    if lean is None:
-        return None
-    try:
-        return lean, lean.prepare_post(url, headers)
-    except (h11.LocalProtocolError, httpx.UnsupportedProtocol, UnicodeEncodeError, httpx.ConnectError):
-        return None

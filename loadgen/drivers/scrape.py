@@ -21,7 +21,7 @@ import polars as pl
 
 from loadgen.core.prom_text import parse_or_none
 from loadgen.core.secrets import redact_url
-from loadgen.drivers.lean_transport import drop_stream
+from loadgen.drivers.streamed_post import drop_stream
 
 SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
 

@@ -21,7 +21,8 @@ from loadgen.core.apis import EVENT_PARSERS, PATHS
 from loadgen.core.secrets import clip
 from loadgen.core.sse import SseDecoder
 from loadgen.core.tracker import RequestMeta, StreamTracker
-from loadgen.drivers.lean_transport import LeanTransport, StreamContext, direct_post, send_post
+from loadgen.drivers.lean_transport import LeanTransport
+from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 from loadgen.drivers.timing import error_kind
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.workload import LinearFit, Prompt, TokenCounter, filler, request_body

@@ -18,7 +18,7 @@ from loadgen.core.tracker import RequestMeta, StreamTracker
 from loadgen.plan.scenario import Scenario
 from loadgen.core.secrets import REDACTOR, SENSITIVE_HEADER, Redactor, clip, url_secrets
 from loadgen.drivers.http_conn import REDIRECTS
-from loadgen.drivers.lean_transport import direct_post
+from loadgen.drivers.streamed_post import direct_post
 from loadgen.drivers.proxy import proxy_secrets
 from loadgen.drivers.redirects import MAX_REDIRECTS, RedirectError, next_hop
 from loadgen.plan.workload import (LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter,
