@@ -34,7 +34,8 @@ import h11
 import httpx
 
 from loadgen.drivers.errors import ClosedIdle
-from loadgen.drivers.http_conn import CONTEXT_KEY, Connection, StreamContext
+from loadgen.drivers.http_conn import Connection
+from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
 from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
 
