@@ -2,7 +2,7 @@
 that coalesces tokens or buffers the stream limits what the run's ITL can mean, whatever the verdict says.
 
 The rules are ``check_findings``' own (``coalescing``, ``buffering``, ``usage``: completion_tokens against
-``max_tokens`` when an answer stopped at it, and against the chunks that carried tokens), applied to the measured requests that
+``max_tokens`` when an answer that did not reason stopped at it, and against the chunks that carried tokens), applied to the measured requests that
 ended cleanly — at most ``SAMPLE_REQUESTS`` of them, spread evenly over the run (a server's framing is the same
 for every request; an hour-long run's millions of chunks need not all be walked). Only a ``finding`` is kept:
 a run where nothing limits the measurement has none. Pure: records in, findings out.
@@ -39,7 +39,10 @@ def _answers(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> lis
     times = (chunks.lazy().join(sample.select(KEY).lazy(), on=KEY, how="semi").collect().sort([*KEY, "t_ns"])
              .group_by(KEY, maintain_order=True).agg(pl.col("t_ns")))
     rows = sample.join(times, on=KEY, how="inner").select(
-        "t_ns", "t_sent_ns", "t_done_ns", "output_tokens_asked", "finish_reason",
+        "t_ns", "t_sent_ns", "t_done_ns", "output_tokens_asked",
+        # a request that reasoned ran under max_tokens = its answer plus a thinking budget the records do not
+        # hold, so where it stopped at that cap is not judged against the answer asked for
+        pl.when(pl.col("reasoning_tokens").fill_null(0) == 0).then(pl.col("finish_reason")).alias("finish_reason"),
         pl.when(pl.col("output_tokens_source") == "server").then(pl.col("output_tokens")).alias("tokens"))
     return [Probe(200, None, r["t_sent_ns"], r["t_done_ns"], None, True, tuple(r["t_ns"]), r["output_tokens_asked"],
                   r["tokens"], None, finish_reason=r["finish_reason"]) for r in rows.iter_rows(named=True)]
