@@ -14,6 +14,19 @@ import pytest
 from tests.run_helpers import ROOT, SIM_TRACE, records, run_cli, summary, trace_per_request
 
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+# Bundled scenarios that another test already runs end to end with `loadgen run` (CI time: each run here costs
+# 10-20 s of process start, run, analysis and report); test_every_scenario_is_run_somewhere keeps this honest.
+RUN_ELSEWHERE = {
+    "aggressor_victim": "tests/test_spike_truth.py",  # 30 s, attribution scored against the trace
+    "chat": "tests/test_spike_truth.py",  # preemption stalls not blamed on prefill
+    "smoke": "tests/test_api.py",  # and in most CLI tests
+    "multi_turn": "tests/test_conversations.py",  # TTFT by turn against the truth
+    "nightly": "tests/test_ci_outputs.py",  # the workflow's own steps
+    "reasoning": "tests/test_reasoning_truth.py",  # time to first answer token against the truth
+    "agentic": "tests/test_agentic_truth.py",  # session latency and cache hits against the truth
+    "vllm_cpu": "tests/test_vllm_cpu.py",  # against a real vLLM (CPU build)
+    "llamacpp_cpu": "tests/test_llamacpp.py",  # against a real llama-server
+}
 # runs of a few seconds test timing and records, not the verdict's statistics: decided on point values (a p90
 # of 12 requests has no 95% upper bound; docs/verdicts.md)
 LOW_LOAD = ["--set", "load.arrival=constant", "--set", "load.rate_per_s=4", "--set", "load.warmup_s=0",
@@ -204,11 +217,23 @@ def test_report_rebuilds_the_same_summary(tmp_path):
     assert (out / "summary.md").exists() and (out / "junit.xml").exists()
 
 
+def test_every_scenario_is_run_somewhere():
+    """Each bundled scenario is run end to end: here, or by the test RUN_ELSEWHERE names, which must name it."""
+    for path in SCENARIOS:
+        where = RUN_ELSEWHERE.get(path.stem)
+        if where is not None:
+            text = (ROOT / where).read_text()
+            assert f"scenarios/{path.name}" in text or f'"{path.name}"' in text, (path.name, where)
+            assert "run_cli(\"run\"" in text or "run_scenario(" in text or "api.run(" in text, where
+    assert set(RUN_ELSEWHERE) <= {p.stem for p in SCENARIOS}, "RUN_ELSEWHERE names a scenario that is gone"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in SCENARIOS if p.stem not in RUN_ELSEWHERE], ids=lambda p: p.stem)
 def test_every_scenario_runs(tmp_path, path):
-    """Each bundled scenario (the README's main job among them, with its PNG charts), shortened: a trace has no
-    duration to shorten, so it is replayed faster (its 120 requests took 28 s at their own pace)."""
+    """Each bundled scenario not run elsewhere (the README's main job among them, with its PNG charts),
+    shortened: a trace has no duration to shorten, so it is replayed faster (its 120 requests took 28 s at their
+    own pace)."""
     out = tmp_path / "run"
     main_job = path.name == "long_context.yaml"
     faster = ["--set", "load.trace.speedup=5"] if path.name == "mooncake.yaml" else []
