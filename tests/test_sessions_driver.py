@@ -7,9 +7,9 @@ trace fixture replayed on the embedded simulator, checked against the send times
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,14 +25,16 @@ from loadgen.drivers.schedulers import make_scheduler
 from loadgen.drivers.sender import Outcome, request_meta
 from loadgen.drivers.sessions import CallResult, Sessions
 from loadgen.drivers.timing import RateCeiling
-from loadgen.plan.scenario import Scenario, ScenarioError
+from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import PlannedRequest, build_plan
 from tests.run_helpers import ROOT, records
 
 MS = 1_000_000
+HOLD_S = 5.0  # a hold not released by then: the scheduler never allowed the order it asks for (the call fails)
+Key = tuple[int, int]  # (session, call)
 
 
-# ---- a fake sender: each call takes its planned time, answers with a tool call when it is a tool turn ---------
+# ---- a fake sender: each call takes 10 ms, answers with a tool call when it is a tool turn --------------------
 def call(session: int, c: int, parents: tuple[int, ...] = (), context: int | None = None, wait_ms: float = 0,
          agent: int = 0, step: int = 0, kind: str = "none", tool: bool = False) -> PlannedRequest:
     return PlannedRequest(0, 0, "agent", 10, 5, False, session=session, call=c, parents=parents, context=context,
@@ -54,42 +56,44 @@ def background(session: int = 0) -> list[PlannedRequest]:
             call(session, 2, (0,), 0, 5, step=1), call(session, 3, (1,), 1, 2, agent=1, step=1, kind="tool")]
 
 
-@dataclasses.dataclass
-class Sent:
-    req: PlannedRequest
-    body: bytes
-    record: RequestRecord
+Sent = collections.namedtuple("Sent", "req body record")  # a call as the fake sender received and answered it
 
 
 class FakeEngine:
-    """drivers/sender.py's port: ``send`` takes ``took_ms[(session, call)]`` (default 10 ms), then answers."""
+    """drivers/sender.py's port: ``send`` takes 10 ms, then answers (``fail``: HTTP 500; ``cancel``: cancelled by
+    the run's end). ``holds[(session, call)]``: that call ends only once each of these marks is set, ("sent" or
+    "done", session, call), so the order a test asserts is forced by events, not by service times."""
 
-    def __init__(self, plan: Any, took_ms: dict[tuple[int, int], float] | None = None,
-                 fail: set[tuple[int, int]] = frozenset(), warmup_s: float = 0.0,
-                 stop_at: tuple[int, int] | None = None, broken: set[tuple[int, int]] = frozenset()) -> None:
-        self.plan, self.took_ms, self.fail, self.stop_at, self.broken = plan, took_ms or {}, fail, stop_at, broken
+    def __init__(self, plan: Any, fail: set[Key] = frozenset(), warmup_s: float = 0.0, stop_at: Key | None = None,
+                 broken: set[Key] = frozenset(), cancel: set[Key] = frozenset(),
+                 holds: dict[Key, set[tuple[str, int, int]]] | None = None) -> None:
+        self.plan, self.fail, self.stop_at, self.broken, self.cancel = plan, fail, stop_at, broken, cancel
+        self.holds, self.marks = holds or {}, collections.defaultdict(asyncio.Event)
         self.cfg = SimpleNamespace(send_ahead_ms=0.0, warmup_s=warmup_s)
-        self.stats = SimpleNamespace(t0_ns=time.monotonic_ns())
-        self.ceiling = RateCeiling(None)
+        self.stats, self.ceiling = SimpleNamespace(t0_ns=time.monotonic_ns()), RateCeiling(None)
         self.sent: list[Sent] = []
         self.failed_bodies: list[PlannedRequest] = []
-        self.stopping = False
-        self._seq = 0
+        self.stopping, self._seq = False, 0
 
     def next_seq(self) -> int:
         self._seq += 1
         return self._seq - 1
 
     async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
-        if (req.session, req.call) in self.broken:
+        key = (req.session, req.call)
+        if key in self.broken:
             raise RuntimeError("a bug")
         t_sent_ns = time.monotonic_ns()
-        self.stopping = self.stopping or (req.session, req.call) == self.stop_at  # the run stops as it goes
-        await asyncio.sleep(self.took_ms.get((req.session, req.call), 10) / 1e3)
-        failed = (req.session, req.call) in self.fail
+        self.marks[("sent", *key)].set()
+        self.stopping = self.stopping or key == self.stop_at  # the run stops as it goes
+        await asyncio.wait_for(asyncio.gather(*(self.marks[m].wait() for m in self.holds.get(key, ()))), HOLD_S)
+        await asyncio.sleep(0.01)
+        failed = key in self.fail
+        kind = "cancelled" if key in self.cancel else "http_5xx" if failed else None
         record = bare_record(request_meta(req, t_intended_ns, after), t_sent_ns, time.monotonic_ns(),
-                             500 if failed else 200, "http_5xx" if failed else None, None)  # type: ignore[arg-type]
+                             500 if failed else 200, kind, None)  # type: ignore[arg-type]
         self.sent.append(Sent(req, body, record))
+        self.marks[("done", *key)].set()
         tools = (ToolCall(f"t{req.call}", "run_tests", "{}"),) if req.tool_turn else ()
         return Outcome(record, f"answer {req.call}", tools)
 
@@ -115,7 +119,7 @@ class Bodies:
         return {"messages": transcript + new}, new
 
 
-def replay(engine: FakeEngine, bodies: Bodies | None = None) -> Sessions:
+def replay(engine: FakeEngine, bodies: Any = None) -> Sessions:
     sessions = make_scheduler(engine, None, bodies or Bodies())  # type: ignore[arg-type]
     assert isinstance(sessions, Sessions)
 
@@ -151,8 +155,10 @@ def check_schedule(plan_calls: list[PlannedRequest], records: dict[int, RequestR
 # ---- the scheduler, with a fake sender ------------------------------------------------------------------------
 def test_a_fan_out_runs_together_and_the_join_waits_for_every_branch_even_the_slowest():
     calls = fan_out_join()
-    engine = FakeEngine(open_plan(calls), took_ms={(0, 3): 200})  # sub-agent 2 ends last (as "takes 2.0 s"; by
-    # 170 ms over its siblings' branches: 40 ms was too close on a loaded machine)
+    fan = {("sent", 0, c) for c in (2, 3, 4)}  # the three sub-agents end only once all three were sent, and
+    # sub-agent 2 (call 3) only after the other two branches ended (as "takes 2.0 s"): orders forced, not timed
+    slowest = fan | {("done", 0, 5), ("done", 0, 4)}
+    engine = FakeEngine(open_plan(calls), holds={(0, 2): fan, (0, 4): fan, (0, 3): slowest})
     replay(engine)
     r = by_call(engine)
     assert sorted(r) == list(range(8)) and all(x.error_kind is None for x in r.values())
@@ -178,7 +184,8 @@ def test_each_call_extends_its_context_and_gets_its_parents_results():
 
 def test_a_background_sub_agent_is_not_waited_for_but_ends_its_session():
     calls = background()
-    engine = FakeEngine(open_plan(calls), took_ms={(0, 1): 30, (0, 3): 30})
+    engine = FakeEngine(open_plan(calls), holds={(0, 1): {("sent", 0, 2)}})  # the sub-agent's call ends only
+    # once the parent's next turn was sent: a scheduler that waited for the sub-agent would never send it
     sessions = replay(engine)
     r = by_call(engine)
     check_schedule(calls, r)
@@ -197,32 +204,35 @@ def test_a_failed_call_ends_its_branch_and_its_session_counts_failed():
     assert sessions.unfinished == []  # failed, not cut short by the run's end (sessions_not_finished: none)
 
 
-def test_a_body_that_cannot_be_built_is_recorded_failed_and_ends_its_branch():
-    async def broken(req: PlannedRequest, transcript: Any, parents: Any) -> Any:
-        if req.call == 1:
-            raise ValueError("no prompt")
-        return {}, []
-    engine = FakeEngine(open_plan(background()))
-    sessions = make_scheduler(engine, None, broken)  # type: ignore[arg-type]
-
-    async def main() -> None:
-        sessions.start(engine.plan.requests[0], time.monotonic_ns())
-        await sessions.wait()
-    asyncio.run(main())
-    assert [r.call for r in engine.failed_bodies] == [1] and sorted(by_call(engine)) == [0, 2]
-    assert (sessions.failed, sessions.calls_not_sent) == (1, 1)
-
-
-def test_a_fault_of_the_driver_records_the_call_and_ends_its_branch():
-    engine = FakeEngine(open_plan(background()), broken={(0, 1)})
+def test_a_call_the_runs_end_cancelled_cuts_its_session_short_and_is_no_failure():
+    # its descendants are not sent and the session is cut (run.json sessions_not_finished: neither a job nor a
+    # failure), unless another call of it failed
+    engine = FakeEngine(open_plan(fan_out_join(0), fan_out_join(1)), cancel={(0, 2), (1, 2)}, fail={(1, 4)})
     sessions = replay(engine)
+    assert sorted(by_call(engine)) == sorted(by_call(engine, 1)) == [0, 1, 2, 3, 4]
+    assert by_call(engine)[2].error_kind == "cancelled"
+    assert (sessions.sessions, sessions.failed, sessions.calls_not_sent) == (2, 1, 6)
+    assert sessions.unfinished == [0]  # session 1 also had a call fail: it counts failed
+
+
+async def no_body_for_call_1(req: PlannedRequest, transcript: Any, parents: Any) -> Any:
+    if req.call == 1:
+        raise ValueError("no prompt")
+    return {}, []
+
+
+@pytest.mark.parametrize("fault", ["body", "driver"])
+def test_a_body_that_cannot_be_built_or_a_fault_of_the_driver_is_recorded_failed_and_ends_its_branch(fault):
+    engine = FakeEngine(open_plan(background()), broken={(0, 1)} if fault == "driver" else set())
+    sessions = replay(engine, no_body_for_call_1 if fault == "body" else None)
     assert [r.call for r in engine.failed_bodies] == [1] and sorted(by_call(engine)) == [0, 2]
     assert (sessions.failed, sessions.calls_not_sent) == (1, 1)
 
 
 def test_sessions_start_at_their_arrival_and_overlap_in_an_open_loop():
     engine = FakeEngine(open_plan(background(0), [dataclasses.replace(r, t_intended_offset_ns=20 * MS)
-                                                  for r in background(1)]))
+                                                  for r in background(1)]),
+                        holds={(0, 3): {("sent", 1, 0)}})  # the first session ends only once the second began
     replay(engine)
     first, second = by_call(engine, 0), by_call(engine, 1)
     assert second[0].t_ready_ns - first[0].t_ready_ns == 20 * MS  # a root is ready at its session's start
@@ -279,10 +289,7 @@ def test_a_closed_loop_mixing_sessions_and_plain_requests_sends_both():
     async def turn_for(req: PlannedRequest, history: Any) -> tuple[dict[str, Any], str]:
         return {"prompt": "plain"}, "plain"
     sessions = make_scheduler(engine, turn_for, Bodies())  # type: ignore[arg-type]
-
-    async def main() -> None:
-        await sessions.user(None)
-    asyncio.run(main())
+    asyncio.run(sessions.user(None))
     kinds = [s.record.session for s in engine.sent]
     assert kinds == [0, 0, 0, 0, None, 2, 2, 2, 2]  # one unit after another: a session, a request, a session
     assert engine.sent[4].body == b'{"prompt": "plain"}' and engine.sent[4].record.call is None
@@ -293,9 +300,13 @@ TRACES = ROOT / "tests" / "data" / "agent_traces"
 FAN_OUT = ([(0, 0.0), (1, 0.1), (1, 0.1), (1, 0.1), (1, 0.2), (1, 0.5), (1, 1.0), (4, 0.3)], [0, 1, 1, 1, 1, 1, 1, 4])
 CHAIN = ([(0, 0.0), (1, 0.25), (1, 0.75), (1, 1.0)], [0, 1, 1, 1])  # the 8 s user gap capped at max_wait_s: 1
 BACKGROUND = ([(0, 0.0), (1, 0.1), (1, 0.2), (1, 0.5)], [0, 0, 1, 2])
+OURS = [([(0, 0.0), (1, 0.0), (1, 0.0), (1, 0.0), (4, 0.3)], [0, 1, 1, 1, 4]),  # a plan call, 3 sub-agents, a join
+        ([(0, 0.0), (1, 0.25), (1, 1.0)], [0, 1, 1])]  # a chain: its 2 s think time capped at max_wait_s: 1
 # trace file, format, sessions (file order): (parents, wait s) of every call, sorted; children of every call, sorted
 REPLAYS = {"weka": ("weka_traces.jsonl", "weka", [FAN_OUT, CHAIN, BACKGROUND]),
-           "otel": ("otel_fanout_join.json", "otel", [FAN_OUT])}
+           "otel": ("otel_fanout_join.json", "otel", [FAN_OUT]),
+           "otlp": ("otlp_tool_chain.json", "otel", [CHAIN]),  # the OTLP/JSON export
+           "loadgen": ("loadgen_sessions.jsonl", "loadgen", OURS)}
 
 
 def sim_scenario(trace: str, fmt: str, load: dict[str, Any], max_wait_s: float = 1.0, **sim: Any) -> Scenario:
@@ -316,11 +327,6 @@ def run_records(scenario: Scenario, out: Path) -> tuple[pl.DataFrame, dict[tuple
     return requests.filter(pl.col("session").is_not_null()), planned
 
 
-def rows_of(requests: pl.DataFrame, session: int) -> dict[int, SimpleNamespace]:
-    rows = requests.filter(pl.col("session") == session).iter_rows(named=True)
-    return {r["call"]: SimpleNamespace(**r) for r in rows}
-
-
 @pytest.fixture(scope="module", params=sorted(REPLAYS))
 def replayed(request, tmp_path_factory):
     trace, fmt, expected = REPLAYS[request.param]
@@ -337,7 +343,8 @@ def test_each_trace_replays_with_its_fan_out_join_and_tool_waits(replayed):
         plan_calls = [planned[key] for key in sorted(k for k in planned if k[0] == session)]
         assert sorted((len(r.parents), round(r.wait_ns / 1e9, 3)) for r in plan_calls) == waits, session
         assert sorted(sum(r.call in o.parents for o in plan_calls) for r in plan_calls) == children, session
-        got = rows_of(requests, session)
+        got = {r["call"]: SimpleNamespace(**r) for r in requests.filter(pl.col("session") == session).iter_rows(
+            named=True)}
         assert sorted(got) == [r.call for r in plan_calls]  # every call sent, a background sub-agent's too
         check_schedule(plan_calls, got)  # type: ignore[arg-type]
         check_fan_out_and_join(plan_calls, got)
@@ -354,8 +361,7 @@ def check_fan_out_and_join(plan_calls: list[PlannedRequest], got: dict[int, Any]
 
 
 def check_background(plan_calls: list[PlannedRequest], got: dict[int, Any]) -> int:
-    """A sub-agent nothing joins: the main agent's next call was ready (its wait running) before the sub-agent
-    ended. Returns how many there were."""
+    """A sub-agent nothing joins: the main agent's next call was ready before the sub-agent ended (how many)."""
     found = 0
     for last in (r for r in plan_calls if r.agent != 0 and not any(r.call in o.parents for o in plan_calls)):
         spawner = next(r.parents[0] for r in plan_calls if r.agent == last.agent and r.context is None)
@@ -392,9 +398,3 @@ def test_a_failed_call_stops_its_descendants_and_the_session_counts_failed(tmp_p
     notes = json.loads((tmp_path / "run" / "run.json").read_text())
     assert "session(s) failed" in json.dumps(notes)
 
-
-def test_the_locust_engine_refuses_sessions_in_one_line(tmp_path):
-    scenario = sim_scenario("weka_traces.jsonl", "weka", {"arrival": "constant", "rate_per_s": 1, "requests": 1})
-    with pytest.raises(ScenarioError, match="^sessions run on the asyncio engine: [^\n]*$"):  # the CLI: exit 2
-        api.run(scenario, engine="locust", out=tmp_path / "run")
-    assert not (tmp_path / "run").exists() and "locust" not in sys.modules  # refused before Locust is loaded

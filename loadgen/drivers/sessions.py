@@ -17,7 +17,9 @@ A call that fails (an error of any kind, or a body that cannot be built) ends it
 not sent, as a failed conversation turn ends its conversation (drivers/conversations.py) — a real agent has
 no answer to go on from. The session then counts as failed, and every call it did not send is counted
 (``calls_not_sent``). No call is sent after the run stops sending (the hard end; closed loop: the end of
-warm-up + duration), nor, closed loop, past the plan's request count.
+warm-up + duration), nor, closed loop, past the plan's request count. A session the run's end cut short — a
+call not sent for that reason, or cancelled in flight (``error_kind`` "cancelled": neither success nor error)
+— with no call failed is neither a job nor a failure (run.json ``sessions_not_finished``).
 
 Open loop: a session starts at its planned arrival (``start``). Closed loop: each user runs one session at a
 time, the next of the plan (``Plan.session``), numbering its calls as it sends them; a session is warm-up
@@ -70,7 +72,7 @@ class SessionState:
     transcripts: dict[int, Transcript] = field(default_factory=dict)
     failed: bool = False
     not_sent: int = 0
-    cut: bool = False  # a call not sent because the run stopped sending (its end, a stop, the plan's size)
+    cut: bool = False  # a call not sent as the run stopped sending (its end, a stop, the plan's size), or cancelled
     exhausted: bool = False  # closed loop: the plan's request count ran out during it
 
     def __post_init__(self) -> None:
@@ -186,8 +188,11 @@ class Sessions:
 
     def _ended(self, s: SessionState, req: PlannedRequest, record: RequestRecord | None, answer: str,
                tool_calls: tuple[ToolCall, ...]) -> None:
+        if record is not None and record.error_kind == "cancelled":  # by the run's end: cut, not failed
+            s.cut = True
+            return
         if record is None or record.error_kind is not None:
-            s.failed = s.failed or record is None or record.error_kind != "cancelled"
+            s.failed = True
             return
         s.t_done_ns[req.call] = record.t_done_ns
         s.results[req.call] = CallResult(req.call, req.agent, answer, tool_calls)
