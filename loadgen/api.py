@@ -114,8 +114,8 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
     console = console or Console(quiet=True)
-    if engine == "locust" and any(c.session is not None for c in sc.workload.classes):  # drivers/sessions.py
-        raise ScenarioError("sessions run on the asyncio engine: drop --engine locust (a class has a session)")
+    if engine == "locust":
+        refuse_locust_sessions(sc, "drop --engine locust")
     with _redacted(console):
         if engine == "locust":
             return _run_locust(sc, opts, console, workers, source, base_url)
@@ -185,6 +185,18 @@ def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
     return sc
 
 
+def refuse_locust_sessions(sc: Scenario, remedy: str) -> None:
+    """Sessions run on the asyncio engine only (drivers/sessions.py): Locust's users would send a session's calls
+    as unrelated requests (no transcript, no parents, no tool results, records without the session fields), so
+    every Locust entry point — ``run`` with engine locust, ``ui`` and the CLI's ``worker`` — refuses a scenario
+    with a session class in one line (exit 2), before Locust is started or anything sent. Not in ``__all__``:
+    the command line's worker calls it (it has no API call of its own)."""
+    names = [c.name for c in sc.workload.classes if c.session is not None]
+    if names:
+        which = f"class {names[0]!r} has" if len(names) == 1 else f"classes {', '.join(map(repr, names))} have"
+        raise ScenarioError(f"sessions run on the asyncio engine, not Locust ({which} a session): {remedy}")
+
+
 def _run_locust(sc: Scenario, opts: RunOptions, console: Console, workers: int,
                 source: tuple[Path, list[str]] | None, base_url: str | None) -> RunResult:
     from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
@@ -201,13 +213,18 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
        master: bool = False, master_bind: tuple[str, int] = ("*", 5557), reports_dir: str | Path = "reports",
        png: bool = True, console: Console | None = None) -> None:
     """Locust's web UI with the scenario loaded and the LLM tab, until Ctrl-C (``loadgen ui``): each Start is
-    one run, written like ``run``'s. Raises TargetError before serving when the target is unusable."""
+    one run, written like ``run``'s. Raises TargetError before serving when the target is unusable, and
+    ScenarioError for a scenario with a session class (sessions run on the asyncio engine: ``run``)."""
+    remedy = "loadgen ui is Locust's web UI; run it with loadgen run"
+    if isinstance(scenario, Scenario):
+        refuse_locust_sessions(scenario, remedy)  # before Locust is even imported
     from loadgen.run import locust_ui  # first: Locust monkey-patches the process when imported
     from rich.console import Console
 
     from loadgen.run.runner import RunOptions
 
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    refuse_locust_sessions(sc, remedy)
     opts = RunOptions(reports_dir=Path(reports_dir), progress=False, png=png)
     console = console or Console()
     session = locust_ui.UiSession(sc, opts, console, host, port, web_login, master, master_bind)

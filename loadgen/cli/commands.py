@@ -129,6 +129,7 @@ def worker(
 
     try:
         sc = load(scenario, scenario_overrides(set_, base_url))
+        api.refuse_locust_sessions(sc, "a Locust worker cannot send them; run it with loadgen run")
         if sc.target.embedded:
             raise fail("a worker needs the target's URL (--base-url): the master's simulator is not shared")
         raise typer.Exit(locust_run.run_worker(sc, master_host, master_port))
