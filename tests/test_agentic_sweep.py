@@ -29,10 +29,11 @@ def test_find_max_concurrency_over_sessions_brackets_a_capacity(tmp_path: Path) 
     res = run_cli("sweep", "scenarios/agentic.yaml", "--find-max", "concurrency", "--start", "1", "--out", str(out),
                   "--step-duration-s", "5", "--min-step-duration-s", "5", "--max-step-duration-s", "8",
                   "--budget-s", "60", "--max-steps", "4", "--tolerance", "50%", *SMALL, timeout=180)
+    assert res.returncode == 0, res.stderr + res.stdout[-2000:]  # first: a failed sweep shows why (not a missing
+    # sweep.json); stdout: its steps (exit 3: undecided)
     doc = json.loads((out / "sweep.json").read_text())
     print([(s["load"], s["call"], s["metrics"].get("session_ms")) for s in doc["steps"]])
     cap = doc["capacity"]
-    assert res.returncode == 0, res.stdout + res.stderr
     assert cap["decided"] and 1 <= cap["low"] < cap["high"]
     for step in doc["steps"]:  # each step's session objective was judged on that step's sessions
         summary = json.loads((out / step["run_dir"] / "summary.json").read_text())
