@@ -5,16 +5,19 @@ them. Pure and exact."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import polars as pl
 import pytest
+from rich.console import Console
 
 from loadgen.analysis import metrics as m
-from loadgen.analysis.compare import compare, run_samples
+from loadgen.analysis.compare import RunSamples, compare, point_figures, run_samples
 from loadgen.analysis.objective_samples import ObjectiveSamples
 from loadgen.analysis.reasoning import reasoning_figures
+from loadgen.analysis.result import RunResult
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.slo import evaluate
 from loadgen.analysis.summary import summarize
@@ -23,6 +26,8 @@ from loadgen.core.vocabulary import family_metrics
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.slo_spec import Slo
 from loadgen.records.schema import chunks_frame, requests_frame
+from loadgen.report.console import print_summary
+from loadgen.report.session_report import reasoning_headline, sessions_html, sessions_markdown
 
 MS = 1_000_000
 GOLDEN = Path(__file__).parent / "data" / "golden_run" / "run.json"
@@ -173,3 +178,113 @@ def test_compare_gains_time_to_first_answer_when_both_runs_reasoned() -> None:
     results = {r.metric: r for r in compare(base, new, replicates=200, paired=True)}
     assert "session_ms.p50" not in results
     assert results["ttft_answer_ms.p50"].status == "regressed" and results["ttft_ms.p50"].status == "unchanged"
+
+
+def scenario_of(cls: str, slo: dict[str, object]) -> Scenario:
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["load"]["steady_state"] = "declared"
+    doc["slo"] = slo
+    doc["workload"]["classes"][0]["name"] = cls
+    return Scenario.model_validate(doc)
+
+
+def with_unanswered(n: int, silent: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``thinking_run(n, 100)`` (answers 110-116 ms after the intended send) and ``silent`` more requests that
+    reasoned until their max_tokens and never produced an answer token (t_first_answer_ns null)."""
+    items = []
+    for i in range(n, n + silent):
+        t0 = 1000 * i
+        items.append(stream(i, t0, [(t0 + 10, 1, True), (t0 + 400, 5, True)], 6, None, t0 + 400))
+    req, chunks = thinking_run(n, 100)
+    return (pl.concat([req, requests_frame([r for r, _ in items])], how="vertical_relaxed"),
+            pl.concat([chunks, chunks_frame([c for _, cs in items for c in cs])], how="vertical_relaxed"))
+
+
+def test_a_request_that_reasoned_and_never_answered_is_counted_and_misses_the_answer_objective() -> None:
+    """50 answered within 116 ms, 20 that thought until max_tokens and never answered: the percentiles describe
+    the 50 answered (and the reasoning section counts the 20 left out); the objective ttft_answer_ms.p90 <= 10 s,
+    which the 50 meet by far, FAILS on intervals: 20 of 70 (29 %) never got an answer, so the p90 wait is
+    unbounded. On point values, the p50 is over all 70 samples and the max is a miss."""
+    req, chunks = with_unanswered(50, 20)
+    summary, _ = summarize(scenario_of("think", {"ttft_answer_ms": {"p90": 10_000}, "error_rate": {"max": 0.5}}),
+                           req, chunks, planned=70)
+    assert summary["reasoning"]["requests_without_answer"] == 20 and summary["reasoning"]["requests"] == 70
+    assert summary["classes"]["think"]["metrics"]["ttft_answer_ms"]["count"] == 50
+    row = summary["metrics"]["ttft_answer_ms"]
+    assert row["count"] == 50 and row["max"] == 116.0  # descriptive: the answered requests only
+    o = {o["objective"]: o for o in summary["slo"]}["ttft_answer_ms.p90"]
+    assert o["decision"] == "fail" and o["samples"] == 70 and o["basis"] == "interval"
+    assert o["value"] is None and o["ci_high"] is None and "20 request(s) reasoned and never answered" in o["note"]
+    json.dumps(summary, allow_nan=False)  # no infinity reaches summary.json
+
+    run = RunAnalysis(req, chunks, steady_state="declared")
+    table = m.metric_table(run.measured, token_stats=run.token_stats(), kinds=run.families)
+    point = Slo.model_validate({"ttft_answer_ms": {"p50": 116, "max": 1_000_000}, "decision": "point"})
+    got = {o.objective: o for o in evaluate(point, table, m.request_counts(run.measured), 70, 70, 1.0,
+                                            ObjectiveSamples(run.measured.filter(pl.col("ok")), run, 0.95))}
+    # p50 over 70 samples (20 of them +inf): between the 35th and 36th, higher than over the 50 answered
+    answered = sorted(run.measured.filter(pl.col("ok"))["ttft_answer_ms"].drop_nulls().to_list())
+    assert got["ttft_answer_ms.p50"].value == pytest.approx((answered[34] + answered[35]) / 2)
+    assert got["ttft_answer_ms.p50"].value > table["ttft_answer_ms"]["p50"]
+    assert got["ttft_answer_ms.p50"].passed is True and got["ttft_answer_ms.max"].passed is False
+
+
+def test_the_reasoning_section_says_how_many_requests_never_answered() -> None:
+    req, chunks = with_unanswered(50, 10)
+    summary, _ = summarize(scenario_of("think", {"error_rate": {"max": 0.5}}), req, chunks, planned=60)
+    result = RunResult.from_dict(summary)
+    assert "10 of them never produced an answer token" in reasoning_headline(result)
+    console = Console(file=io.StringIO(), width=200)
+    print_summary(console, result, "run")
+    assert "10 of them never produced an answer token" in console.file.getvalue()  # type: ignore[attr-defined]
+    clean, _ = summarize(scenario_of("think", {"error_rate": {"max": 0.5}}), *thinking_run(50, 100), planned=50)
+    assert clean["reasoning"]["requests_without_answer"] == 0
+    assert "never produced" not in reasoning_headline(RunResult.from_dict(clean))
+
+
+def plain_tool_run(calls: list[int]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Requests of a plain class (no reasoning, no session), a second apart: request i calls ``calls[i]`` tools,
+    8 tokens each, beside 2 answer-text tokens."""
+    items = [stream(i, 1000 * i, [(1000 * i + 10, 2, False), (1000 * i + 20, 8 * k or 1, False)], 0,
+                    1000 * i + 10, None, cls="chat", tool_calls=k, tool_tokens=8 * k) for i, k in enumerate(calls)]
+    return requests_frame([r for r, _ in items]), chunks_frame([c for _, cs in items for c in cs])
+
+
+def test_tool_calls_are_reported_in_a_run_without_reasoning_or_sessions() -> None:
+    scenario = scenario_of("chat", {"error_rate": {"max": 0.5}})
+    summary, _ = summarize(scenario, *plain_tool_run([0, 1, 3, 0, 2]), planned=5)
+    assert summary["reasoning"] is None and summary["sessions"] is None
+    assert summary["tools"] == {"requests_with_tool_calls": 3, "tool_calls": 6, "tool_tokens": 48}
+    result = RunResult.from_dict(summary)
+    line = "Tool calls: 6 calls (48 tokens, counted as output) in 3 successful requests."
+    console = Console(file=io.StringIO(), width=200)
+    print_summary(console, result, "run")
+    assert line in console.file.getvalue()  # type: ignore[attr-defined]
+    assert line in "\n".join(sessions_markdown(result, str)) and line in sessions_html(result)
+    none, _ = summarize(scenario, *plain_tool_run([0, 0, 0]), planned=3)
+    assert none["tools"] is None and "Tool calls" not in "\n".join(sessions_markdown(RunResult.from_dict(none), str))
+
+
+def test_compare_gains_the_reasoning_share_and_tpot_per_phase_when_both_runs_reasoned() -> None:
+    """BASE: 50 requests thinking ~100 ms over 4 reasoning tokens of 6; NEW thinks ~300 ms (reasoning TPOT ×3,
+    answer TPOT the same 5 ms) and, in a third run, 8 reasoning tokens of 10 (share 4/6 → 8/10: +20 %)."""
+    def side(think_ms: int, more_reasoning: int = 0) -> RunSamples:
+        req, chunks = thinking_run(50, think_ms)
+        req = req.with_columns(reasoning_tokens=pl.col("reasoning_tokens") + more_reasoning,
+                               output_tokens=pl.col("output_tokens") + more_reasoning)
+        run = RunAnalysis(req, chunks, "declared")
+        summary, _ = summarize(scenario_of("think", {"error_rate": {"max": 0.5}}), req, chunks, planned=50, run=run)
+        return run_samples(req, chunks, pl.DataFrame(), run, point_figures(summary))
+    base, slower, wordier = side(100), side(300), side(100, 4)
+    got = {r.metric: r for r in compare(base, slower, replicates=200, paired=True)}
+    assert got["tpot_reasoning_ms.p50"].status == "regressed" and got["tpot_answer_ms.p50"].status == "unchanged"
+    assert got["tpot_answer_ms.p50"].base == 5.0 and got["reasoning_share"].status == "unchanged"
+    assert got["reasoning_share"].base == pytest.approx(4 / 6)
+    share = {r.metric: r for r in compare(base, wordier, replicates=200, paired=True)}["reasoning_share"]
+    assert share.new == pytest.approx(8 / 10) and share.worsening == pytest.approx(0.2)
+    assert share.status == "regressed"
+    plain_req, plain_chunks = plain_tool_run([0, 1, 0])
+    plain = run_samples(plain_req, plain_chunks, pl.DataFrame(), RunAnalysis(plain_req, plain_chunks, "declared"))
+    assert plain.reasoning_tokens is None and plain.tpot_answer_ms is None
+    names = {r.metric for r in compare(plain, plain, replicates=50)}
+    assert not names & {"reasoning_share", "tpot_answer_ms.p50", "tpot_reasoning_ms.p50"}

@@ -15,7 +15,7 @@ import pytest
 
 from loadgen.analysis import metrics as m
 from loadgen.analysis import steady
-from loadgen.analysis.compare import compare, run_samples
+from loadgen.analysis.compare import compare, point_figures, run_samples
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.sessions import SessionFrames
@@ -252,3 +252,55 @@ def test_loadgen_size_sizes_session_objectives_in_sessions_and_converts_them_to_
     assert p90.samples is not None and p90.requests == math.ceil(2 * p90.samples)
     assert share.unit == "sessions" and share.samples is not None and share.requests == math.ceil(2 * share.samples)
     assert (jobs.kind, jobs.unit) == ("rate", "seconds") and jobs.duration_s is not None and jobs.duration_s > 0
+
+
+def agent_scenario(slo: dict[str, object] | None = None) -> Scenario:
+    doc = json.loads(GOLDEN.read_text())["scenario"]
+    doc["workload"]["classes"][0]["name"] = "agent"
+    doc["load"]["steady_state"] = "declared"
+    if slo is not None:
+        doc["slo"] = slo
+    return Scenario.model_validate(doc)
+
+
+def test_a_class_leaves_out_the_sessions_the_runs_end_cut_short_as_the_run_does() -> None:
+    """One class: its session_ms and agent_step_ms rows are the run's, both without session 2 (cut by the end;
+    its one call succeeded, so it would read as a completed 200-ms session)."""
+    summary, _ = summarize(agent_scenario(), *frames(dag()), planned=10, extra={"sessions_not_finished": [2]})
+    per_class = summary["classes"]["agent"]["metrics"]
+    for name in ("session_ms", "agent_step_ms"):
+        assert per_class[name] == summary["metrics"][name]
+    assert summary["metrics"]["session_ms"]["count"] == 1 and summary["metrics"]["session_ms"]["max"] == 1200.0
+    assert per_class["agent_step_ms"]["count"] == 7  # session 0's steps; session 2's one step is out
+
+
+def with_cut_sessions(n: int, cut: int, slow: float) -> tuple[pl.DataFrame, pl.DataFrame, list[int]]:
+    """``two_call_sessions(n, slow)`` and ``cut`` more sessions whose follow-up the run's end never sent: their
+    one call ended 20 ms after it was sent (a complete session would take 230 ms or more)."""
+    items = two_call_sessions(n, slow)
+    t0 = 1000 * n
+    items += [call(2 * n + k, n + k, 0, 0, 0, None, t0 + 10 * k, 0, t0 + 10 * k + 20) for k in range(cut)]
+    req, chunks = frames(items)
+    return req, chunks, list(range(n, n + cut))
+
+
+def test_compare_bootstraps_the_sessions_its_point_value_is_over_without_those_the_end_cut_short() -> None:
+    """BASE has 80 sessions cut short by the run's end beside 60 whole ones; NEW the same 60 whole ones. The
+    point (summary.json's figures, cut sessions out) says session_ms did not change; the bootstrap must draw
+    from the same sessions, so its interval holds the point (with the cut sessions in it, BASE's median would
+    fall to ~20 ms and the interval would sit far above 0)."""
+    scenario = agent_scenario({"error_rate": {"max": 0.5}})
+    sides = []
+    for cut in (80, 0):
+        req, chunks, unfinished = with_cut_sessions(60, cut, 1.0)
+        run = RunAnalysis(req, chunks, "declared")
+        summary, _ = summarize(scenario, req, chunks, planned=None, run=run,
+                               extra={"sessions_not_finished": unfinished})
+        assert summary["metrics"]["session_ms"]["count"] == 60 and summary["sessions"]["cut_at_end"] == cut
+        sides.append(run_samples(req, chunks, pl.DataFrame(), run, point_figures(summary), unfinished))
+    base, new = sides
+    assert base.session_ms is not None and len(base.session_ms) == 60  # the cut sessions are not in the sample
+    assert float(np.nanmax(base.session_ms)) >= 230.0 and float(np.nanmin(base.session_ms)) >= 230.0
+    result = {r.metric: r for r in compare(base, new, replicates=300, paired=False)}["session_ms.p50"]
+    assert result.worsening == 0.0 and result.ci_low is not None and result.ci_high is not None
+    assert result.ci_low <= result.worsening <= result.ci_high

@@ -13,8 +13,10 @@ and the stall rate (rare events: a relative change of a near-zero rate says litt
 seeded plan (same scenario and seed) the bootstrap is *paired*: a request's weight follows its plan sequence
 number into both runs, so the interval measures the server's change, not the luck of which requests were drawn.
 An agentic session's latency (``session_ms``) is one value per session, weighted by its first call's weight: one
-Poisson(1) weight per session, paired as that call is. Time to first answer token and session latency are
-compared by default when both runs have them (``FAMILY_METRICS``).
+Poisson(1) weight per session, paired as that call is. Time to first answer token, the per-phase TPOT (reasoning,
+answer), the reasoning share (Σ reasoning / Σ output tokens of the successful requests, a weighted ratio like
+tokens/s; relative change, a rise = more of the output spent thinking) and session latency are compared by
+default when both runs have them (``FAMILY_METRICS``).
 
 A metric *regressed* when the whole confidence interval of its worsening lies above the threshold (we are
 confident it got worse by more than the threshold); *improved* when it lies below −threshold; *unchanged* when
@@ -51,6 +53,9 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
     MetricSpec("e2e_ms.p99", "lower", "relative", "ms"),
     MetricSpec("ttft_answer_ms.p50", "lower", "relative", "ms"),
     MetricSpec("ttft_answer_ms.p99", "lower", "relative", "ms"),
+    MetricSpec("tpot_reasoning_ms.p50", "lower", "relative", "ms"),
+    MetricSpec("tpot_answer_ms.p50", "lower", "relative", "ms"),
+    MetricSpec("reasoning_share", "lower", "relative", "share"),
     MetricSpec("session_ms.p50", "lower", "relative", "ms"), MetricSpec("session_ms.p90", "lower", "relative", "ms"),
     MetricSpec("output_tokens_per_s", "higher", "relative", "tokens/s"),
     MetricSpec("error_rate", "lower", "absolute", "fraction"),
@@ -59,8 +64,10 @@ METRICS: dict[str, MetricSpec] = {s.name: s for s in (
 )}
 DEFAULT_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "itl_ms.p50", "itl_ms.p99", "tpot_ms.p50", "e2e_ms.p99",
                    "output_tokens_per_s", "error_rate", "stalls_per_1k_tokens", "prefill_stalls_per_1k_tokens")
+# compared by default when both runs have them: RunSamples' field (None in a run without it) → its statistics
 FAMILY_METRICS = {"ttft_answer_ms": ("ttft_answer_ms.p50", "ttft_answer_ms.p99"),
-                  "session_ms": ("session_ms.p50", "session_ms.p90")}  # compared by default when both runs have them
+                  "tpot_reasoning_ms": ("tpot_reasoning_ms.p50",), "tpot_answer_ms": ("tpot_answer_ms.p50",),
+                  "reasoning_tokens": ("reasoning_share",), "session_ms": ("session_ms.p50", "session_ms.p90")}
 BATCH_CELLS = 20_000_000  # replicates × samples per numpy batch (≈160 MB of float64)
 
 
@@ -85,6 +92,9 @@ class RunSamples:
     ttft_answer_ms: np.ndarray | None = None  # per request (None: no request reasoned)
     session_ms: np.ndarray | None = None  # per session, NaN where a call failed (None: no session)
     session_owner: np.ndarray | None = None  # per session: its first root call's request, whose weight it takes
+    tpot_reasoning_ms: np.ndarray | None = None  # per request (None: no request reasoned), as ttft_answer_ms
+    tpot_answer_ms: np.ndarray | None = None
+    reasoning_tokens: np.ndarray | None = None  # per request, 0 where none (the reasoning share's numerator)
 
     @property
     def n(self) -> int:
@@ -92,9 +102,12 @@ class RunSamples:
 
 
 def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, stalls: pl.DataFrame,
-                run: RunAnalysis | None = None, figures: dict[str, float | None] | None = None) -> RunSamples:
+                run: RunAnalysis | None = None, figures: dict[str, float | None] | None = None,
+                not_finished: list[int] | None = None) -> RunSamples:
     """The measured requests' samples; ``run``: the records' analysis, when the caller has it (its gaps are
-    not computed again); ``figures``: the run's own point values (``point_figures`` of its summary)."""
+    not computed again); ``figures``: the run's own point values (``point_figures`` of its summary);
+    ``not_finished``: the sessions the run's end cut short (run.json ``sessions_not_finished``), left out of the
+    session sample as summary.json's session figures leave them out."""
     run = run or RunAnalysis(requests, chunks)
     req = run.measured.with_row_index("i")
     # each gap's request row ``i`` (among every request) to its row among the measured ones
@@ -113,20 +126,24 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, sta
     def col(name: str) -> np.ndarray:
         return req[name].cast(pl.Float64).fill_null(np.nan).to_numpy()
     cancelled = (req["error_kind"] == "cancelled").fill_null(False)
-    sessions, owner_of = session_samples(req) if "session" in run.families else (None, None)
+    sessions, owner_of = session_samples(req, not_finished) if "session" in run.families else (None, None)
+    reasoned = "reasoning" in run.families
     return RunSamples(col("ttft_ms"), col("tpot_ms"), col("e2e_ms"), req["ok"].to_numpy(),
                       (~req["ok"] & ~cancelled).to_numpy(), (~cancelled).to_numpy(),
                       req["output_tokens"].fill_null(0).to_numpy().astype(float), n_stalls.to_numpy().astype(float),
                       itl.to_numpy(), owners.to_numpy().astype(np.int64), m.window_s(req), req["seq"].to_numpy(),
                       dict(figures or {}), n_induced.to_numpy().astype(float),
-                      col("ttft_answer_ms") if "reasoning" in run.families else None, sessions, owner_of)
+                      col("ttft_answer_ms") if reasoned else None, sessions, owner_of,
+                      col("tpot_reasoning_ms") if reasoned else None, col("tpot_answer_ms") if reasoned else None,
+                      req["reasoning_tokens"].fill_null(0).to_numpy().astype(float) if reasoned else None)
 
 
-def session_samples(req: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per measured session (``req``: the measured requests with their row ``i``): its session_ms (NaN where a
+def session_samples(req: pl.DataFrame, not_finished: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per measured session (``req``: the measured requests with their row ``i``) but those the run's end cut
+    short (``not_finished``: summary.json's session figures leave them out too): its session_ms (NaN where a
     call failed) and the row of its first call, whose bootstrap weight the session takes — one Poisson weight
     per session, paired across runs of one plan as that call's sequence number is."""
-    calls = session_calls(req)
+    calls = session_calls(req).filter(~pl.col("session").is_in(not_finished or []))
     table = session_table(calls, step_table(calls))
     first = (calls.sort("t_intended_ns").group_by(SESSION_KEY).agg(owner=pl.col("i").first()))
     joined = table.join(first, on=SESSION_KEY, how="left", maintain_order="left")
@@ -144,6 +161,7 @@ def point_figures(summary: dict[str, Any]) -> dict[str, float | None]:
             out[name] = (summary.get("metrics", {}).get(oid.metric) or {}).get(oid.stat)
     out["output_tokens_per_s"] = (summary.get("throughput") or {}).get("output_tokens_per_s")
     out["error_rate"] = (summary.get("requests") or {}).get("error_rate")
+    out["reasoning_share"] = (summary.get("reasoning") or {}).get("reasoning_share")
     out["stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("per_1k_tokens")
     out["prefill_stalls_per_1k_tokens"] = (summary.get("stalls") or {}).get("prefill_induced_per_1k_tokens")
     return out
@@ -170,7 +188,8 @@ def pool_samples(runs: list[RunSamples]) -> RunSamples:
                       np.concatenate([r.seq + i * seq_span for i, r in enumerate(runs)]), {},
                       np.concatenate([r.prefill_stalls if r.prefill_stalls is not None else np.zeros(r.n)
                                       for r in runs]),
-                      optional("ttft_answer_ms"), optional("session_ms"), optional("session_owner", shift=True))
+                      optional("ttft_answer_ms"), optional("session_ms"), optional("session_owner", shift=True),
+                      optional("tpot_reasoning_ms"), optional("tpot_answer_ms"), optional("reasoning_tokens"))
 
 
 # ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------
@@ -212,6 +231,10 @@ def statistic(name: str, s: RunSamples, w: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         if name == "output_tokens_per_s":
             return (w @ (s.output_tokens * ok)) / s.window_s
+        if name == "reasoning_share":
+            if s.reasoning_tokens is None:
+                return np.full(w.shape[0], np.nan)
+            return (w @ (s.reasoning_tokens * ok)) / (w @ (s.output_tokens * ok))
         if name == "error_rate":
             return (w @ s.failed.astype(float)) / (w @ s.counted.astype(float))
         if name in ("stalls_per_1k_tokens", "prefill_stalls_per_1k_tokens"):
@@ -298,8 +321,8 @@ def poisson_weights(base: RunSamples, new: RunSamples, replicates: int, paired: 
 def compare(base: RunSamples, new: RunSamples, metrics: tuple[str, ...] = DEFAULT_METRICS,
             thresholds: dict[str, float] | None = None, confidence: float = 0.95, replicates: int = 1000,
             seed: int = 0, paired: bool = False) -> list[MetricComparison]:
-    """Compare every metric (the defaults, and time to first answer token and session latency where both runs
-    have them: ``FAMILY_METRICS``). ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
+    """Compare every metric (the defaults, and the reasoning and session figures where both runs have them:
+    ``FAMILY_METRICS``). ``thresholds``: "relative" (a fraction, e.g. 0.10), and per absolute metric
     ("error_rate": a fraction, "stalls_per_1k_tokens" and "prefill_stalls_per_1k_tokens": stalls per 1k
     tokens; run/comparison.py derives these from the scenario's own limits, analysis/compare_basis.py)."""
     limits = {"relative": 0.10, "error_rate": 0.01, "stalls_per_1k_tokens": 0.5, "prefill_stalls_per_1k_tokens": 0.5,

@@ -89,10 +89,13 @@ def _cdf_root(m: int, q: float, level: float) -> float:
 
 
 def _at_rank(x: np.ndarray, rank: float) -> float:
-    """The sorted samples' value at a fractional 1-based rank (linear between neighbours)."""
+    """The sorted samples' value at a fractional 1-based rank (linear between neighbours; +inf past the last
+    finite one, where a miss is counted as +inf)."""
     i = int(math.floor(rank))
     if i >= len(x):
         return float(x[-1])
+    if not math.isfinite(x[i]):
+        return float(x[i - 1]) if rank == i else float(x[i])
     return float(x[i - 1] + (rank - i) * (x[i] - x[i - 1]))
 
 

@@ -3,13 +3,18 @@ built in analysis/slo.py; the intervals are analysis/intervals.py's)."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import polars as pl
 
 from loadgen.analysis import objective_intervals as oi
+from loadgen.analysis.reasoning import never_answered
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.core.vocabulary import METRICS, QUANTILES, TOKEN_METRICS
 
 PHASE_OF = {"itl_reasoning_ms": "reasoning", "itl_answer_ms": "answer"}  # a phase's ITL: that phase's gaps
+UNANSWERED_MISS = "ttft_answer_ms"  # a request that reasoned and never answered: +inf in this objective's samples
 
 
 class ObjectiveSamples:
@@ -35,7 +40,33 @@ class ObjectiveSamples:
                 return pl.Series(metric, [], dtype=pl.Float64)
             done = self.sessions.filter(pl.col("ok")).select("worker", "session")
             return frame.join(done, on=["worker", "session"], how="semi").filter(pl.col("ok"))[metric]
-        return self.ok[metric] if metric in self.ok.columns else pl.Series(metric, [], dtype=pl.Float64)
+        if metric not in self.ok.columns:
+            return pl.Series(metric, [], dtype=pl.Float64)
+        if metric == UNANSWERED_MISS:  # never answered: the longest wait of all, not no wait
+            waits = pl.Series(metric, [math.inf] * self.ok.height, dtype=pl.Float64)
+            return waits.zip_with(never_answered(self.ok), self.ok[metric].cast(pl.Float64))
+        return self.ok[metric]
+
+    def misses(self, metric: str) -> int:
+        """Samples of ``metric``'s objectives that are a miss whatever the limit: the requests that reasoned and
+        never answered, for ``ttft_answer_ms`` (the summary's percentiles leave them out); 0 otherwise."""
+        return int(never_answered(self.ok).sum()) if metric == UNANSWERED_MISS else 0
+
+    def estimate(self, metric: str, stat: str, described: float | None) -> float | None:
+        """``stat`` of ``metric``'s objective samples: the summary's figure (``described``) unless some samples
+        are misses (then over every sample, misses as +inf: the percentile is linear between ranks as the
+        summary's, +inf once it reaches a miss; the mean and max are +inf)."""
+        if not self.misses(metric):
+            return described
+        if stat not in QUANTILES:
+            return math.inf
+        x = np.sort(self.values(metric).drop_nulls().cast(pl.Float64).to_numpy())
+        x = x[~np.isnan(x)]
+        rank = (len(x) - 1) * QUANTILES[stat]
+        lo, frac = int(math.floor(rank)), rank - math.floor(rank)
+        if frac == 0 or not math.isfinite(x[lo + 1]):
+            return float(x[lo]) if frac == 0 else math.inf
+        return float(x[lo] + (x[lo + 1] - x[lo]) * frac)
 
     def metric(self, metric: str, stat: str, estimate: float | None, limit: float) -> oi.Judged:
         """The evidence on ``metric``'s ``stat`` against an upper ``limit``; ``estimate``: the summary's value."""
@@ -49,6 +80,8 @@ class ObjectiveSamples:
             return oi.token_quantile(run, name, QUANTILES[stat], estimate, limit, c)
         values = self.values(metric).cast(pl.Float64).to_numpy()
         if stat == "mean":
+            if self.misses(metric):  # a mean over a +inf sample: no interval brings it under any limit
+                return oi.observed(math.inf, limit, "<=")
             return oi.mean(values, limit, c)
         return oi.quantile(values, QUANTILES[stat], limit, c)
 

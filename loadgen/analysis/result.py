@@ -131,11 +131,20 @@ class ReasoningCounts(TypedDict):
     tool_tokens: int
     tool_calls: int
     requests_with_reasoning: int
+    requests_without_answer: NotRequired[int]  # reasoned, no answer token (e.g. thought until max_tokens): out of
+    # the ttft_answer_ms percentiles, a miss for a ttft_answer_ms objective; absent in older summaries
     requests: int
 
 
 class ReasoningFigures(ReasoningCounts):
     classes: dict[str, ReasoningCounts]
+
+
+class ToolFigures(TypedDict):
+    """Tool calls over measured successful requests (analysis/reasoning.py ``tool_figures``)."""
+    requests_with_tool_calls: int
+    tool_calls: int
+    tool_tokens: int  # also counted in output_tokens
 
 
 class ToolWaits(TypedDict):
@@ -191,6 +200,7 @@ class RunResult:
     conversations: Optional[dict[str, Any]] = None  # multi-turn: per turn index and per conversation
     reasoning: Optional[ReasoningFigures] = None  # a run where some request reasoned (analysis/reasoning.py)
     sessions: Optional[SessionFigures] = None  # a run of agentic sessions (analysis/sessions.py)
+    tools: Optional[ToolFigures] = None  # a run where some request called a tool (analysis/reasoning.py)
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
     steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)

@@ -65,12 +65,16 @@ class Objective:
 
     def as_dict(self) -> dict[str, Any]:
         """summary.json's form: the name, then its parts (``metric``, ``stat``, ``scope`` when it has one), its
-        evidence (interval, margin, decision)."""
+        evidence (interval, margin, decision). An infinite value, bound or margin (a statistic that reached a
+        miss counted as +inf) is null: JSON has no infinity."""
         out: dict[str, Any] = {"objective": str(self.id), **{k: v for k, v in asdict(self).items() if k != "id"},
                                "metric": self.id.metric, "stat": self.id.stat, "decision": self.decision,
                                "margin": self.margin,
                                "margin_pct": None if self.margin is None or not self.threshold
                                else 100 * self.margin / self.threshold}
+        for key in ("value", "ci_low", "ci_high", "margin", "margin_pct"):
+            if isinstance(out[key], float) and not math.isfinite(out[key]):
+                out[key] = None
         return out | ({"scope": self.id.scope} if self.id.scope else {})
 
 
@@ -129,10 +133,7 @@ def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any
                 out.append(Objective(ObjectiveId(metric, stat), limit, None, 0, None,
                                      note=f"no samples: the run has no {METRICS[metric].family} figures"))
                 continue
-            m = metrics[metric]
-            judged = samples.metric(metric, stat, m[stat], limit) if samples is not None else None
-            out.append(decided(ObjectiveId(metric, stat), m[stat], limit, m["count"], judged, mode,
-                               min_samples(stat)))
+            out.append(_on_metric(ObjectiveId(metric, stat), metrics[metric], limit, samples, mode))
     attempts = counts["completed"] + counts["failed"]
     limit = (slo.error_rate or DEFAULT_ERROR_RATE).max
     value = counts["error_rate"] if attempts else None
@@ -147,6 +148,21 @@ def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any
     if slo.sessions is not None:
         out += _sessions(slo, sessions or {}, samples is not None, mode)
     return out
+
+
+def _on_metric(oid: ObjectiveId, row: dict[str, Any], limit: float, samples: "ObjectiveSamples | None",
+               mode: str) -> Objective:
+    """An objective on a metric's statistic (``row``: the summary's metric row). Its samples may hold misses the
+    row leaves out (``ObjectiveSamples.misses``: requests that reasoned and never answered, for
+    ``ttft_answer_ms``): then its value and sample count are over them too, and its note says so."""
+    misses = samples.misses(oid.metric) if samples is not None else 0
+    value = samples.estimate(oid.metric, oid.stat, row[oid.stat]) if samples is not None else row[oid.stat]
+    judged = samples.metric(oid.metric, oid.stat, value, limit) if samples is not None else None
+    o = decided(oid, value, limit, row["count"] + misses, judged, mode, min_samples(oid.stat))
+    if misses:
+        o.note = (o.note + "; " if o.note else "") + (f"{misses} request(s) reasoned and never answered: "
+                                                      "counted as misses (+inf)")
+    return o
 
 
 def _sessions(slo: Slo, figures: dict[str, Any], intervals: bool, mode: str) -> list[Objective]:

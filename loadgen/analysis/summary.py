@@ -11,7 +11,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
 from loadgen.analysis.conversations import conversation_figures
-from loadgen.analysis.reasoning import reasoning_figures
+from loadgen.analysis.reasoning import reasoning_figures, tool_figures
 from loadgen.analysis.sessions import SessionFrames
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
@@ -62,12 +62,13 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "slo": [o.as_dict() for o in objectives],
         "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
-        "classes": _per_class(measured, run, scenario, spike.per_class),
+        "classes": _per_class(measured, run, scenario, spike.per_class, unfinished),
         "lengths": _lengths(measured, [c.name for c in scenario.workload.classes if c.dataset is not None]),
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
         "conversations": conversation_figures(measured),
         "reasoning": reasoning_figures(measured, [c.name for c in scenario.workload.classes]),
+        "tools": tool_figures(measured),
         "sessions": sessions,
         "findings": run_findings(requests, run.chunks),  # what limits the measurement (loadgen check's signs)
         **(extra or {}),
@@ -96,13 +97,15 @@ def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:
     return m.is_good(requests, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
 
 
-def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario,
-               stalls: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario, stalls: dict[str, dict[str, Any]],
+               not_finished: list[int]) -> dict[str, Any]:
+    """Each class's counts and metric rows; its session rows leave out the sessions the run's end cut short
+    (``not_finished``), as the run's own do."""
     out = {}
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
         good = _good(req, scenario)
-        frames = _session_frames(req, scenario) if "session" in run.families else None
+        frames = _session_frames(req, scenario, not_finished) if "session" in run.families else None
         out[cls.name] = {"requests": m.request_counts(req),
                          "metrics": m.metric_table(req, token_stats=run.token_stats(cls.name), kinds=run.families,
                                                    session_stats=frames.stats() if frames else None),

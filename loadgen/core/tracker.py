@@ -87,7 +87,8 @@ class StreamTracker:
                  api: str = "chat", parse: Callable[[str], Parsed] | None = None, think_tags: bool = True) -> None:
         """``parse``: the event parser, when a driver has a faster one giving the same ``Parsed``; default the
         API's own (``apis.EVENT_PARSERS``). ``think_tags``: split ``<think>…</think>`` out of a stream whose
-        content starts with it (``target.think_tags: auto``); False leaves the content as it is."""
+        first content starts with ``<think>`` (every driver leaves it on: no scenario setting turns it off; a
+        stream whose content starts otherwise is never split); False leaves the content as it is."""
         self.meta = meta
         self.t_sent_ns = t_sent_ns
         self.last_read_ns = 0  # for idle timeouts

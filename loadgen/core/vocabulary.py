@@ -55,9 +55,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "not reasoning) from the intended send time", "reasoning"),
     Metric("reasoning_ms", "ms", "request", False, False, "time spent reasoning before the answer: first answer "
            "chunk minus first token (requests that reasoned)", "reasoning"),
-    Metric("tpot_reasoning_ms", "ms", "request", False, False, "time per reasoning token after the first: (last "
+    Metric("tpot_reasoning_ms", "ms", "request", False, True, "time per reasoning token after the first: (last "
            "reasoning chunk − first token) / (reasoning tokens − 1)", "reasoning"),
-    Metric("tpot_answer_ms", "ms", "request", True, False, "time per answer token after the first: (last token − "
+    Metric("tpot_answer_ms", "ms", "request", True, True, "time per answer token after the first: (last token − "
            "first answer chunk) / (answer tokens − 1)", "reasoning"),
     Metric("itl_reasoning_ms", "ms", "token", False, False, "inter-token latency of chunks before the first answer "
            "chunk, one sample per token", "reasoning"),

@@ -3,7 +3,9 @@ summary.md's sections, the console's tables and report.html's sections.
 
 Reasoning: the reasoning share of output tokens, the token counts, and per class TTFT (the first generated
 token of any kind — reasoning included, as MLPerf LoadGen counts a reasoning fragment as the first token)
-beside the time to first answer token. Sessions: how many, how many completed, jobs per hour, attainment,
+beside the time to first answer token, and how many requests reasoned without ever answering (left out of the
+answer percentiles). Tool calls: how many requests called tools, the calls and their tokens, in any run that
+has them (with or without reasoning or sessions). Sessions: how many, how many completed, jobs per hour, attainment,
 session and agent-step latency, the prefix-cache hit ratio per session and the tool waits. Each part appears
 only in a run that has it.
 """
@@ -34,6 +36,10 @@ def _reasoning(result: RunResult) -> dict[str, Any] | None:
     return dict(result.reasoning) if result.reasoning else None
 
 
+def _tools(result: RunResult) -> dict[str, Any] | None:
+    return dict(result.tools) if result.tools else None
+
+
 def _sessions(result: RunResult) -> dict[str, Any] | None:
     return dict(result.sessions) if result.sessions else None
 
@@ -52,9 +58,20 @@ def reasoning_headline(result: RunResult) -> str:
     if not r:
         return ""
     tools = (f"; {r['tool_calls']} tool calls ({r.get('tool_tokens', 0)} tokens)" if r.get("tool_calls") else "")
+    unanswered = r.get("requests_without_answer") or 0
+    silent = (f" {unanswered} of them never produced an answer token (e.g. reasoned until max_tokens): left out of "
+              "the answer percentiles, a miss for a ttft_answer_ms objective." if unanswered else "")
     return (f"Reasoning: {_share(r.get('reasoning_share'))} of output tokens ({r.get('reasoning_tokens')} reasoning, "
             f"{r.get('answer_tokens')} answer{tools}); {r.get('requests_with_reasoning')} of "
-            f"{fmt(r.get('requests'))} successful requests reasoned.")
+            f"{fmt(r.get('requests'))} successful requests reasoned.{silent}")
+
+
+def tools_headline(result: RunResult) -> str:
+    t = _tools(result)
+    if not t:
+        return ""
+    return (f"Tool calls: {t.get('tool_calls')} calls ({t.get('tool_tokens')} tokens, counted as output) in "
+            f"{t.get('requests_with_tool_calls')} successful requests.")
 
 
 def reasoning_rows(result: RunResult) -> list[list[str]]:
@@ -120,6 +137,8 @@ def sessions_markdown(result: RunResult, escape: Callable[[str], str]) -> list[s
         lines += ["### Reasoning", "", reasoning_headline(result), "", TTFT_DEFINITION + " Times in ms.", "",
                   "| " + " | ".join(REASONING_HEAD) + " |", "| --- |" + " ---: |" * (len(REASONING_HEAD) - 1)]
         lines += ["| " + " | ".join([escape(r[0]), *r[1:]]) + " |" for r in reasoning_rows(result)] + [""]
+    if _tools(result):
+        lines += ["### Tool calls", "", tools_headline(result), ""]
     if _sessions(result):
         lines += ["### Sessions", "", sessions_headline(result), "",
                   "| " + " | ".join(SESSION_HEAD) + " |", "| --- |" + " ---: |" * (len(SESSION_HEAD) - 1)]
@@ -141,6 +160,8 @@ def print_sessions(console: Console, result: RunResult) -> None:
         console.print(_table("reasoning (ms): TTFT counts thinking, answer does not",
                              REASONING_HEAD, _compact(reasoning_rows(result))))
         console.print(reasoning_headline(result), highlight=False, markup=False)
+    if _tools(result):
+        console.print(tools_headline(result), highlight=False, markup=False)
     if _sessions(result):
         console.print(_table("sessions", SESSION_HEAD, _compact(sessions_rows(result))))
         console.print(sessions_headline(result), highlight=False, markup=False)
@@ -169,6 +190,8 @@ def sessions_html(result: RunResult) -> str:
         out += (f"<section id=\"reasoning\"><h2>Reasoning</h2><p>{html.escape(reasoning_headline(result))}</p>"
                 f"<p class=\"note\">{html.escape(TTFT_DEFINITION)} Times in ms.</p>"
                 + _html_table(REASONING_HEAD, reasoning_rows(result)) + "</section>")
+    if _tools(result):
+        out += f"<section id=\"tools\"><h2>Tool calls</h2><p>{html.escape(tools_headline(result))}</p></section>"
     if _sessions(result):
         out += (f"<section id=\"sessions\"><h2>Sessions</h2><p>{html.escape(sessions_headline(result))}</p>"
                 + _html_table(SESSION_HEAD, sessions_rows(result))
