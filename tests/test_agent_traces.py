@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from loadgen.cli.app import app
-from loadgen.plan.agent_traces import read_agent_trace
+from loadgen.plan.agent_traces import read_agent_trace, trace_format_of
 from loadgen.plan.scenario import ScenarioError
 from loadgen.plan.session_spec import SessionTrace
 from loadgen.plan.sessions import SessionPlan
@@ -166,6 +166,53 @@ def test_dataset_inspect_describes_an_agent_trace(name, fmt, says):
     result = CliRunner().invoke(app, ["dataset", "inspect", str(DATA / name), "--format", fmt],
                                 env={"COLUMNS": "400"})
     assert result.exit_code == 0 and says in result.output, result.output
+
+
+AUTO = [("7c3e9a10-f4a.json", "weka"), ("2b81d0c4-6e7.json", "weka"), ("e05a7f3b-1d2.json", "weka"),
+        ("weka_traces.jsonl", "weka"), ("otel_fanout_join.json", "otel"), ("otel_tool_chain.json", "otel"),
+        ("otlp_tool_chain.json", "otel"), ("loadgen_sessions.jsonl", "loadgen")]
+
+
+def test_every_fixture_is_told_its_format_by_its_first_document():
+    assert sorted(p.name for p in DATA.iterdir() if p.name != "README.md") == sorted(n for n, _ in AUTO)
+    assert [trace_format_of(DATA / name) for name, _ in AUTO] == [fmt for _, fmt in AUTO]
+
+
+def test_a_dataset_or_a_file_that_is_not_json_is_no_agent_trace(tmp_path):
+    files = {"d.jsonl": '{"prompt": "hi"}\n', "s.json": '[{"conversations": []}]', "c.csv": "session,call\n",
+             "bad.json": "{nope", "calls.jsonl": '{"session": "s", "call": "a", "prompt": "extra key"}\n',
+             "empty.jsonl": "\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        assert trace_format_of(tmp_path / name) is None, name
+
+
+@pytest.mark.parametrize("name,fmt", [("weka_traces.jsonl", "weka"), ("7c3e9a10-f4a.json", "weka"),
+                                      ("otel_fanout_join.json", "otel"), ("otlp_tool_chain.json", "otel"),
+                                      ("loadgen_sessions.jsonl", "loadgen")])
+def test_dataset_inspect_with_format_auto_describes_an_agent_trace_as_its_explicit_format_does(name, fmt):
+    auto, explicit = (CliRunner().invoke(app, ["dataset", "inspect", str(DATA / name), *flag],
+                                         env={"COLUMNS": "400"}) for flag in ([], ["--format", fmt]))
+    assert auto.exit_code == 0 and f"{fmt} agent trace, " in auto.output, auto.output
+    assert auto.output == explicit.output
+
+
+def test_dataset_inspect_with_format_auto_still_reads_a_dataset(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "hello there"}\n{"prompt": "hi"}\n')
+    result = CliRunner().invoke(app, ["dataset", "inspect", str(path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 0 and ": jsonl, 2 rows" in result.output, result.output
+
+
+@pytest.mark.parametrize("name,text,why", [("notes.txt", "hello", "cannot tell the format from '.txt'"),
+                                           ("odd.json", '{"colour": 1}', "not valid sharegpt")])
+def test_dataset_inspect_with_format_auto_names_what_it_expected_in_one_line_and_exits_2(tmp_path, name, text, why):
+    path = tmp_path / name
+    path.write_text(text)
+    result = CliRunner().invoke(app, ["dataset", "inspect", str(path)], env={"COLUMNS": "400"})
+    line = result.output.strip()
+    assert result.exit_code == 2 and "\n" not in line and why in line, result.output
+    assert "agent trace (WEKA" in line and "OTLP JSON" in line and "--format" in line and "Traceback" not in line
 
 
 def test_the_fixture_readme_matches_the_files():

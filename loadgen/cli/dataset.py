@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from loadgen.cli.common import console, fail
 from loadgen.core.secrets import write_text
-from loadgen.plan.agent_traces import describe, read_agent_trace
+from loadgen.plan.agent_traces import describe, read_agent_trace, trace_format_of
 from loadgen.plan.datasets import format_of, rows_for
 from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
 from loadgen.plan.scenario import DatasetSpec, ScenarioError
@@ -42,14 +42,18 @@ def sample_trace(out: Path = typer.Option(Path("scenarios/data/mooncake_sample.j
 @app.command()
 def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, parquet, ShareGPT json), a "
                                         "saved Hugging Face dataset directory, or an agent trace"),
-            format: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet, sharegpt or hf; agent "
-                                       "traces: weka, otel or loadgen"),
+            format: str = typer.Option("auto", "--format", help="auto (an agent trace by its first document, else a "
+                                       "dataset by its suffix), jsonl, csv, parquet, sharegpt or hf; agent traces: "
+                                       "weka, otel or loadgen"),
             prompt_column: str = typer.Option("prompt", "--prompt-column"),
             messages_column: Optional[str] = typer.Option(None, "--messages-column"),
             output_column: Optional[str] = typer.Option(None, "--output-column")) -> None:
-    """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths."""
+    """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths; or how a
+    class's ``session.trace`` would read an agent trace (``--format auto`` tells one by its first document)."""
     if not path.exists():
         raise fail(f"{path}: no such file")
+    auto = format == "auto"
+    format = (trace_format_of(path) or format) if auto else format
     if format in ("weka", "otel", "loadgen"):
         return _inspect_trace(path, format)
     try:
@@ -59,7 +63,7 @@ def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, p
     except ValidationError as exc:
         raise fail(f"--format {format!r}: {exc.errors()[0]['msg']}") from None
     except ScenarioError as exc:
-        raise fail(str(exc)) from None
+        raise fail(_unrecognised(path, str(exc)) if auto else str(exc)) from None
     turns = [len(r.turns) for r in rows]
     prompts = sorted(r.prompt_estimate() for r in rows)
     answered = sum(1 for r in rows if r.answer_estimate(0))
@@ -76,3 +80,11 @@ def _inspect_trace(path: Path, format: str) -> None:
     except ScenarioError as exc:
         raise fail(str(exc)) from None
     console.print(f"{path}: {format} agent trace, {describe(sessions)}", highlight=False)
+
+
+def _unrecognised(path: Path, why: str) -> str:
+    """``--format auto`` found neither a dataset it reads nor an agent trace: what it expected, and why not."""
+    why = why.removeprefix(f"dataset {path}: ").split(": set dataset.format")[0]  # the flag is named below
+    return (f"{path}: --format auto reads no dataset or agent trace here ({why}); expected a dataset (jsonl, csv, "
+            "parquet, ShareGPT json, a saved Hugging Face dataset directory) or an agent trace (WEKA JSON/JSONL, "
+            "OpenTelemetry spans or OTLP JSON, loadgen sessions JSONL); or name one with --format")

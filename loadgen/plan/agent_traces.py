@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 from loadgen.plan.otel_trace import read_otel
 from loadgen.plan.scenario import ScenarioError
@@ -34,6 +34,7 @@ from loadgen.plan.session_spec import SessionTrace
 from loadgen.plan.sessions import SessionCall, SessionPlan, WaitKind, check_session
 
 MAX_TRACE_BYTES = 512 * 1024 * 1024
+TraceFormat = Literal["weka", "otel", "loadgen"]
 LOCAL_SCOPE = 10**9  # a local hash id h of the trace's k-th session is (k + 1)·LOCAL_SCOPE + h
 
 
@@ -51,6 +52,29 @@ def read_agent_trace(spec: SessionTrace, base: Path | None = None) -> list[Sessi
     for s in sessions:
         check_session(s, f"{path}: session {s.source}")
     return sessions
+
+
+def trace_format_of(path: Path) -> TraceFormat | None:
+    """The agent trace format of ``path`` by its first document (``dataset inspect --format auto``): weka (an
+    object with a ``requests`` list), otel (``spans`` or ``resourceSpans``), loadgen (a call: ``session`` and
+    ``call``, our keys only); None for anything else (a dataset, a file that is not JSON)."""
+    if not (path.is_dir() or path.suffix in (".json", ".jsonl")):
+        return None
+    try:
+        if path.suffix == ".jsonl" and path.is_file():
+            with path.open(encoding="utf-8") as f:  # the first line only: a trace may be large
+                doc = json.loads(next((line for line in f if line.strip()), "null"))
+        else:
+            doc = next(_documents(path))[1]
+    except (OSError, UnicodeDecodeError, ValueError, ScenarioError, StopIteration):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if isinstance(doc.get("requests"), list):
+        return "weka"
+    if isinstance(doc.get("spans"), list) or isinstance(doc.get("resourceSpans"), list):
+        return "otel"
+    return "loadgen" if {"session", "call"} <= set(doc) <= _KEYS else None
 
 
 def _documents(path: Path) -> Iterator[tuple[str, Any]]:
