@@ -101,12 +101,15 @@ def _load(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], pl.DataFrame, 
     run = RunAnalysis(requests, chunks, scenario.load.steady_state)
     stored = stored_summary(run_dir)
     summary, stalls = stored if stored is not None else _summarized(scenario, requests, chunks, info, run)
-    return info, summary, requests, run_samples(requests, chunks, stalls, run, point_figures(summary))
+    # the sessions the run's end cut short are left out of the bootstrap as summary.json's point value leaves them
+    return info, summary, requests, run_samples(requests, chunks, stalls, run, point_figures(summary),
+                                                info.get("sessions_not_finished"))
 
 
 def _summarized(scenario: Scenario, requests: pl.DataFrame, chunks: pl.LazyFrame, info: dict[str, Any],
                 run: RunAnalysis) -> tuple[dict[str, Any], pl.DataFrame]:
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), run=run)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"),
+                                {"sessions_not_finished": info.get("sessions_not_finished", [])}, run=run)
     return summary, tables["stalls"]
 
 
