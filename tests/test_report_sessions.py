@@ -212,7 +212,7 @@ def test_summary_md_has_the_reasoning_and_sessions_sections() -> None:
     sessions = md.split("### Sessions")[1]
     assert ("Sessions: 9 (8 completed with every call successful, 1 failed); "
             "6.5 calls and 1.75 agents per session; 240 jobs per hour; attainment 88% (sessions good by "
-            "slo.sessions.good); 30 tool waits, median 380 ms; 31 tool calls, 1 tool turns answered with text "
+            "slo.sessions.good); 30 tool waits, median 380 ms; 31 tool calls, 1 tool turn answered with text "
             "instead.") in sessions
     assert "| session (ms) | 8 | 14500 | 8000 | 18900 | 21000 | 21000 |" in sessions
     assert "| cache hit per session | 8 | 80% | 83% | 87% | 97% | 97% |" in sessions

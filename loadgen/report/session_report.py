@@ -111,7 +111,8 @@ def sessions_headline(result: RunResult) -> str:
     if s.get("tool_calls"):
         parts.append(f"; {s['tool_calls']} tool calls")
     if s.get("tool_calls_missing"):
-        parts.append(f", {s['tool_calls_missing']} tool turns answered with text instead")
+        n = s['tool_calls_missing']
+        parts.append(f", {n} tool turn{'' if n == 1 else 's'} answered with text instead")
     return "".join(parts) + "."
 
 
