@@ -64,3 +64,22 @@ def scenario_file(tmp_path: Path, text: str, name: str = "scenario.yaml") -> Pat
     path = tmp_path / name
     path.write_text(text)
     return path
+
+
+# scenarios/agentic.yaml made short (8 s, 4 agents, a server ten times as fast) with the simulator's truth on:
+# one run shared by tests/test_agentic_truth.py (timing) and the session lane test in
+# tests/test_report_browser.py (browser), which both run in CI's marked tier
+AGENTIC_SHORT = ("--set", "load.duration_s=8", "--set", "load.warmup_s=0", "--set", "load.concurrency=4",
+                 "--set", "load.steady_state=declared", "--set", "target.simulator.time_scale=0.1",
+                 "--set", "target.simulator.trace=true")
+
+
+@pytest.fixture(scope="session")
+def agentic_short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One short run of scenarios/agentic.yaml: records, sim_trace.jsonl and report.html (no PNGs)."""
+    from tests.run_helpers import run_cli
+
+    out = tmp_path_factory.mktemp("agentic") / "run"
+    res = run_cli("run", "scenarios/agentic.yaml", "--out", str(out), "--no-progress", "--no-png", *AGENTIC_SHORT)
+    assert res.returncode in (0, 1, 3), res.stdout + res.stderr  # seconds decide few objectives: any verdict
+    return out

@@ -23,7 +23,7 @@ RUN_ELSEWHERE = {
     "multi_turn": "tests/test_conversations.py",  # TTFT by turn against the truth
     "nightly": "tests/test_ci_outputs.py",  # the workflow's own steps
     "reasoning": "tests/test_reasoning_truth.py",  # time to first answer token against the truth
-    "agentic": "tests/test_agentic_truth.py",  # session latency and cache hits against the truth
+    "agentic": "tests/conftest.py",  # agentic_short_run: the truth tests and the session lane in chromium
     "vllm_cpu": "tests/test_vllm_cpu.py",  # against a real vLLM (CPU build)
     "llamacpp_cpu": "tests/test_llamacpp.py",  # against a real llama-server
 }
