@@ -29,12 +29,23 @@ DOC: dict[str, Any] = {
         "path": str(ROOT / "tests" / "data" / "agent_traces" / "loadgen_sessions.jsonl"), "format": "loadgen"}}}]}}
 
 
+@pytest.fixture
+def no_locust_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Locust and loadgen's Locust modules out of ``sys.modules`` for the test (put back after it): whether an
+    entry point loads them is then seen whatever ran before in this process (pytest-xdist's order, or a Locust
+    test of the same session)."""
+    for name in [n for n in sys.modules if n == "locust" or n.startswith(("locust.", "loadgen.run.locust_"))]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+@pytest.mark.usefixtures("no_locust_loaded")
 def test_run_on_the_locust_engine_refuses_a_session_class(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match=LINE):  # the CLI: exit 2
         api.run(Scenario.model_validate(DOC), engine="locust", out=tmp_path / "run")
     assert not (tmp_path / "run").exists() and "locust" not in sys.modules  # refused before Locust is loaded
 
 
+@pytest.mark.usefixtures("no_locust_loaded")
 def test_the_web_ui_refuses_a_session_class_before_it_serves() -> None:
     with pytest.raises(ScenarioError, match=LINE):
         api.ui(Scenario.model_validate(DOC))

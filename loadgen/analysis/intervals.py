@@ -88,9 +88,10 @@ def _cdf_root(m: int, q: float, level: float) -> float:
     return k - 1 + (level - lo) / (hi - lo) if hi > lo else float(k)
 
 
-def _at_rank(x: np.ndarray, rank: float) -> float:
-    """The sorted samples' value at a fractional 1-based rank (linear between neighbours; +inf past the last
-    finite one, where a miss is counted as +inf)."""
+def at_rank(x: np.ndarray, rank: float) -> float:
+    """The sorted samples' value at a fractional 1-based rank (>= 1; linear between neighbours; +inf past the last
+    finite one, where a miss is counted as +inf). Rank (n − 1)·q + 1 is the linear q-quantile polars and numpy
+    give (the summary's percentiles), so objectives over samples holding +inf misses use it too."""
     i = int(math.floor(rank))
     if i >= len(x):
         return float(x[-1])
@@ -103,7 +104,7 @@ def quantile_interval(values: np.ndarray, q: float, confidence: float = 0.95) ->
     """Distribution-free interval of the q-quantile of independent samples (NaN ignored)."""
     x = np.sort(values[~np.isnan(values)])
     lo, hi = order_ranks(len(x), q, confidence)
-    return Interval(None if lo is None else _at_rank(x, lo), None if hi is None else _at_rank(x, hi),
+    return Interval(None if lo is None else at_rank(x, lo), None if hi is None else at_rank(x, hi),
                     confidence, "order statistics")
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 
 from loadgen.analysis import objective_intervals as oi
+from loadgen.analysis.intervals import at_rank
 from loadgen.analysis.reasoning import never_answered
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.core.vocabulary import METRICS, QUANTILES, TOKEN_METRICS
@@ -62,11 +63,7 @@ class ObjectiveSamples:
             return math.inf
         x = np.sort(self.values(metric).drop_nulls().cast(pl.Float64).to_numpy())
         x = x[~np.isnan(x)]
-        rank = (len(x) - 1) * QUANTILES[stat]
-        lo, frac = int(math.floor(rank)), rank - math.floor(rank)
-        if frac == 0 or not math.isfinite(x[lo + 1]):
-            return float(x[lo]) if frac == 0 else math.inf
-        return float(x[lo] + (x[lo + 1] - x[lo]) * frac)
+        return at_rank(x, (len(x) - 1) * QUANTILES[stat] + 1)
 
     def metric(self, metric: str, stat: str, estimate: float | None, limit: float) -> oi.Judged:
         """The evidence on ``metric``'s ``stat`` against an upper ``limit``; ``estimate``: the summary's value."""
