@@ -24,6 +24,11 @@ class FaultConfig(BaseModel):
     malformed_rate: float = Field(0.0, ge=0, le=1, description="share of streams that get one malformed chunk")
     stall_ms: float = Field(0.0, ge=0, description="an engine-wide stall of this many ms ...")
     stall_every_s: float = Field(0.0, ge=0, description="... injected into one step this often (0 = never)")
+    network_delay_ms: float = Field(0.0, ge=0, description="a slow path in front of the server: requests in "
+                                    "network_delay_rate are held this long (real ms, not time_scale'd) before "
+                                    "the server reads them, so their response headers come that much later")
+    network_delay_rate: float = Field(0.0, ge=0, le=1, description="share of generation requests held "
+                                      "network_delay_ms (a seeded draw of their own)")
 
 
 class EffortMedians(BaseModel):

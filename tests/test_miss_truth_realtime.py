@@ -1,0 +1,100 @@
+"""The SLO-miss ledger scored end to end in real time against the simulator's ground truth.
+
+First the simulator's own side of it, in process and cheap: the network-delay fault holds a request (response
+headers included) in front of the server, response headers otherwise leave at arrival (before the first
+token: the client can tell a late head from a queue), injected refusals and cuts are in the trace, and every
+step carries its KV usage. Then one real-time run (``slow``) with several causes injected at once, its ledger
+(misses.parquet) scored per cause against ``local_target.sim.truth_causes.true_causes`` on the run's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from local_target.sim import build_config
+from local_target.sim.server import serve
+from tests.sim_client import chat_body
+
+MODEL = "llama-2-7b"
+
+
+async def _timed_post(client: httpx.AsyncClient, url: str, body: dict[str, Any], rid: str) -> dict[str, Any]:
+    """POST a stream; when it was sent, when its headers were read, when its first data line came."""
+    out: dict[str, Any] = {"id": f"chatcmpl-{rid}", "t_sent_ns": time.monotonic_ns()}
+    async with client.stream("POST", url, json=body, headers={"x-request-id": rid}) as resp:
+        out["t_headers_ns"], out["status"] = time.monotonic_ns(), resp.status_code
+        try:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: ") and "t_first_ns" not in out:
+                    out["t_first_ns"] = time.monotonic_ns()
+        except httpx.RemoteProtocolError:  # faults.disconnect_rate cut it
+            out["cut"] = True
+    return out
+
+
+def _serve_and_post(overrides: dict[str, Any], bodies: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    """Serve the simulator in this loop (trace kept in memory), POST ``bodies`` at once; (client view, trace)."""
+    async def go() -> tuple[list[dict], list[dict]]:
+        sim = await serve(build_config(overrides=overrides), keep_trace=True)
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                url = sim.base_url + "/chat/completions"
+                seen = await asyncio.gather(*[_timed_post(client, url, b, f"{i:03d}") for i, b in enumerate(bodies)])
+        finally:
+            await sim.close()
+        assert sim.runtime.trace is not None and sim.runtime.trace.events is not None
+        return list(seen), sim.runtime.trace.events
+    return asyncio.run(go())
+
+
+def _events(trace: list[dict], kind: str) -> dict[str, dict]:
+    return {e["id"]: e for e in trace if e["type"] == kind}
+
+
+def test_network_delay_holds_a_seeded_share_headers_included():
+    delay_ms = 120.0
+    seen, trace = _serve_and_post({"faults.network_delay_ms": delay_ms, "faults.network_delay_rate": 0.5,
+                                   "time_scale": 0.2}, [chat_body(MODEL, 50, 8) for _ in range(12)])
+    requests = _events(trace, "request")
+    held = [s for s in seen if requests[s["id"]]["network_delay_ms"] > 0]
+    free = [s for s in seen if requests[s["id"]]["network_delay_ms"] == 0]
+    assert held and free and len(held) + len(free) == 12  # a share, not all or none
+    for s in held:
+        truth = requests[s["id"]]
+        assert truth["network_delay_ms"] >= delay_ms
+        assert (s["t_headers_ns"] - s["t_sent_ns"]) / 1e6 >= delay_ms  # the head is late, not only the tokens
+        assert (truth["t_arrival_ns"] - s["t_sent_ns"]) / 1e6 >= delay_ms  # the server got it that late
+    assert max(s["t_headers_ns"] for s in free) < min(s["t_headers_ns"] for s in held)
+    again = _serve_and_post({"faults.network_delay_ms": delay_ms, "faults.network_delay_rate": 0.5,
+                             "time_scale": 0.2}, [chat_body(MODEL, 50, 8) for _ in range(12)])[1]
+    assert ({k for k, e in _events(again, "request").items() if e["network_delay_ms"] > 0}
+            == {s["id"] for s in held})  # seeded: the same requests are held
+
+
+def test_headers_leave_at_arrival_before_the_first_token():
+    """A long prompt's prefill (~0.4 s modelled here) comes after its response head: a client that reads the
+    head early can tell the server's queue and prefill from a slow path in front of it."""
+    (s,), trace = _serve_and_post({}, [chat_body(MODEL, 8000, 2)])
+    arrival = _events(trace, "request")[s["id"]]["t_arrival_ns"]
+    first_step_end = min(e["t_end_ns"] for e in trace if e["type"] == "step")
+    assert s["t_headers_ns"] < first_step_end < s["t_first_ns"]
+    assert arrival <= s["t_headers_ns"]
+
+
+def test_refusals_and_cuts_are_in_the_trace_and_steps_carry_kv_usage():
+    seen, trace = _serve_and_post({"faults.error_rate": 0.5, "faults.disconnect_rate": 1.0, "time_scale": 0.05,
+                                   "kv_cache_tokens": 2000}, [chat_body(MODEL, 300, 40) for _ in range(8)])
+    finishes = _events(trace, "finish")
+    refused = {s["id"] for s in seen if s["status"] == 500}
+    assert refused and refused == {k for k, e in finishes.items() if e["reason"] == "error"}
+    assert all(finishes[k]["status"] == 500 and k in _events(trace, "request") for k in refused)
+    cut = {k for k, e in finishes.items() if e["reason"] == "disconnect"}
+    assert cut and cut == {s["id"] for s in seen if s.get("cut")} and not cut & refused
+    steps = [e for e in trace if e["type"] == "step"]
+    assert all(0.0 <= e["kv_usage"] <= 1.0 for e in steps)
+    assert max(e["kv_usage"] for e in steps) >= 0.3  # 300-token prompts in a 2,000-token cache
