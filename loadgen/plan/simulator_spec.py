@@ -34,6 +34,10 @@ class SimulatorFaults(_Sparse):
     stall_ms: float | None = Field(None, ge=0, description="ms: an engine-wide stall injected into one step "
                                   "every stall_every_s")
     stall_every_s: float | None = Field(None, ge=0, description="seconds between injected stalls (0: never)")
+    network_delay_ms: float | None = Field(None, ge=0, description="ms: requests in network_delay_rate are held "
+                                          "this long before the server reads them (response headers included)")
+    network_delay_rate: float | None = Field(None, ge=0, le=1, description="share of requests held "
+                                             "network_delay_ms")
 
 
 class SimulatorEffortMedians(_Sparse):
