@@ -1,0 +1,221 @@
+"""The SLO-miss ledger: every measured request that missed a limit, with one primary cause and the evidence
+that decided it (issue 39; docs/causes.md has the causes and the decision order, ``analysis/ledger_rules.py``
+applies it, ``analysis/ledger_evidence.py`` gathers what it weighs).
+
+**Limits**, per metric: the smallest of the scenario's goodput limit on it and its tail-most objective's
+limit (max > p999 > p99 > p95 > p90 > p50 > mean). For a percentile objective (TTFT p99 ≤ L) a request
+*missed* it when its own value is above L: those are the requests that make the percentile fail. Judged:
+ttft_ms, e2e_ms, tpot_ms, ttft_answer_ms, itl_ms and chunk_gap_ms (a request missed when one of its gaps is
+over: per token for itl_ms) and errors (any ``error_kind`` but ``cancelled`` at the run's end) always.
+Session metrics and per-prompt-length TTFT limits are not judged here.
+
+**The decisive metric** of a request that missed several: an error always, else the largest excess relative
+to its limit. Its cause decides the request's (ledger_rules.py).
+
+``Ledger.misses`` (misses.parquet) has one row per missed request (``MISS_SCHEMA``); ``Ledger.summary`` is
+summary.json's ``misses``: how many missed of how many, the limits, per cause the requests, their share and the
+goodput lost (requests that missed a goodput limit or failed) in all and per second of the measured window,
+the unexplained share and the top causes. Pure: frames in, frames and dicts out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import polars as pl
+
+from loadgen.analysis import ledger_evidence as ev
+from loadgen.analysis import ledger_rules as rules
+from loadgen.analysis import metrics as m
+from loadgen.analysis.prefill import PrefillFit
+from loadgen.analysis.run_analysis import RunAnalysis
+from loadgen.analysis.spikes import SpikeAnalysis, attribute
+
+JUDGED = ("ttft_ms", "e2e_ms", "tpot_ms", "ttft_answer_ms", "itl_ms", "chunk_gap_ms")
+REQUEST_JUDGED = ("ttft_ms", "e2e_ms", "tpot_ms", "ttft_answer_ms")
+TAIL_FIRST = ("max", "p999", "p99", "p95", "p90", "p50", "mean")
+COMPONENTS = ("send_lag_ms", "read_lag_ms", "network_ms", "wait_ms", "own_ms", "stall_ms")
+MISS_SCHEMA = pl.Schema({
+    "worker": pl.Int64, "seq": pl.Int64, "class_name": pl.String, "t_intended_ns": pl.Int64,
+    "missed": pl.List(pl.String), "metric": pl.String, "value_ms": pl.Float64, "limit_ms": pl.Float64,
+    "excess_ms": pl.Float64, "cause": pl.String, "evidence": pl.String, "culprits": pl.List(pl.Int64),
+    **{c: pl.Float64 for c in COMPONENTS}, "good": pl.Boolean,
+})
+KEY = ["worker", "seq"]
+TOP = 3
+
+
+def limits_of(slo: Any) -> dict[str, float]:
+    """Per judged metric: min(goodput limit, the tail-most objective's limit) where either is set."""
+    out = {}
+    for metric in JUDGED:
+        th = getattr(slo, metric, None)
+        tail = next((v for k in TAIL_FIRST if th is not None and (v := getattr(th, k)) is not None), None)
+        good = getattr(slo.goodput, metric, None) if getattr(slo, "goodput", None) is not None else None
+        given = [float(v) for v in (tail, good) if v is not None]
+        if given:
+            out[metric] = min(given)
+    return out
+
+
+@dataclass
+class Ledger:
+    misses: pl.DataFrame  # MISS_SCHEMA, one row per missed request (misses.parquet)
+    summary: dict[str, Any]  # summary.json's "misses"
+    limits: dict[str, float]
+    window_s: float
+
+    def of_class(self, name: str, of: int) -> dict[str, Any]:
+        """``summary``'s shape for one class (``of``: its measured requests; per second of the run's window)."""
+        return summary_of(self.misses.filter(pl.col("class_name") == name), of, self.limits, self.window_s)
+
+
+def summary_of(misses: pl.DataFrame, of: int, limits: dict[str, float], window_s: float) -> dict[str, Any]:
+    """summary.json's ``misses``: by_cause sorted by requests (most first), then name; only causes that
+    occurred; ``top``: the first three of them."""
+    n = misses.height
+    rows = (misses.group_by("cause").agg(requests=pl.len(), goodput_lost=(~pl.col("good")).sum())
+            .sort(["requests", "cause"], descending=[True, False]).iter_rows(named=True)) if n else []
+    by_cause = {r["cause"]: {"requests": int(r["requests"]), "share": r["requests"] / n,
+                             "goodput_lost": int(r["goodput_lost"]),
+                             "goodput_lost_per_s": r["goodput_lost"] / window_s if window_s > 0 else 0.0}
+                for r in rows}
+    return {"requests": n, "of": of, "share": n / of if of else 0.0, "limits": dict(limits), "by_cause": by_cause,
+            "unexplained_share": by_cause.get("unknown", {}).get("requests", 0) / n if n else 0.0,
+            "top": list(by_cause)[:TOP]}
+
+
+def miss_ledger(run: RunAnalysis, slo: Any, spike: SpikeAnalysis | None = None, server: pl.DataFrame | None = None,
+                client: pl.DataFrame | None = None) -> Ledger:
+    """The ledger of ``run``'s measured requests against ``slo``'s limits. ``spike``: the run's stall analysis
+    (its stalls, prefill windows and fit; none: no stall evidence), ``server``: server_metrics.parquet's rows
+    (preemptions, KV usage), ``client``: client_metrics.parquet's (loadgen's loop lag; None: not measured)."""
+    limits = limits_of(slo)
+    measured = run.measured
+    window_s = m.window_s(measured)
+    rows = _missed(run, measured, limits)
+    if rows.is_empty():
+        return Ledger(pl.DataFrame(schema=MISS_SCHEMA), summary_of(rows, measured.height, limits, window_s), limits,
+                      window_s)
+    fit = spike.fit if spike is not None and spike.fit is not None else PrefillFit(0.0, 0.0, 0.0, 0)
+    rows = _with_evidence(rows, run, spike, server, client)
+    rows = rows.with_columns(own_prefill_ms=fit.ms(pl.col("prefilled").cast(pl.Float64)))
+    decided = [_decide(r, limits) for r in rows.iter_rows(named=True)]
+    g = slo.goodput
+    good = m.is_good(rows, g.ttft_ms if g else None, g.tpot_ms if g else None, g.e2e_ms if g else None)
+    misses = _frame(rows, decided, good)
+    return Ledger(misses, summary_of(misses, measured.height, limits, window_s), limits, window_s)
+
+
+def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) -> pl.DataFrame:
+    """The measured requests that missed something: their columns, ``missed`` (every metric, "error" for a
+    failure) and their worst gap (ledger_evidence.worst_gaps)."""
+    gaps = ev.worst_gaps(run, limits.get("itl_ms"), limits.get("chunk_gap_ms"))
+    rows = measured.join(gaps, on=KEY, how="left")
+    flags = [pl.when(pl.col("error_kind").is_not_null() & (pl.col("error_kind") != "cancelled"))
+             .then(pl.lit("error"))]
+    flags += [pl.when(pl.col("ok") & (pl.col(k) > limits[k])).then(pl.lit(k))
+              for k in REQUEST_JUDGED if k in limits and k in rows.columns]
+    flags += [pl.when(pl.col(flag).fill_null(False)).then(pl.lit(k))
+              for k, flag in (("itl_ms", "itl_over"), ("chunk_gap_ms", "gap_over"))]
+    return (rows.with_columns(missed=pl.concat_list(flags).list.drop_nulls())
+            .filter(pl.col("missed").list.len() > 0))
+
+
+def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, server: pl.DataFrame | None,
+                   client: pl.DataFrame | None) -> pl.DataFrame:
+    """The missed rows with what the rules weigh: loop blocked before the first token, the first answer, the
+    end and in the worst gap; server pressure before the first token and in the gap; the transport; the
+    class's baseline ITL; the gap's attribution and whether it was the stream's alone; the stalls; the median
+    ITL."""
+    blocks, pressure = ev.loop_blocks(client), ev.pressure_windows(server)
+    base = dict(spike.summary.get("baseline_itl_ms") or {}) if spike is not None else {}
+    end_first = pl.coalesce("t_first_token_ns", "t_done_ns")
+    rows = rows.with_columns(network_ms=ev.network_ms(run.measured).fill_null(0.0)).select(  # (medians: the run's)
+        pl.all(), send_lag_ms=pl.col("queue_delay_ms"),
+        baseline_ms=pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64),
+        prefilled=(pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0)).clip(lower_bound=0),
+        client_measured=pl.lit(client is not None))
+    if "t_first_answer_ns" not in rows.columns:
+        rows = rows.with_columns(t_first_answer_ns=pl.lit(None, dtype=pl.Int64))
+    spans = {"first": end_first, "answer": pl.coalesce("t_first_answer_ns", end_first), "done": pl.col("t_done_ns")}
+    for name, end in spans.items():
+        iv = rows.select(KEY, a_ns=pl.col("t_sent_ns"), b_ns=end).cast(ev.INTERVAL)  # type: ignore[arg-type]
+        rows = rows.with_columns(ev.blocked_ms(iv, blocks)["blocked_ms"].alias(f"read_{name}_ms"))
+        if name == "first":
+            rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
+    rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
+    stalls = ev.stall_causes(spike.stalls) if spike is not None else ev.stall_causes(pl.DataFrame())
+    rows = rows.join(stalls, on=KEY, how="left")
+    return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
+
+
+def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, base: dict[str, float],
+                  blocks: pl.DataFrame, pressure: pl.DataFrame) -> pl.DataFrame:
+    """Per missed request with a gap over its limit: the loop blocked in it, server pressure over it, whether
+    it was the stream's alone (only where pressure makes it matter), and the stall attribution's cause and
+    culprits for it (analysis/spikes.py's ``attribute`` over these gaps, without the preemption override)."""
+    gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns"])
+    iv = gaps.select(KEY, a_ns="g0_ns", b_ns="g1_ns")
+    out = gaps.with_columns(gap_blocked_ms=ev.blocked_ms(iv, blocks)["blocked_ms"],
+                            gap_pressure=ev.pressure_during(iv, pressure)["pressure"])
+    lone = ev.alone(out.filter(pl.col("gap_pressure").is_not_null()).select(KEY + ["g0_ns", "g1_ns"]), run, base)
+    out = out.join(lone.select(KEY, gap_alone="alone"), on=KEY, how="left")
+    if spike is None or spike.windows is None or spike.cfg is None or gaps.is_empty():
+        return out.with_columns(gap_cause=pl.lit(None, dtype=pl.String),
+                                gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),
+                                gap_culprit_tokens=pl.lit(None, dtype=pl.List(pl.Int64))).drop("g0_ns", "g1_ns")
+    said = attribute(gaps.select(KEY, t_start_ns="g0_ns", t_end_ns="g1_ns"), spike.windows, run.req, spike.cfg)
+    said = said.select(KEY, gap_cause="cause", gap_culprits="culprits", gap_culprit_tokens="culprit_prompt_tokens")
+    return out.join(said, on=KEY, how="left").drop("g0_ns", "g1_ns")
+
+
+def _decisive(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float | None, float | None]:
+    """The decisive metric of a missed row, its value and limit (an error always decides)."""
+    if "error" in row["missed"]:
+        return "error", None, None
+    best: tuple[float, str, float, float] | None = None
+    for metric in row["missed"]:
+        value, limit = ((row["gap_value_ms"], row["gap_limit_ms"]) if metric == row["gap_metric"]
+                        else (row.get(metric), limits.get(metric)))
+        if metric in ("itl_ms", "chunk_gap_ms") and metric != row["gap_metric"]:
+            continue  # the worst gap stands for both gap metrics
+        if value is None or not limit:
+            continue
+        if best is None or (value - limit) / limit > best[0]:
+            best = ((value - limit) / limit, metric, value, limit)
+    assert best is not None, row["missed"]
+    return best[1], best[2], best[3]
+
+
+def _decide(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float | None, float | None,
+                                                                    rules.Verdict]:
+    metric, value, limit = _decisive(row, limits)
+    own = row["own_prefill_ms"] or 0.0
+    if metric == "error":
+        verdict = rules.error(row)
+    elif metric == "ttft_ms":
+        verdict = rules.ttft(row, value, limit, own)  # type: ignore[arg-type]
+    elif metric in ("itl_ms", "chunk_gap_ms"):
+        verdict = rules.gap({**row, "metric": metric, "limit_ms": limit})
+    elif metric == "tpot_ms":
+        verdict = rules.tpot(row, value, limit)  # type: ignore[arg-type]
+    elif metric == "e2e_ms":
+        verdict = rules.e2e(row, value, limit, own, "done", row["output_tokens"] or 0)  # type: ignore[arg-type]
+    else:  # ttft_answer_ms: its reasoning tokens are decoded before it
+        verdict = rules.e2e(row, value, limit, own, "answer",  # type: ignore[arg-type]
+                            (row.get("reasoning_tokens") or 0) + 1)
+    return metric, value, limit, verdict
+
+
+def _frame(rows: pl.DataFrame, decided: list[tuple[str, float | None, float | None, rules.Verdict]],
+           good: pl.Series) -> pl.DataFrame:
+    out = {"worker": rows["worker"], "seq": rows["seq"], "class_name": rows["class_name"],
+           "t_intended_ns": rows["t_intended_ns"], "missed": rows["missed"],
+           "metric": [d[0] for d in decided], "value_ms": [d[1] for d in decided], "limit_ms": [d[2] for d in decided],
+           "excess_ms": [d[1] - d[2] if d[1] is not None and d[2] is not None else None for d in decided],
+           "cause": [d[3].cause for d in decided], "evidence": [d[3].evidence for d in decided],
+           "culprits": [d[3].culprits for d in decided],
+           **{c: [d[3].parts.get(c) for d in decided] for c in COMPONENTS}, "good": good}
+    return pl.DataFrame(out, schema=MISS_SCHEMA).sort("t_intended_ns", "worker", "seq")

@@ -1,0 +1,166 @@
+"""The evidence the SLO-miss ledger (analysis/ledger.py) weighs, per missed request, as frames: when loadgen's
+own event loop was blocked (client_metrics.parquet's ``loop_lag_ms``), when the server was under pressure
+(server_metrics.parquet: its preemption counter rose, its KV cache was full), how late the response headers
+came beyond the run's usual, each request's worst chunk gap over the limits, whether a gap was the request's
+alone, and the stalls' excess per cause. Pure polars, no I/O.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from loadgen.analysis import server_frames
+from loadgen.analysis.prefill import NS_PER_MS
+from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
+
+KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
+HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
+ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
+KEY = ["worker", "seq"]
+INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.Int64}
+
+
+def loop_blocks(client: pl.DataFrame | None) -> pl.DataFrame:
+    """The intervals loadgen's event loop was blocked (b0_ns, b1_ns), merged: a timer that fired ``lag`` late at
+    ``t_ns`` says the loop was busy over [t_ns − lag, t_ns]."""
+    empty = pl.DataFrame(schema={"b0_ns": pl.Int64, "b1_ns": pl.Int64})
+    if client is None or client.is_empty():
+        return empty
+    lag = client.filter((pl.col("name") == "loop_lag_ms") & (pl.col("value") > 0))
+    if lag.is_empty():
+        return empty
+    raw = lag.select(b0_ns=pl.col("t_ns") - (pl.col("value") * NS_PER_MS).cast(pl.Int64),
+                     b1_ns=pl.col("t_ns").cast(pl.Int64)).sort("b0_ns")
+    return _merged(raw, "b0_ns", "b1_ns")
+
+
+def _merged(frame: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
+    """Overlapping intervals (sorted by ``a``) merged into their union."""
+    run = (pl.col(a) > pl.col(b).cum_max().shift(1)).fill_null(True).cum_sum()
+    return (frame.with_columns(run=run).group_by("run").agg(pl.col(a).min(), pl.col(b).max())
+            .drop("run").sort(a))
+
+
+def blocked_ms(intervals: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Per (worker, seq, a_ns, b_ns): the ms of [a_ns, b_ns] during which the loop was blocked."""
+    if intervals.is_empty() or blocks.is_empty():
+        return intervals.with_columns(blocked_ms=pl.lit(0.0))
+    hit = (intervals.join_where(blocks, pl.col("b0_ns") < pl.col("b_ns"), pl.col("b1_ns") > pl.col("a_ns"))
+           .group_by(KEY + ["a_ns", "b_ns"])
+           .agg(blocked_ms=((pl.min_horizontal("b_ns", "b1_ns") - pl.max_horizontal("a_ns", "b0_ns")) / 1e6).sum()))
+    return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
+            .with_columns(pl.col("blocked_ms").fill_null(0.0)))
+
+
+def pressure_windows(server: pl.DataFrame | None) -> pl.DataFrame:
+    """The scrape intervals (p0_ns, p1_ns, what) with server pressure: the preemption counter rose in it, or
+    the KV cache was at least ``KV_FULL`` full at either of its scrapes."""
+    schema = {"p0_ns": pl.Int64, "p1_ns": pl.Int64, "what": pl.String}
+    rows = [(a, b, "its preemption counter rose") for a, b in server_frames.preemption_windows(server)]
+    if server is not None and not server.is_empty():
+        kv = server.filter(pl.col("name") == "kv_cache_usage").sort("t_ns")
+        kv = kv.with_columns(prev_t=pl.col("t_ns").shift(1), prev_v=pl.col("value").shift(1)).drop_nulls("prev_t")
+        for a, b, v, pv in kv.select("prev_t", "t_ns", "value", "prev_v").iter_rows():
+            if max(v, pv) >= KV_FULL:
+                rows.append((a, b, f"its KV cache was {max(v, pv):.0%} full"))
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def pressure_during(intervals: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Per (worker, seq, a_ns, b_ns): what server pressure overlapped it (null: none); a preemption first."""
+    if intervals.is_empty() or windows.is_empty():
+        return intervals.with_columns(pressure=pl.lit(None, dtype=pl.String))
+    hit = (intervals.join_where(windows, pl.col("p0_ns") < pl.col("b_ns"), pl.col("p1_ns") > pl.col("a_ns"))
+           .group_by(KEY + ["a_ns", "b_ns"]).agg(pressure=pl.col("what").sort().first()))
+    return intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
+
+
+def network_ms(measured: pl.DataFrame) -> pl.Expr:
+    """Per request: the transport's share of its TTFT: connect (and TLS) time, plus response headers later than
+    the run's median — counted only where the server sends its headers before the first token (their median
+    under ``HEADERS_FIRST`` of the median ttft_service_ms); 0 for records without these columns."""
+    connect = (pl.col("connect_ns").fill_null(0) / 1e6) if "connect_ns" in measured.columns else pl.lit(0.0)
+    if "t_headers_ns" not in measured.columns or measured["t_headers_ns"].null_count() == measured.height:
+        return connect
+    ok = measured.filter(pl.col("ok"))
+    headers = (pl.col("t_headers_ns") - pl.col("t_sent_ns")) / 1e6
+    med_h, med_s = ok.select(headers.median(), pl.col("ttft_service_ms").median()).row(0)
+    if med_h is None or med_s is None or med_h >= HEADERS_FIRST * med_s:
+        return connect
+    return connect + (headers - med_h).clip(lower_bound=0.0).fill_null(0.0)
+
+
+def worst_gaps(run: RunAnalysis, itl_limit: float | None, gap_limit: float | None) -> pl.DataFrame:
+    """Per measured request with a chunk gap over a limit (per token for itl_ms): whether it missed itl_ms and
+    chunk_gap_ms, and its worst gap (largest excess over the limit, relative): its metric, value, limit, the
+    gap's start and end, ms and tokens."""
+    ratios = []
+    if itl_limit is not None:
+        ratios.append((ITL_MS - itl_limit) / itl_limit)
+    if gap_limit is not None:
+        ratios.append((CHUNK_GAP_MS - gap_limit) / gap_limit)
+    if not ratios or run.gaps.is_empty():
+        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "itl_over": pl.Boolean,
+                                    "gap_over": pl.Boolean, "gap_metric": pl.String, "gap_value_ms": pl.Float64,
+                                    "gap_limit_ms": pl.Float64, "g0_ns": pl.Int64, "g1_ns": pl.Int64,
+                                    "gap_ms": pl.Float64, "gap_tokens": pl.Int64})
+    itl_r = ratios[0] if itl_limit is not None else pl.lit(-1.0)
+    gap_r = ratios[-1] if gap_limit is not None else pl.lit(-1.0)
+    over = (run.gaps.lazy().with_columns(itl_r=itl_r, gap_r=gap_r).filter((pl.col("itl_r") > 0) | (pl.col("gap_r") > 0))
+            .collect())
+    is_itl = pl.col("itl_r") >= pl.col("gap_r")
+    worst = (over.with_columns(r=pl.max_horizontal("itl_r", "gap_r")).sort("r", descending=True)
+             .group_by("i", maintain_order=True)
+             .agg(itl_over=(pl.col("itl_r") > 0).any(), gap_over=(pl.col("gap_r") > 0).any(),
+                  gap_metric=pl.when(is_itl).then(pl.lit("itl_ms")).otherwise(pl.lit("chunk_gap_ms")).first(),
+                  gap_value_ms=pl.when(is_itl).then(ITL_MS).otherwise(CHUNK_GAP_MS).first(),
+                  gap_limit_ms=pl.when(is_itl).then(pl.lit(itl_limit)).otherwise(pl.lit(gap_limit)).first()
+                  .cast(pl.Float64),
+                  g0_ns=(pl.col("t_ns") - pl.col("gap_ns").cast(pl.Int64)).first(), g1_ns=pl.col("t_ns").first(),
+                  gap_ms=CHUNK_GAP_MS.first(), gap_tokens=pl.col("tokens").cast(pl.Int64).first()))
+    return run.with_keys(worst).drop("i")
+
+
+def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> pl.DataFrame:
+    """Per gap (worker, seq, g0_ns, g1_ns): ``alone`` — under half of the other streams decoding across it had
+    a gap longer than ``ALONE_FACTOR`` baselines overlapping it (a pause of one stream, not of the batch)."""
+    if gaps.is_empty():
+        return gaps.with_columns(alone=pl.lit(True))
+    ok = run.req.filter(pl.col("ok") & pl.col("t_first_token_ns").is_not_null()).select(
+        pl.col("worker").alias("o_worker"), pl.col("seq").alias("o_seq"), "t_first_token_ns", "t_last_token_ns")
+    g = gaps.select(KEY + ["g0_ns", "g1_ns"])
+    other = ~((pl.col("o_worker") == pl.col("worker")) & (pl.col("o_seq") == pl.col("seq")))
+    decoding = (g.join_where(ok, pl.col("t_first_token_ns") < pl.col("g0_ns"),
+                             pl.col("t_last_token_ns") > pl.col("g1_ns")).filter(other)
+                .group_by(KEY + ["g0_ns", "g1_ns"]).agg(decoding=pl.len()))
+    slow = run.wide(run.stall_candidates(baseline, ALONE_FACTOR, 0.0)).select(
+        pl.col("worker").alias("o_worker"), pl.col("seq").alias("o_seq"),
+        s0_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS).cast(pl.Int64), s1_ns=pl.col("t_ns")).collect()
+    paused = (g.join_where(slow, pl.col("s0_ns") < pl.col("g1_ns"), pl.col("s1_ns") > pl.col("g0_ns")).filter(other)
+              .group_by(KEY + ["g0_ns", "g1_ns"]).agg(paused=pl.col("o_seq").n_unique()))
+    keys = KEY + ["g0_ns", "g1_ns"]
+    return (gaps.join(decoding, on=keys, how="left").join(paused, on=keys, how="left")
+            .with_columns(alone=pl.col("paused").fill_null(0) < 0.5 * pl.col("decoding").fill_null(0))
+            .drop("decoding", "paused"))
+
+
+def stall_causes(stalls: pl.DataFrame) -> pl.DataFrame:
+    """Per request (worker, seq): its stalls' excess summed by cause, as a struct list (cause, excess_ms,
+    t_end_ns), and the culprits of its prefill stalls."""
+    if stalls.is_empty():
+        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64,
+                                    "stalls": pl.List(pl.Struct({"cause": pl.String, "excess_ms": pl.Float64,
+                                                                 "t_end_ns": pl.Int64,
+                                                                 "culprits": pl.List(pl.Int64)}))})
+    culprits = pl.col("culprits").fill_null(pl.lit([], dtype=pl.List(pl.Int64)))
+    return stalls.group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", culprits))
+
+
+def median_itl(run: RunAnalysis, keys: pl.DataFrame) -> pl.DataFrame:
+    """Per request in ``keys`` (worker, seq): its median per-token ITL (a chunk of k tokens weighs k)."""
+    rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi")
+    if rows.is_empty():
+        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "median_itl_ms": pl.Float64})
+    per = (run.gaps.join(rows.select("i"), on="i", how="semi")
+           .group_by("i").agg(median_itl_ms=ITL_MS.repeat_by(pl.col("tokens").cast(pl.Int64)).explode().median()))
+    return rows.join(per, on="i", how="left").drop("i")
