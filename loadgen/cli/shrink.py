@@ -1,0 +1,72 @@
+"""``loadgen shrink RUN``: the smallest set of a run's requests that still reproduces one of its stalls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadgen.cli.common import console, err, fail
+from loadgen.shrink.event import ShrinkError
+from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_run
+
+
+def shrink(
+    run_dir: Path = typer.Argument(..., help="a run directory (loadgen run's output)"),
+    stall: Optional[int] = typer.Option(None, "--stall", help="the stall's row in stalls.parquet, from 0 "
+                                        "(default: the worst stall, the largest gap)"),
+    request: Optional[int] = typer.Option(None, "--request", help="a request's seq in requests.parquet: its "
+                                          "worst chunk gap"),
+    out: Optional[Path] = typer.Option(None, "--out", help="where the reproduction goes (default "
+                                       "RUN/shrink-<event>/)"),
+    max_tries: int = typer.Option(200, "--max-tries", help="virtual-time replays the search may make"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="seconds for the search and the confirmations "
+                                    "(the final set's confirmations always run)"),
+    confirmations: int = typer.Option(5, "--confirmations", help="runs of the reduced set on the run's target "
+                                      "(the embedded simulator as the run started it, or its URL); 4 of 5 must "
+                                      "reproduce. 0: the virtual-time replay only"),
+    share: float = typer.Option(50.0, "--share", help="percent of the original gap the victim's worst gap must "
+                                "reach to count as reproduced"),
+) -> None:
+    """Delta-debug the requests in flight around a stall (its victim, its culprits and every request in flight
+    before and during it) down to the fewest that still stall the victim by --share of the original gap: first
+    on a virtual-time replay of the run's target (its own simulator configuration, or the cost model fitted to
+    the run), then confirmed by running the reduced set on the target itself. Writes scenario.yaml + trace.csv
+    (loadgen run replays them), repro.py (standard library only, for a bug report), shrink.json and
+    figure.png. Exit 0: reproduced (>= 4 of 5 confirmations); 1: not; 2: bad input."""
+    opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share / 100)
+    try:
+        with Progress(TextColumn("shrink: {task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                      "{task.total} replays"), TimeElapsedColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("reading the run", total=max_tries)
+            result = shrink_run(run_dir, opts, lambda line, done, total: bar.update(
+                task, description=line, completed=done, total=total))
+    except ShrinkError as exc:
+        raise fail(str(exc)) from None
+    for line in summary_lines(result):
+        console.print(line, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+def summary_lines(result: ShrinkResult) -> list[str]:
+    doc, ev = result.doc, result.event
+    lines = [f"{ev.label}: request {ev.victim.seq}'s {ev.gap_ms:.0f} ms gap ({ev.cause or 'no stall cause'}); "
+             f"seed set {doc['seed_set']} requests, {doc['tries']} replays ({doc['stopped']}), "
+             f"{doc['wall_s']:.1f} s",
+             f"final set: {len(result.items)} requests, victim's gap on the replay {result.replay_gap_ms:.0f} ms "
+             f"({result.replay_gap_ms / ev.gap_ms:.0%} of the original)"]
+    for row in doc["final_set"]:
+        lines.append(f"  seq {row['seq']} ({row['role']}): +{row['offset_s']:.3f} s, {row['prompt_tokens']} "
+                     f"prompt tokens, {row['output_tokens']} output tokens")
+    conf = doc["confirmations"]
+    if conf is not None:
+        gaps = ", ".join(f"{g:.0f}" for g in conf["gaps_ms"])
+        lines.append(f"on the target: reproduced in {conf['reproduced']} of {conf['runs']} runs (victim's gap "
+                     f"{gaps} ms; needs {conf['needed']} of {conf['asked']})")
+        lines += [f"  a run failed: {e}" for e in conf["errors"]]
+    verdict = "reproduced" if result.reproduced else "NOT reproduced"
+    lines.append(f"{verdict}: {result.out / 'scenario.yaml'}, {result.out / 'repro.py'}, "
+                 f"{result.out / 'shrink.json'}")
+    return lines

@@ -1,0 +1,169 @@
+"""``loadgen shrink RUN``: from a failing run, the smallest set of its requests that still reproduces one stall on
+the same target (docs/shrink.md).
+
+1. The event and the seed set (``event.py``).
+2. ``ddmin`` (``ddmin.py``) over the seed set, the victim always kept, on the virtual-time replay
+   (``predicate.py``): bounded by ``max_tries`` replays and ``timeout_s``.
+3. Confirmation on the target (``confirm.py``): the final set run ``confirmations`` times by loadgen; when under
+   ``needed`` of them reproduce, the next larger failing set ddmin saw is confirmed instead, while time is left.
+4. The outputs (``writers.py``, ``figure.py``): scenario.yaml + trace.csv, repro.py, shrink.json, the figure.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from loadgen.shrink.confirm import Confirmation, confirm
+from loadgen.shrink.ddmin import DdminResult, Try, ddmin
+from loadgen.shrink.event import Event, Item, ShrinkError, read_run, seed_set, select_event
+from loadgen.shrink.figure import figure_spec, original_streams, write_figure
+from loadgen.shrink.predicate import model_of, replay_gaps, victim_gap_ms
+from loadgen.shrink.writers import offsets_s, role_of, script_text, write_json, write_scenario, write_script
+
+REQUIRED_SHARE = 0.8  # 4 of 5 confirmations
+MAX_CANDIDATES = 4  # failing sets confirmed at most, smallest first
+
+
+@dataclass
+class ShrinkOptions:
+    stall: int | None = None
+    request: int | None = None
+    out: Path | None = None  # default RUN/shrink-<event>/
+    max_tries: int = 200
+    timeout_s: float = 600.0
+    confirmations: int = 5
+    share: float = 0.5  # reproduced: the victim's gap >= share × the original gap
+
+    def check(self) -> None:
+        if self.max_tries < 1:
+            raise ShrinkError(f"--max-tries {self.max_tries}: at least 1")
+        if not self.timeout_s > 0:
+            raise ShrinkError(f"--timeout-s {self.timeout_s}: more than 0 seconds")
+        if self.confirmations < 0:
+            raise ShrinkError(f"--confirmations {self.confirmations}: 0 or more")
+        if not 0 < self.share <= 1:
+            raise ShrinkError(f"--share {self.share * 100:g}: a percentage above 0, at most 100")
+
+
+@dataclass
+class ShrinkResult:
+    out: Path
+    event: Event
+    items: list[Item]  # the final set, in send order
+    replay_gap_ms: float
+    search: DdminResult[Item]
+    confirmation: Confirmation | None
+    reproduced: bool  # confirmed (>= 80 % of the runs), or with no confirmations asked: the replay reproduced
+    doc: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.reproduced else 1
+
+
+def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int], None] = lambda *a: None,
+           clock: Callable[[], float] = time.monotonic) -> ShrinkResult:
+    """Shrink the event ``opts`` names; ``progress(line, done, total)`` after every replay and confirmation."""
+    opts.check()
+    started = clock()
+    deadline = started + opts.timeout_s
+    run = read_run(run_dir)
+    event = select_event(run, opts.stall, opts.request)
+    seeds = seed_set(run, event)
+    model = model_of(run)
+    threshold_ms = opts.share * event.gap_ms
+
+    def test(cand: tuple[Item, ...]) -> tuple[bool, float]:
+        gap = victim_gap_ms(model, cand, event.victim)
+        return gap >= threshold_ms, gap
+
+    tries = [0]
+
+    def on_try(t: Try[Item]) -> None:
+        tries[0] += 1
+        progress(f"{len(t.items)} requests: victim's gap {t.value:.0f} ms{' (reproduces)' if t.failed else ''}",
+                 tries[0], opts.max_tries)
+
+    found = ddmin(seeds, event.victim, test, opts.max_tries, deadline, clock, on_try)
+    out = opts.out or run_dir / f"shrink-{event.label}"
+    needed = math.ceil(REQUIRED_SHARE * opts.confirmations)
+    items, conf = list(found.items), None
+    if opts.confirmations:
+        items, conf = _confirmed(found, event, opts, needed, threshold_ms, deadline, clock,
+                                 lambda cand: write_scenario(out, run.scenario, run.info, event, cand, run_dir),
+                                 lambda line: progress(line, tries[0], opts.max_tries))
+    write_scenario(out, run.scenario, run.info, event, items, run_dir)
+    replay_gap = victim_gap_ms(model, items, event.victim)
+    reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
+    url = "http://127.0.0.1:8000" if (run.info.get("target") or {}).get("simulator") else \
+        run.scenario.target.base_url
+    write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url))
+    after = conf.streams if conf is not None and conf.streams else _replay_streams(model, items)
+    write_figure(out, figure_spec(items, event, original_streams(run.chunks, items), after,
+                                  "reproduction (target)" if conf is not None and conf.streams else
+                                  "reproduction (virtual-time replay)", threshold_ms))
+    doc = _doc(run_dir, event, opts, seeds, found, items, replay_gap, conf, needed, reproduced,
+               clock() - started, model.source)
+    write_json(out, doc)
+    return ShrinkResult(out, event, items, replay_gap, found, conf, reproduced, doc)
+
+
+def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, needed: int, threshold_ms: float,
+               deadline: float, clock: Callable[[], float], write: Callable[[list[Item]], Path],
+               progress: Callable[[str], None]) -> tuple[list[Item], Confirmation]:
+    """The smallest failing set that reproduces on the target in ``needed`` of ``opts.confirmations`` runs: the
+    final set first (always confirmed, whatever the time), then the next larger ones ddmin saw while time is
+    left; none does: the one with the most reproductions (the smaller on a tie)."""
+    best: tuple[list[Item], Confirmation] | None = None
+    for k, cand in enumerate(found.failing()[:MAX_CANDIDATES] or [found.items]):
+        items = list(cand)
+        if k and clock() >= deadline:
+            break
+        conf = confirm(write(items), items.index(event.victim), opts.confirmations, threshold_ms, needed,
+                       deadline if k else float("inf"), lambda line: progress(f"{len(items)} requests: {line}"))
+        if best is None or conf.reproduced > best[1].reproduced:
+            best = items, conf
+        if conf.reproduced >= needed:
+            break
+    assert best is not None
+    return best
+
+
+def _replay_streams(model: Any, items: list[Item]) -> dict[int, list[int]]:
+    gaps = replay_gaps(model, items)
+    out = {}
+    for row, item in enumerate(items):
+        ends = [t for t, _ in gaps.get((item.worker, item.seq), [])]
+        firsts = [ends[0] - int(g * 1e6) for _, g in gaps.get((item.worker, item.seq), [])[:1]]
+        out[row] = firsts + ends
+    return out
+
+
+def _doc(run_dir: Path, event: Event, opts: ShrinkOptions, seeds: list[Item], found: DdminResult[Item],
+         items: list[Item], replay_gap: float, conf: Confirmation | None, needed: int, reproduced: bool,
+         wall_s: float, model: str) -> dict[str, Any]:
+    return {
+        "run": str(run_dir),
+        "event": {"label": event.label, "victim": {"worker": event.victim.worker, "seq": event.victim.seq},
+                  "t_start_ns": event.t_start_ns, "t_end_ns": event.t_end_ns, "gap_ms": event.gap_ms,
+                  "culprits": list(event.culprits), "cause": event.cause},
+        "share": opts.share, "threshold_ms": opts.share * event.gap_ms, "model": model,
+        "seed_set": len(seeds), "tries": len(found.tries), "max_tries": opts.max_tries,
+        "stopped": found.stopped or "1-minimal", "wall_s": round(wall_s, 3),
+        "sets_tried": [{"size": len(t.items), "seqs": [i.seq for i in t.items], "victim_gap_ms": round(t.value, 3),
+                        "reproduced": t.failed} for t in found.tries],
+        "final_set": [{"worker": i.worker, "seq": i.seq, "class_name": i.class_name, "role": role_of(i, event),
+                       "offset_s": round(o, 9), "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens}
+                      for i, o in zip(items, offsets_s(items))],
+        "replay_gap_ms": replay_gap,
+        "confirmations": None if conf is None else {
+            "runs": conf.runs, "asked": opts.confirmations, "needed": needed, "reproduced": conf.reproduced,
+            "rate": conf.rate, "gaps_ms": conf.gaps_ms, "errors": conf.errors},
+        "reproduced": reproduced,
+        "files": {"scenario": "scenario.yaml", "trace": "trace.csv", "script": "repro.py",
+                  "figure": "figure.png", "figure_spec": "figure.vl.json"},
+    }

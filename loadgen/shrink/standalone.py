@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""A reproduction of one stall, written by ``loadgen shrink``: no loadgen needed, the standard library only.
+
+It sends the requests below at their offsets (one thread and one connection each), streamed, with prompts of
+the given token lengths and exactly the given output lengths (``max_tokens`` = ``min_tokens``, ``ignore_eos``),
+times every content chunk of every stream, and prints each stream's worst chunk gap. Exit 0: the victim's worst
+gap was at least SHARE of the original gap (it reproduced); 1: it was not; 2: the server could not be used.
+
+Prompts: request i's user message is a unique tag then words, one per token minus the chat template's tokens
+(TEMPLATE_TOKENS): exact on loadgen's simulator (a token is a word or a punctuation mark; a message costs 4
+tokens and the generation prompt 2), about one token a word on a real tokenizer (common English words).
+
+    python3 repro.py --url http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+# --- data (written by loadgen shrink) ---
+URL = "http://127.0.0.1:8000"
+MODEL = "sim-llama"
+API = "chat"  # chat: /v1/chat/completions; completions: /v1/completions
+ORIGINAL_GAP_MS = 1000.0  # the victim's gap in the original run
+SHARE = 0.5  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS
+VICTIM = 1  # index in REQUESTS
+TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
+REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; prompt_tokens, output_tokens: as the server counted them
+    {"offset_s": 0.0, "prompt_tokens": 12000, "output_tokens": 16, "role": "culprit"},
+    {"offset_s": 0.0, "prompt_tokens": 200, "output_tokens": 200, "role": "victim"},
+]
+# --- end of data ---
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+         "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor")
+LEAD_S = 0.3  # every thread is started before the first send
+
+
+def prompt_text(index: int, tokens: int) -> str:
+    words = max(1, tokens - (TEMPLATE_TOKENS if API == "chat" else 0))
+    return " ".join([f"req{index}x"] + [WORDS[(index + k) % len(WORDS)] for k in range(words - 1)])
+
+
+def body_of(index: int, req: dict[str, Any], model: str) -> dict[str, Any]:
+    out = req["output_tokens"]
+    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": out, "min_tokens": out, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    text = prompt_text(index, req["prompt_tokens"])
+    if API == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+def chunk_text(event: dict[str, Any]) -> str:
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    first = choices[0]
+    return (first.get("delta") or {}).get("content") or first.get("text") or ""
+
+
+def stream(url: str, key: str | None, body: dict[str, Any], t_send: float, out: dict[str, Any]) -> None:
+    """Send at ``t_send`` (time.monotonic), then the time of every content chunk into ``out["chunks"]``."""
+    parts = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    path = parts.path.rstrip("/") + ("/v1/chat/completions" if API == "chat" else "/v1/completions")
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    time.sleep(max(0.0, t_send - time.monotonic()))
+    out["t_sent"] = time.monotonic()
+    try:
+        conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=600)
+        conn.request("POST", path, json.dumps(body), headers)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            out["error"] = f"HTTP {resp.status}: {resp.read(200)!r}"
+            return
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            if chunk_text(json.loads(data)):
+                out["chunks"].append(time.monotonic())
+        conn.close()
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+
+
+def worst_gap_ms(chunks: list[float]) -> float:
+    return max(((b - a) * 1000 for a, b in zip(chunks, chunks[1:])), default=0.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default=URL, help=f"the server's base URL (default {URL})")
+    ap.add_argument("--model", default=MODEL, help=f"the model to ask for (default {MODEL})")
+    ap.add_argument("--share", type=float, default=SHARE, help=f"reproduced: the victim's worst gap >= this share "
+                    f"of {ORIGINAL_GAP_MS:.0f} ms (default {SHARE})")
+    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
+    args = ap.parse_args()
+    t0 = time.monotonic() + LEAD_S
+    results: list[dict[str, Any]] = [{"chunks": []} for _ in REQUESTS]
+    threads = [threading.Thread(target=stream, args=(args.url, os.environ.get(args.api_key_env),
+                                                     body_of(i, r, args.model), t0 + r["offset_s"], results[i]))
+               for i, r in enumerate(REQUESTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (req, res) in enumerate(zip(REQUESTS, results)):
+        state = res.get("error") or f"{len(res['chunks'])} chunks, worst gap {worst_gap_ms(res['chunks']):.1f} ms"
+        print(f"request {i} ({req['role']}, +{req['offset_s']:.3f} s, {req['prompt_tokens']} prompt tokens, "
+              f"{req['output_tokens']} output): {state}")
+    if any(res.get("error") for res in results):
+        print("the server could not be used: see the errors above", file=sys.stderr)
+        return 2
+    gap = worst_gap_ms(results[VICTIM]["chunks"])
+    reproduced = gap >= args.share * ORIGINAL_GAP_MS
+    print(f"victim's worst gap: {gap:.1f} ms ({gap / ORIGINAL_GAP_MS:.0%} of the original {ORIGINAL_GAP_MS:.1f} ms): "
+          + ("reproduced" if reproduced else "not reproduced"))
+    return 0 if reproduced else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The files a shrink leaves in its output directory (``--out``, default ``RUN/shrink-<event>/``):
+
+- ``trace.csv`` + ``scenario.yaml``: the reduced set as a loadgen trace (``load.arrival: trace``, columns
+  ``timestamp_s`` from the first send, ``prompt_tokens``, ``output_tokens``: the server's own counts) against the
+  run's target (the embedded simulator with the run's settings, or its URL): ``loadgen run scenario.yaml``
+  replays exactly these requests. The victim is row ``victim_row`` (trace rows are sent in file order);
+- ``repro.py``: the same requests from the standard library alone (``standalone.py`` with the data filled in);
+- ``shrink.json``: the event, the search (every set tried), the final set and the confirmations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from loadgen.core.secrets import write_text
+from loadgen.plan.scenario import Scenario
+from loadgen.shrink.event import Event, Item
+
+DATA_BLOCK = re.compile(r"# --- data \(written by loadgen shrink\) ---\n.*?# --- end of data ---\n", re.S)
+
+
+def offsets_s(items: Sequence[Item]) -> list[float]:
+    t0 = min(i.t_intended_ns for i in items)
+    return [(i.t_intended_ns - t0) / 1e9 for i in items]
+
+
+def role_of(item: Item, event: Event) -> str:
+    return "victim" if item == event.victim else "culprit" if item.seq in event.culprits else "in flight"
+
+
+def trace_csv(items: Sequence[Item]) -> str:
+    rows = [f"{o:.9f},{i.prompt_tokens},{i.output_tokens}" for i, o in zip(items, offsets_s(items))]
+    return "timestamp_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n"
+
+
+def scenario_dict(scenario: Scenario, info: dict[str, Any], event: Event, run_dir: Path) -> dict[str, Any]:
+    """The run's target, the trace as the load, one class forcing the trace's lengths."""
+    target = scenario.target.model_dump(mode="json", exclude_defaults=True, exclude={"headers", "base_url"})
+    embedded = bool((info.get("target") or {}).get("simulator"))
+    target = {"base_url": "embedded" if embedded else scenario.target.base_url, **target}
+    if not embedded:
+        target.pop("simulator", None)
+    load = scenario.load
+    cache_bust = any(c.cache_bust for c in scenario.workload.classes)
+    return {"name": f"shrink-{scenario.name}-{event.label}"[:80],
+            "description": f"{event.label} of {run_dir} ({event.gap_ms:.0f} ms gap), reduced by loadgen shrink",
+            "target": target, "seed": scenario.seed,
+            "load": {"arrival": "trace", "trace": {"path": "trace.csv"}, "max_in_flight": load.max_in_flight,
+                     "drain_timeout_s": load.drain_timeout_s, "fail_fast_requests": 0},
+            "workload": {"classes": [{"name": "shrink", "prompt_tokens": {"dist": "fixed", "value": 1},
+                                      "output_tokens": {"dist": "fixed", "value": 1}, "ignore_eos": True,
+                                      **({"cache_bust": True} if cache_bust else {})}]}}
+
+
+def write_scenario(out: Path, scenario: Scenario, info: dict[str, Any], event: Event, items: Sequence[Item],
+                   run_dir: Path) -> Path:
+    """trace.csv and scenario.yaml in ``out``; the scenario's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "trace.csv", trace_csv(items))
+    head = (f"# Written by loadgen shrink from {run_dir} ({event.label}): {len(items)} requests; the victim is "
+            f"trace row {items.index(event.victim)}.\n# Replays them against the run's target: loadgen run "
+            f"{out / 'scenario.yaml'}\n")
+    body = yaml.safe_dump(scenario_dict(scenario, info, event, run_dir), sort_keys=False, width=110)
+    write_text(out / "scenario.yaml", head + body)
+    return out / "scenario.yaml"
+
+
+def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: Sequence[Item], share: float,
+                url: str) -> str:
+    """repro.py: standalone.py's code with this shrink's requests in its data block."""
+    api = scenario.target.api if scenario.target.api in ("chat", "completions") else "chat"
+    reqs = [{"offset_s": round(o, 9), "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
+             "role": role_of(i, event)} for i, o in zip(items, offsets_s(items))]
+    data = "\n".join([
+        "# --- data (written by loadgen shrink) ---",
+        f"URL = {url!r}",
+        f"MODEL = {str((info.get('target') or {}).get('model') or scenario.target.model)!r}",
+        f"API = {api!r}  # chat: /v1/chat/completions; completions: /v1/completions",
+        f"ORIGINAL_GAP_MS = {event.gap_ms!r}  # the victim's gap in the original run ({event.label})",
+        f"SHARE = {share!r}  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS",
+        f"VICTIM = {items.index(event.victim)}  # index in REQUESTS",
+        f"TEMPLATE_TOKENS = {6 if api == 'chat' else 0}  # what the chat template adds to one user message",
+        "REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; lengths as the server counted them",
+        *[f"    {json.dumps(r)}," for r in reqs],
+        "]",
+        "# --- end of data ---", ""])
+    template = (Path(__file__).parent / "standalone.py").read_text(encoding="utf-8")
+    return DATA_BLOCK.sub(lambda _: data, template, count=1)
+
+
+def write_script(out: Path, text: str) -> Path:
+    path = out / "repro.py"
+    write_text(path, text)
+    path.chmod(0o755)
+    return path
+
+
+def write_json(out: Path, doc: dict[str, Any]) -> Path:
+    path = out / "shrink.json"
+    write_text(path, json.dumps(doc, indent=2) + "\n")
+    return path
