@@ -99,7 +99,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     write_scenario(out, run.scenario, run.info, event, items, run_dir)
     replay_gap = victim_gap_ms(model, items, event.victim)
     reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
-    url = "http://127.0.0.1:8000" if (run.info.get("target") or {}).get("simulator") else \
+    url = "http://127.0.0.1:8000/v1" if (run.info.get("target") or {}).get("simulator") else \
         run.scenario.target.base_url
     write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url))
     after = conf.streams if conf is not None and conf.streams else _replay_streams(model, items)

@@ -10,7 +10,7 @@ Prompts: request i's user message is a unique tag then words, one per token minu
 (TEMPLATE_TOKENS): exact on loadgen's simulator (a token is a word or a punctuation mark; a message costs 4
 tokens and the generation prompt 2), about one token a word on a real tokenizer (common English words).
 
-    python3 repro.py --url http://127.0.0.1:8000
+    python3 repro.py --url http://127.0.0.1:8000/v1
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import urllib.parse
 from typing import Any
 
 # --- data (written by loadgen shrink) ---
-URL = "http://127.0.0.1:8000"
+URL = "http://127.0.0.1:8000/v1"  # the base URL, /v1 included (as loadgen's target.base_url)
 MODEL = "sim-llama"
-API = "chat"  # chat: /v1/chat/completions; completions: /v1/completions
+API = "chat"  # chat: URL/chat/completions; completions: URL/completions
 ORIGINAL_GAP_MS = 1000.0  # the victim's gap in the original run
 SHARE = 0.5  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS
 VICTIM = 1  # index in REQUESTS
@@ -72,7 +72,7 @@ def stream(url: str, key: str | None, body: dict[str, Any], t_send: float, out: 
     """Send at ``t_send`` (time.monotonic), then the time of every content chunk into ``out["chunks"]``."""
     parts = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    path = parts.path.rstrip("/") + ("/v1/chat/completions" if API == "chat" else "/v1/completions")
+    path = parts.path.rstrip("/") + ("/chat/completions" if API == "chat" else "/completions")
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if key:
         headers["Authorization"] = f"Bearer {key}"

@@ -78,9 +78,10 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
              "role": role_of(i, event)} for i, o in zip(items, offsets_s(items))]
     data = "\n".join([
         "# --- data (written by loadgen shrink) ---",
-        f"URL = {url!r}",
+        *server_hint(scenario, info),
+        f"URL = {url!r}  # the base URL, /v1 included (as loadgen's target.base_url)",
         f"MODEL = {str((info.get('target') or {}).get('model') or scenario.target.model)!r}",
-        f"API = {api!r}  # chat: /v1/chat/completions; completions: /v1/completions",
+        f"API = {api!r}  # chat: URL/chat/completions; completions: URL/completions",
         f"ORIGINAL_GAP_MS = {event.gap_ms!r}  # the victim's gap in the original run ({event.label})",
         f"SHARE = {share!r}  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS",
         f"VICTIM = {items.index(event.victim)}  # index in REQUESTS",
@@ -91,6 +92,16 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
         "# --- end of data ---", ""])
     template = (Path(__file__).parent / "standalone.py").read_text(encoding="utf-8")
     return DATA_BLOCK.sub(lambda _: data, template, count=1)
+
+
+def server_hint(scenario: Scenario, info: dict[str, Any]) -> list[str]:
+    """Comment lines: how to start the run's target when it was the embedded simulator."""
+    if not (info.get("target") or {}).get("simulator"):
+        return []
+    spec = scenario.target.simulator
+    sets = " ".join(f"--set {k}={json.dumps(v)}" for k, v in spec.overrides().items())
+    return ["# The run's target was loadgen's simulator; start it (from a loadgen checkout) with:",
+            f"#   python -m local_target.sim --preset {spec.preset_name} --port 8000 {sets}".rstrip()]
 
 
 def write_script(out: Path, text: str) -> Path:
