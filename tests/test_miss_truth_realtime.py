@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
 import httpx
+import polars as pl
 import pytest
 
 from local_target.sim import build_config
@@ -98,3 +101,83 @@ def test_refusals_and_cuts_are_in_the_trace_and_steps_carry_kv_usage():
     steps = [e for e in trace if e["type"] == "step"]
     assert all(0.0 <= e["kv_usage"] <= 1.0 for e in steps)
     assert max(e["kv_usage"] for e in steps) >= 0.3  # 300-token prompts in a 2,000-token cache
+
+
+# ---- one real-time run with several causes at once ------------------------------------------------------------
+
+SCENARIO = Path(__file__).parent / "data" / "causes_realtime.yaml"
+NETWORK_DELAY_MS = 600.0  # the scenario's faults.network_delay_ms
+HOG_AT_S, HOG_MS = (4.0, 7.5, 11.0), 400.0  # loadgen's own loop blocked, seconds after the run's loop started
+
+
+def _hog(ms: float, windows: list[tuple[int, int]]) -> None:
+    """Block the calling loop for ``ms`` (a CPU hog in loadgen's process); note the window it really took."""
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < ms * 1e6:
+        pass
+    windows.append((t0, time.monotonic_ns()))
+
+
+def _with_hogs(run_on_loop: Callable[[Any], Any], windows: list[tuple[int, int]]) -> Callable[[Any], Any]:
+    """``run/runner.event_loop_run`` with the hogs scheduled on the run's own loop before the run starts."""
+    def hogged(coro: Any) -> Any:
+        async def with_hogs() -> Any:
+            loop = asyncio.get_running_loop()
+            handles = [loop.call_later(at_s, _hog, HOG_MS, windows) for at_s in HOG_AT_S]
+            try:
+                return await coro
+            finally:
+                for handle in handles:
+                    handle.cancel()
+        return run_on_loop(with_hogs())
+    return hogged
+
+
+@dataclass
+class CausesRun:
+    run_dir: Path
+    trace: list[dict[str, Any]]
+    hogs_ns: list[tuple[int, int]]
+    wall_s: float
+
+
+@pytest.fixture(scope="module")
+def causes_run(tmp_path_factory: pytest.TempPathFactory) -> CausesRun:
+    """The scenario run in this process (loadgen.api) on its embedded simulator (trace on), the hogs injected
+    on the run's loop."""
+    from loadgen import api
+    from loadgen.run import runner
+    from local_target.sim import read_trace
+
+    windows: list[tuple[int, int]] = []
+    t0 = time.monotonic()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "event_loop_run", _with_hogs(runner.event_loop_run, windows))
+        result = api.run(SCENARIO, out=tmp_path_factory.mktemp("causes") / "run")
+    wall_s = time.monotonic() - t0
+    assert result.run_dir is not None
+    run_dir = Path(result.run_dir)
+    return CausesRun(run_dir, read_trace(run_dir / "sim_trace.jsonl"), windows, wall_s)
+
+
+@pytest.mark.slow
+def test_the_run_injected_every_fault(causes_run: CausesRun):
+    """The trace holds each injected fact the truth is built from: network delays, refusals, long prefills,
+    the hogs inside the measured window."""
+    trace, requests = causes_run.trace, pl.read_parquet(causes_run.run_dir / "requests.parquet")
+    reqs = _events(trace, "request")
+    finishes = _events(trace, "finish")
+    held = [e for e in reqs.values() if e["network_delay_ms"] > 0]
+    refused = [e for e in finishes.values() if e["reason"] == "error"]
+    longs = [e for e in reqs.values() if e["prompt_tokens"] >= 6000]
+    steps = [e for e in trace if e["type"] == "step"]
+    measured = requests.filter(~pl.col("warmup"))
+    t_lo, t_hi = measured["t_sent_ns"].min(), measured["t_done_ns"].max()
+    print(f"run {causes_run.wall_s:.1f} s: {requests.height} requests ({measured.height} measured), "
+          f"{len(held)} held, {len(refused)} refused, {len(longs)} long prompts, {len(steps)} steps, "
+          f"max kv_usage {max(e['kv_usage'] for e in steps):.3f}, hogs {[(b - a) / 1e6 for a, b in causes_run.hogs_ns]}")
+    assert len(held) >= 10 and len(refused) >= 5 and len(longs) >= 5
+    assert all(e["network_delay_ms"] >= NETWORK_DELAY_MS for e in held)
+    assert requests.filter(pl.col("http_status") == 500).height == len(refused)
+    assert len(causes_run.hogs_ns) == len(HOG_AT_S)
+    assert all(t_lo < a and b < t_hi for a, b in causes_run.hogs_ns)

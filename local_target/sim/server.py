@@ -172,7 +172,9 @@ class SimApp:
     def _through(self, conn: Connection, request: h11.Request, body: bytes) -> None:
         if conn.transport is None:  # the client left while it was held
             return
-        now = time.monotonic_ns()
+        due_ns = conn.t_received_ns + int(self.cfg.faults.network_delay_ms * 1e6)
+        while (now := time.monotonic_ns()) < due_ns:  # the loop's timer fires up to a millisecond early
+            pass
         conn.network_delay_ms, conn.t_received_ns = (now - conn.t_received_ns) / 1e6, now
         self._dispatch(conn, request, body)
 
