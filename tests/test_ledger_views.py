@@ -52,10 +52,7 @@ def summary(misses: dict[str, Any] | None = None, classes: dict[str, dict[str, A
 
 
 def result_of(data: dict[str, Any]) -> RunResult:
-    result = RunResult.from_dict(data)
-    if "misses" in data:  # the ledger's block, whether or not RunResult declares the field yet
-        result.misses = data["misses"]  # type: ignore[attr-defined]
-    return result
+    return RunResult.from_dict(data)  # as report/build.py gets it: summary.json read back
 
 
 def ledger_result() -> RunResult:
@@ -167,6 +164,8 @@ def test_the_lane_holds_one_mark_per_miss_coloured_by_cause() -> None:
         c: CAUSE_COLORS[c] for c in ("server_error", "prefill", "queueing", "own_prompt")}
     assert color["scale"]["domain"] == [c for c in cause_meanings() if c in set(misses["cause"])]  # decision order
     assert miss_lane(misses.clear(), T0, 20.0) is None and miss_lane(None, T0, 20.0) is None
+    assert list(CAUSE_COLORS) == list(cause_meanings())  # every cause of the registry has its colour, in its order
+    assert len(set(CAUSE_COLORS.values())) == len(CAUSE_COLORS)
 
 
 def test_junit_carries_the_misses_as_properties() -> None:
@@ -177,7 +176,7 @@ def test_junit_carries_the_misses_as_properties() -> None:
 
 def test_an_old_summary_without_the_ledger_renders_as_before() -> None:
     old = result_of(summary())
-    assert getattr(old, "misses", None) is None
+    assert old.misses is None
     text = console_text(old)
     md = summary_markdown(old, "job")
     page = render_page(old, "job", "run", [], misses=None)

@@ -41,11 +41,11 @@ def colours(causes: list[str]) -> tuple[list[str], list[str]]:
 
 def lane_chart(points: pl.DataFrame, span_s: float) -> alt.TopLevelMixin:
     domain, palette = colours(points["cause"].to_list())
-    x = alt.X("t_s:Q", scale=alt.Scale(domain=[0, max(span_s, float(points["t_s"].max() or 0.0))]),
+    x = alt.X("t_s:Q", scale=alt.Scale(domain=[0, max(span_s, float(points["t_s"].max() or 0.0))], padding=6),
               title="intended send, seconds since the run's start")
     tooltip = ["seq:Q", "class_name:N", "cause:N", "metric:N", alt.Tooltip("value_ms:Q", format=",.1f"),
                alt.Tooltip("limit_ms:Q", format=",.1f"), "evidence:N", alt.Tooltip("culprits:N", title="culprits")]
-    return alt.Chart(points).mark_tick(thickness=2, size=14, opacity=0.8, clip=True).encode(
+    return alt.Chart(points).mark_tick(thickness=2, size=14, opacity=0.8).encode(
         x=x, y=alt.Y("cause:N", sort=domain, title=None),
         color=alt.Color("cause:N", scale=alt.Scale(domain=domain, range=palette), legend=None),
         tooltip=tooltip).properties(width=WIDE, height=max(40, 22 * len(domain)))

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import polars as pl
 
+from loadgen.analysis.result import RunResult
 from loadgen.core import vocabulary
 
 TOP_MISSES = 12  # rows of the worst-misses table
@@ -20,27 +21,19 @@ DOCS = "docs/causes.md"
 
 def cause_meanings() -> dict[str, str]:
     """Every cause with what it means, in decision order: core/vocabulary.py's ``CAUSES``."""
-    causes = getattr(vocabulary, "CAUSES", None)
-    if causes is not None:
-        return dict(causes)
-    return {c: vocabulary.STALL_CAUSES.get(c, "") for c in ORDER}  # TODO(issue 39): gone once CAUSES lands
+    return dict(vocabulary.CAUSES)
 
 
-ORDER = ("server_error", "network", "client_lag", "preemption", "prefill", "prefill_burst", "burst", "queueing",
-         "own_prompt", "load", "unknown")
-
-
-def misses_of(result: Any) -> dict[str, Any] | None:
+def misses_of(result: RunResult) -> dict[str, Any] | None:
     """The run's ``misses`` block (None: a summary written before the ledger)."""
-    block = getattr(result, "misses", None)
-    return block if isinstance(block, dict) and "by_cause" in block else None
+    block = result.misses
+    return dict(block) if isinstance(block, dict) and "by_cause" in block else None
 
 
-def class_misses(result: Any) -> dict[str, dict[str, Any]]:
+def class_misses(result: RunResult) -> dict[str, dict[str, Any]]:
     """Per class, its ``misses`` block; empty in a run of one class (its figures are the run's)."""
-    classes = getattr(result, "classes", None) or {}
-    out = {name: c["misses"] for name, c in classes.items()
-           if isinstance(c, dict) and isinstance(c.get("misses"), dict)}
+    classes = result.classes or {}
+    out = {name: dict(c["misses"]) for name, c in classes.items() if isinstance(c.get("misses"), dict)}
     return out if len(classes) > 1 else {}
 
 
@@ -67,7 +60,7 @@ def headline(block: dict[str, Any], most: int = 4) -> str:
     return f"misses: {n:,} of {of:,} requests — {', '.join(parts)}; unexplained {unexplained(block):,}"
 
 
-def console_lines(result: Any) -> list[str]:
+def console_lines(result: RunResult) -> list[str]:
     """The run's headline, then one per class (a run of several classes); none for a summary without the
     ledger, or a run with no limit to judge against."""
     block = misses_of(result)
@@ -120,13 +113,13 @@ def cause_rows(block: dict[str, Any]) -> list[tuple[str, ...]]:
 CLASS_HEAD = ("class", "missed", "of", "share", "causes")
 
 
-def class_rows(result: Any) -> list[tuple[str, ...]]:
+def class_rows(result: RunResult) -> list[tuple[str, ...]]:
     return [(name, f"{int(b.get('requests', 0)):,}", f"{int(b.get('of', 0)):,}", _pct(b.get("share")),
              ", ".join(f"{c} {int(f['requests']):,}" for c, f in causes_in_order(b)) or "–")
             for name, b in class_misses(result).items()]
 
 
-def misses_markdown(result: Any, escape: Callable[[str], str]) -> list[str]:
+def misses_markdown(result: RunResult, escape: Callable[[str], str]) -> list[str]:
     """summary.md's "Why requests missed": the totals, the limits judged, the per-cause table, per class."""
     block = misses_of(result)
     if block is None or not (block.get("limits") or block.get("requests")):
@@ -189,7 +182,7 @@ def _html_table(table_id: str, head: tuple[str, ...], rows: list[tuple[str, ...]
     return f"<table id=\"{table_id}\"><tr>{cells}</tr>{body}</table>"
 
 
-def misses_html(result: Any, misses: pl.DataFrame | None = None, t0_ns: int = 0, lane_html: str = "") -> str:
+def misses_html(result: RunResult, misses: pl.DataFrame | None = None, t0_ns: int = 0, lane_html: str = "") -> str:
     """report.html's "Why requests missed" section: the totals and the limits judged, the per-cause table, per
     class, the worst misses with their evidence and culprits (``misses``: misses.parquet's rows; ``t0_ns``: the
     run's time origin), then ``lane_html`` (the miss lane's chart section). Empty without the ledger."""
