@@ -69,8 +69,9 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
         return Verdict("own_prompt", f"its own prefill of {row['prefilled']:,} tokens takes ≈{ms(own)}, over the "
                        f"{ms(limit)} limit by itself", parts=parts)
     client = send + read
-    words = {"client_lag": f"loadgen sent it {ms(send)} late and its loop was blocked {ms(read)} before the first "
-                           "token",
+    late = [f"sent it {ms(send)} late"] if send >= 0.5 else []
+    late += [f"its loop was blocked {ms(read)} before the first token"] if read > 0 or not late else []
+    words = {"client_lag": "loadgen " + " and ".join(late),
              "network": f"the transport took {ms(net)} (connect and late headers)",
              _wait_cause(row): _wait_words(row, wait, own),
              "own_prompt": f"its own prefill of {row['prefilled']:,} tokens takes ≈{ms(own)}"}

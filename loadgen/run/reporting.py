@@ -110,7 +110,8 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "sessions_not_finished": info.get("sessions_not_finished", [])}
     server = load_server_metrics(run_dir)
     run = RunAnalysis(requests, chunks, scenario.load.steady_state)  # one analysis: the summary and the views read it
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run,
+                                client=client_metrics(run_dir))
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
@@ -118,6 +119,29 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
+
+
+def client_metrics(run_dir: Path) -> pl.DataFrame | None:
+    """client_metrics.parquet (loadgen's own loop lag and CPU, records/client_metrics.py), or None: a run
+    without it (the Locust driver, a run written before it) or one where it cannot be read (the ledger then
+    counts no loop lag and says so)."""
+    try:
+        try:
+            from loadgen.records.client_metrics import read_client_metrics
+        except ImportError:  # TODO(issue 39): the reader lands with the client evidence
+            path = run_dir / "client_metrics.parquet"
+            return pl.read_parquet(path) if path.exists() else None
+        return read_client_metrics(run_dir)
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+
+
+def stored_misses(run_dir: Path) -> pl.DataFrame | None:
+    """misses.parquet as the run (or its last ``loadgen report``) wrote it; None where there is none."""
+    try:
+        return pl.read_parquet(run_dir / "misses.parquet")
+    except (OSError, pl.exceptions.PolarsError):
+        return None
 
 
 def load_advice(run_dir: Path) -> Advice | None:
@@ -157,7 +181,7 @@ def add_advice_section(run_dir: Path, png: bool) -> None:
     requests, chunks = scan_records(run_dir, [], merge=False)
     try:
         write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
-                          png, load_server_metrics(run_dir), load_advice(run_dir))
+                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir))
     except ValueError:  # not a summary this loadgen reads back
         rebuild_reports(run_dir, png=png)
 

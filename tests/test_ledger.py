@@ -1,0 +1,192 @@
+"""The SLO-miss ledger (analysis/ledger.py): each cause of the decision order on a hand-made timeline (ms) of
+steady background streams plus the one request that misses, the summary's shape, and on a virtual-time replay of
+scenarios/aggressor_victim.yaml (the simulator's long prefills stall the victims) that the misses are blamed on
+prefill with culprits and little is left unexplained."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import polars as pl
+import pytest
+
+from loadgen.analysis import server_frames, spikes
+from loadgen.analysis.ledger import MISS_SCHEMA, Ledger, miss_ledger
+from loadgen.analysis.run_analysis import RunAnalysis
+from loadgen import api
+from loadgen.analysis.summary import prefilled, summarize
+from loadgen.core import ChunkRecord, RequestRecord
+from loadgen.core.vocabulary import CAUSES, STALL_CAUSES
+from loadgen.plan.slo_spec import Slo
+from loadgen.records.schema import chunks_frame, requests_frame
+from tests.virtual_truth import virtual_run
+
+MS = 1_000_000
+SLO = {"ttft_ms": {"p50": 300, "p99": 500}, "tpot_ms": {"p99": 30}, "itl_ms": {"p99": 100}, "e2e_ms": {"p99": 2500},
+       "goodput": {"ttft_ms": 500}, "stalls": {"long_prompt_tokens": 5000}}
+LATE = 3000  # the request under test is sent here, among the background streams
+
+
+def _req(seq: int, sent: float, times: Sequence[float], prompt: int = 200, intended: float | None = None,
+         error: str | None = None, status: int | None = None, message: str | None = None
+         ) -> tuple[RequestRecord, list[ChunkRecord]]:
+    record = RequestRecord(seq=seq, class_name="a", warmup=False, t_intended_ns=int((intended or sent) * MS),
+                           t_sent_ns=int(sent * MS), t_first_token_ns=int(times[0] * MS) if times else None,
+                           t_last_token_ns=int(times[-1] * MS) if times else None,
+                           t_done_ns=int(((times[-1] if times else sent) + 1) * MS), prompt_tokens_asked=prompt,
+                           prompt_tokens=prompt, prompt_tokens_source="server", output_tokens_asked=len(times),
+                           output_tokens=len(times), output_tokens_source="server", chunks=len(times),
+                           http_status=status or 200, error_kind=error, error_message=message)
+    return record, [ChunkRecord(seq, int(t * MS), 1) for t in times]
+
+
+def _background() -> list[tuple[RequestRecord, list[ChunkRecord]]]:
+    """Streams sent every 100 ms for 6 s, prompts 100..1000 tokens prefilled at 0.1 ms a token, then 100
+    tokens 10 ms apart: a prefill fit of ≈0.1 ms a token, a 10-ms baseline ITL, ten streams decoding at once."""
+    out = []
+    for k in range(60):
+        sent, prompt = 100.0 * k, 100 * (k % 10 + 1)
+        first = sent + prompt / 10
+        out.append(_req(1000 + k, sent, [first + 10 * i for i in range(100)], prompt))
+    return out
+
+
+def _steady(seq: int, sent: float, ttft: float, tokens: int = 20, step: float = 10.0,
+            **kw: Any) -> tuple[RequestRecord, list[ChunkRecord]]:
+    return _req(seq, sent, [sent + ttft + step * i for i in range(tokens)], **kw)
+
+
+def _ledger(*items: tuple[RequestRecord, list[ChunkRecord]], server: pl.DataFrame | None = None,
+            client: pl.DataFrame | None = None, slo: dict[str, Any] | None = None,
+            columns: dict[str, list[Any]] | None = None) -> Ledger:
+    every = _background() + list(items)
+    requests = requests_frame([r for r, _ in every])
+    for name, values in (columns or {}).items():  # later record columns (connect_ns ...), background 0
+        requests = requests.with_columns(pl.Series(name, [0] * (len(every) - len(values)) + values, pl.Int64))
+    chunks = chunks_frame([c for _, cs in every for c in cs])
+    run = RunAnalysis(requests, chunks, "declared")
+    spec = Slo.model_validate(slo or SLO)
+    spike = spikes.analyze(prefilled(run.req), prefilled(run.measured), run, spikes.config_from(spec, None),
+                           server_frames.preemption_windows(server))
+    return miss_ledger(run, spec, spike, server, client)
+
+
+def _row(ledger: Ledger, seq: int) -> dict[str, Any]:
+    rows = ledger.misses.filter(pl.col("seq") == seq)
+    assert rows.height == 1, ledger.misses.select("seq", "metric", "cause", "evidence")
+    return rows.row(0, named=True)
+
+
+def test_the_background_alone_misses_nothing_and_the_frame_keeps_its_schema() -> None:
+    ledger = _ledger(_steady(1, LATE, 40))  # a request that met everything is absent
+    assert ledger.misses.is_empty() and ledger.misses.schema == MISS_SCHEMA
+    assert ledger.summary == {"requests": 0, "of": 61, "share": 0.0, "limits": {"ttft_ms": 500.0, "e2e_ms": 2500.0,
+                              "tpot_ms": 30.0, "itl_ms": 100.0}, "by_cause": {}, "unexplained_share": 0.0, "top": []}
+
+
+def test_a_request_that_waited_beyond_its_own_prefill_was_queued() -> None:
+    row = _row(_ledger(_steady(1, LATE, 1500)), 1)
+    assert (row["metric"], row["cause"], row["missed"]) == ("ttft_ms", "queueing", ["ttft_ms"])
+    assert row["value_ms"] == pytest.approx(1500) and row["excess_ms"] == pytest.approx(1000)
+    assert row["wait_ms"] == pytest.approx(1500 - row["own_ms"]) and row["own_ms"] < 60
+    assert f"waited {row['wait_ms']:,.0f} ms beyond its own" in row["evidence"] and "excess 1,000 ms" in row["evidence"]
+    assert not row["good"]
+
+
+def test_a_prompt_whose_own_prefill_is_over_the_limit_is_its_own() -> None:
+    row = _row(_ledger(_steady(1, LATE, 820, prompt=8000)), 1)
+    assert row["cause"] == "own_prompt" and row["own_ms"] >= 500
+    assert "8,000 tokens" in row["evidence"]
+
+
+def test_a_request_loadgen_sent_late_is_the_clients() -> None:
+    row = _row(_ledger(_steady(1, LATE + 1200, 20, intended=LATE)), 1)
+    assert row["cause"] == "client_lag" and row["send_lag_ms"] == pytest.approx(1200)
+    assert "sent it 1,200 ms late" in row["evidence"]
+
+
+def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
+    item = _steady(1, LATE, 1000)
+    lag = pl.DataFrame({"t_ns": [int((LATE + t) * MS) for t in (300, 900, 1500)], "name": ["loop_lag_ms"] * 3,
+                        "value": [2.0, 850.0, 1.0]})  # blocked over [LATE + 50, LATE + 900]
+    row = _row(_ledger(item, client=lag), 1)
+    assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(850)
+    without = _row(_ledger(item), 1)  # no client metrics: a wait, and nothing said of the loop where it decided
+    assert without["cause"] == "queueing" and without["read_lag_ms"] == 0.0
+
+
+def test_connect_time_is_the_networks() -> None:
+    row = _row(_ledger(_steady(1, LATE, 1000), columns={"connect_ns": [900 * MS]}), 1)
+    assert row["cause"] == "network" and row["network_ms"] == pytest.approx(900)
+
+
+def test_a_gap_of_one_stream_alone_while_the_server_preempted_is_preemption() -> None:
+    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]  # a 600-ms gap
+    scrapes = pl.DataFrame({"t_ns": [k * 1000 * MS for k in range(8)], "name": ["preemptions_total"] * 8,
+                            "value": [0.0, 0, 0, 0, 1, 1, 1, 1]})  # rose over [3000, 4000] ms
+    row = _row(_ledger(_req(1, LATE, times), server=scrapes), 1)
+    assert (row["metric"], row["cause"]) == ("itl_ms", "preemption")
+    assert "alone" in row["evidence"] and "preemption counter rose" in row["evidence"]
+    assert row["good"]  # the goodput limits judge TTFT only
+
+
+def test_a_gap_covered_by_another_requests_long_prefill_names_that_culprit() -> None:
+    victim = _req(1, LATE, [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)])
+    culprit = _req(7, LATE + 300, [LATE + 900, LATE + 910], prompt=9000)  # its prefill ends with the gap
+    ledger = _ledger(victim, culprit)
+    row = _row(ledger, 1)
+    assert (row["metric"], row["cause"], row["culprits"]) == ("itl_ms", "prefill", [7])
+    assert "seq 7 (9,000 tokens)" in row["evidence"]
+    assert _row(ledger, 7)["cause"] in ("own_prompt", "queueing")  # its own TTFT: not a culprit of itself
+
+
+def test_every_step_slow_without_a_stall_is_load() -> None:
+    row = _row(_ledger(_steady(1, LATE, 20, tokens=20, step=40.0)), 1)
+    assert (row["metric"], row["cause"]) == ("tpot_ms", "load")
+    assert "median ITL 40.0 ms" in row["evidence"]
+
+
+def test_an_error_is_always_decisive_a_connect_error_the_networks() -> None:
+    ledger = _ledger(_req(1, LATE, [], error="http_5xx", status=500, message="engine died"),
+                     _req(2, LATE, [], error="connect", status=0, message="connection refused"),
+                     _req(3, LATE, [], error="cancelled", status=0))  # cut at the run's end: not a miss
+    assert (_row(ledger, 1)["cause"], _row(ledger, 1)["metric"], _row(ledger, 1)["value_ms"]) == (
+        "server_error", "error", None)
+    assert "HTTP 500" in _row(ledger, 1)["evidence"] and "engine died" in _row(ledger, 1)["evidence"]
+    assert _row(ledger, 2)["cause"] == "network" and _row(ledger, 2)["missed"] == ["error"]
+    assert 3 not in ledger.misses["seq"].to_list()
+
+
+def test_the_summary_counts_requests_and_goodput_lost_per_cause() -> None:
+    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]
+    ledger = _ledger(_steady(1, LATE, 1500), _steady(2, LATE + 50, 1600), _req(3, LATE, times),
+                     _req(4, LATE, [], error="http_5xx", status=500))
+    s = ledger.summary
+    assert (s["requests"], s["of"]) == (4, 64) and s["share"] == pytest.approx(4 / 64)
+    assert list(s["by_cause"]) == ["queueing", "server_error", "unknown"] and s["top"] == list(s["by_cause"])
+    queued = s["by_cause"]["queueing"]
+    assert (queued["requests"], queued["share"], queued["goodput_lost"]) == (2, 0.5, 2)
+    assert queued["goodput_lost_per_s"] == pytest.approx(2 / ledger.window_s)
+    assert s["by_cause"]["unknown"]["goodput_lost"] == 0  # a gap miss is good by TTFT-only goodput limits
+    assert s["unexplained_share"] == pytest.approx(0.25)
+    assert ledger.of_class("a", 64) == s
+    assert set(s["by_cause"]) <= set(CAUSES)
+
+
+def test_the_causes_are_one_registry_in_decision_order() -> None:
+    assert list(CAUSES)[:2] == ["server_error", "network"] and list(CAUSES)[-1] == "unknown"
+    assert all(STALL_CAUSES[c] == CAUSES[c] for c in STALL_CAUSES)
+
+
+def test_on_a_replay_of_long_prefills_the_misses_are_prefill_with_their_culprits() -> None:
+    path = "scenarios/aggressor_victim.yaml"
+    run = virtual_run(path, [])
+    summary, tables = summarize(api.load_scenario(path, []), run.requests, run.chunks, None)
+    misses, rows = summary["misses"], tables["misses"]
+    assert misses["requests"] == rows.height >= 20 and misses["limits"] == {"itl_ms": 100.0}
+    assert misses["top"][0] == "prefill" and misses["by_cause"]["prefill"]["share"] >= 0.9
+    assert misses["unexplained_share"] <= 0.05
+    longs = set(run.requests.filter(pl.col("prompt_tokens") >= 4000)["seq"].to_list())
+    prefill = rows.filter(pl.col("cause") == "prefill")
+    assert all(c and set(c) <= longs for c in prefill["culprits"].to_list())  # each names long prompts
+    assert sum(summary["classes"][c]["misses"]["requests"] for c in summary["classes"]) == misses["requests"]
