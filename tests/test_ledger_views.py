@@ -199,7 +199,7 @@ def test_compare_gives_per_cause_deltas() -> None:
     assert by["prefill"]["delta_share"] == pytest.approx(9 / 19 - 9 / 42)
     doc = doc_with(change)
     md = compare_markdown(doc, [])
-    assert "misses: 42 of 1,200 → 19 of 1,180 (-23)" in md
+    assert "misses: 42 of 1,200 (3.5%) → 19 of 1,180 (1.6%) (-23); by cause, base → new" in md
     assert "| queueing | 30 → 6 | -24 | 71% → 32% | 28 → 5 |" in md
     assert "| preemption | 0 → 4 | +4 |" in md
     assert '<table id="misses">' in compare_html(doc, []) and "<td>30 → 6</td>" in compare_html(doc, [])

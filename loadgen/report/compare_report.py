@@ -73,7 +73,7 @@ def _objective_rows(doc: dict[str, Any]) -> list[list[str]]:
 OBJECTIVE_HEAD = ["objective", "base decision", "new decision", "base value", "new value", "limit"]
 
 
-MISS_HEAD = ["cause", "missed base → new", "change", "share of misses", "goodput lost base → new"]
+MISS_HEAD = ["cause", "missed", "change", "share of misses", "goodput lost"]  # each base → new
 
 
 def miss_rows(doc: dict[str, Any]) -> list[list[str]]:
@@ -96,8 +96,12 @@ def miss_line(doc: dict[str, Any]) -> str:
     if lacking:
         return f"misses by cause: no ledger in the {' and '.join(lacking)} run (summary written before it)"
     b, n = m["base"], m["new"]
-    return (f"misses: {b['requests']:,} of {b['of']:,} → {n['requests']:,} of {n['of']:,} "
-            f"({m['delta_requests']:+,}); by cause (docs/causes.md):")
+    return (f"misses: {b['requests']:,} of {b['of']:,}{_share(b)} → {n['requests']:,} of {n['of']:,}{_share(n)} "
+            f"({m['delta_requests']:+,}); by cause, base → new (docs/causes.md):")
+
+
+def _share(side: dict[str, Any]) -> str:
+    return "" if side.get("share") is None else f" ({100 * side['share']:.1f}%)"
 
 
 def _code(text: str) -> str:
