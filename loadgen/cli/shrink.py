@@ -29,6 +29,8 @@ def shrink(
                                       "reproduce. 0: the virtual-time replay only"),
     share: float = typer.Option(50.0, "--share", help="percent of the original gap the victim's worst gap must "
                                 "reach to count as reproduced"),
+    png: bool = typer.Option(True, "--png/--no-png", help="render figure.png (its Vega-Lite spec is written "
+                             "either way)"),
 ) -> None:
     """Delta-debug the requests in flight around a stall (its victim, its culprits and every request in flight
     before and during it) down to the fewest that still stall the victim by --share of the original gap: first
@@ -36,7 +38,7 @@ def shrink(
     the run), then confirmed by running the reduced set on the target itself. Writes scenario.yaml + trace.csv
     (loadgen run replays them), repro.py (standard library only, for a bug report), shrink.json and
     figure.png. Exit 0: reproduced (>= 4 of 5 confirmations); 1: not; 2: bad input."""
-    opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share / 100)
+    opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share / 100, png)
     try:
         with Progress(TextColumn("shrink: {task.description}"), BarColumn(), TextColumn("{task.completed}/"
                       "{task.total} replays"), TimeElapsedColumn(), console=err, transient=True) as bar:

@@ -2,7 +2,8 @@
 directory (run.json, the records, stalls.parquet) and the seed set its search starts from.
 
 - **The event** is a chunk gap of one stream (the *victim*): ``--stall N`` is row N of stalls.parquet as
-  written (0-based; default: the worst stall, the largest ``chunk_gap_ms``), ``--request SEQ`` that request's
+  written (0-based; default: the worst stall, the largest ``chunk_gap_ms``, and of the victims of that one
+  engine step with the same gap the one sent last: ``worst_stall``), ``--request SEQ`` that request's
   worst chunk gap (a stall's row when it is one, with its culprits).
 - **The seed set**: the victim, the stall's culprits, and every request in flight at any time during
   ``[event start − horizon, event end]``; the horizon holds the culprits' prefills (their longest time from send
@@ -23,6 +24,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.run.reporting import RunDirError, read_run_info, read_whole_records
 
 MIN_HORIZON_S = 1.0
+TIE_SHARE = 0.99  # victims of one spike event whose gaps are within 1 % of the worst: the same stall
 NS_PER_MS = 1_000_000
 
 
@@ -97,13 +99,25 @@ def select_event(run: RunRecords, stall: int | None, request: int | None) -> Eve
         raise ShrinkError(f"{run.run_dir}: the run has no stalls (stalls.parquet is missing or empty): "
                           "nothing to shrink; give --request SEQ for one request's worst gap")
     if stall is None:
-        stall = int(stalls["chunk_gap_ms"].arg_max())  # type: ignore[arg-type]
+        stall = worst_stall(stalls, run.requests)
     if not 0 <= stall < stalls.height:
         raise ShrinkError(f"--stall {stall}: the run has {stalls.height} stalls (0 to {stalls.height - 1})")
     row = stalls.row(stall, named=True)
     victim = _request_row(run, int(row["worker"]), int(row["seq"]))
     return Event(f"stall-{stall}", item_of(victim), int(row["t_start_ns"]), int(row["t_end_ns"]),
                  float(row["chunk_gap_ms"]), tuple(int(c) for c in row.get("culprits") or []), row.get("cause"))
+
+
+def worst_stall(stalls: pl.DataFrame, requests: pl.DataFrame) -> int:
+    """The row of the largest gap; among the victims of its spike event (the same engine step) whose gap is
+    within ``TIE_SHARE`` of it, the one sent last: the latest-sent victim is still decoding when the culprit
+    comes with the least other load keeping it busy, so its reproduction needs the fewest requests."""
+    rows = stalls.with_row_index("row")
+    top = rows.row(int(rows["chunk_gap_ms"].arg_max() or 0), named=True)
+    same = pl.col("event") == top["event"] if "event" in rows.columns else pl.col("t_end_ns") == top["t_end_ns"]
+    ties = (rows.filter(same & (pl.col("chunk_gap_ms") >= TIE_SHARE * top["chunk_gap_ms"]))
+            .join(requests.select("worker", "seq", "t_intended_ns"), on=["worker", "seq"], how="left"))
+    return int(ties.sort("t_intended_ns", "row", nulls_last=False)["row"][-1])
 
 
 def _request_row(run: RunRecords, worker: int, seq: int) -> dict[str, Any]:

@@ -55,10 +55,12 @@ def figure_spec(items: Sequence[Item], event: Event, before: Streams, after: Str
     return chart.to_dict()
 
 
-def write_figure(out: Path, spec: dict[str, Any]) -> list[Path]:
-    """figure.vl.json always; figure.png where vl-convert is installed (the report's PNG dependency)."""
+def write_figure(out: Path, png: bool, spec: dict[str, Any]) -> list[Path]:
+    """figure.vl.json always; figure.png when asked and vl-convert is installed (the report's PNG dependency)."""
     paths = [out / "figure.vl.json"]
     paths[0].write_text(json.dumps(spec) + "\n", encoding="utf-8")
+    if not png:
+        return paths
     try:
         import vl_convert
     except ImportError:

@@ -37,6 +37,7 @@ class ShrinkOptions:
     timeout_s: float = 600.0
     confirmations: int = 5
     share: float = 0.5  # reproduced: the victim's gap >= share × the original gap
+    png: bool = True  # figure.png beside its spec (vl-convert renders it: about a second)
 
     def check(self) -> None:
         if self.max_tries < 1:
@@ -103,7 +104,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
         run.scenario.target.base_url
     write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url))
     after = conf.streams if conf is not None and conf.streams else _replay_streams(model, items)
-    write_figure(out, figure_spec(items, event, original_streams(run.chunks, items), after,
+    write_figure(out, opts.png, figure_spec(items, event, original_streams(run.chunks, items), after,
                                   "reproduction (target)" if conf is not None and conf.streams else
                                   "reproduction (virtual-time replay)", threshold_ms))
     doc = _doc(run_dir, event, opts, seeds, found, items, replay_gap, conf, needed, reproduced,

@@ -1,0 +1,211 @@
+"""``loadgen shrink``: ddmin on pure predicates; the shrink of a replay-made run in virtual time (the simulator's
+own scheduler, so the answer is known: a victim and the long prompt whose prefill stalled it); the standalone
+script (stdlib only; against the real-time simulator in the one ``slow`` test); bad input exits 2."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from loadgen.cli.app import app
+from loadgen.plan.scenario_file import load_scenario
+from loadgen.plan.arrivals import read_trace_file
+from loadgen.shrink.confirm import confirm
+from loadgen.shrink.ddmin import ddmin
+from loadgen.shrink.event import Event, Item, worst_stall
+from loadgen.shrink.search import ShrinkOptions, shrink
+from loadgen.shrink.writers import script_text
+
+sys.path.insert(0, str(Path(__file__).parent))
+from virtual_truth import virtual_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- ddmin -------------------------------------------------------------------------------------------------
+def test_ddmin_finds_a_two_element_cause_in_64_items_within_the_bound() -> None:
+    asked: list[tuple[int, ...]] = []
+
+    def test(cand: tuple[int, ...]) -> tuple[bool, float]:
+        asked.append(cand)
+        return {17, 50} <= set(cand), float(len(cand))
+
+    found = ddmin(list(range(64)), 0, test, max_tries=200)
+    assert found.items == (0, 17, 50) and found.stopped == ""
+    assert len(found.tries) == len(asked) <= 60  # ddmin's bound for a 2-element cause: O(2 · 2 · log2 64) tries
+    assert all(0 in cand for cand in asked), "the victim is in every candidate"
+    assert len(set(asked)) == len(asked), "no set is tried twice"
+    assert found.failing()[0] == (0, 17, 50)
+
+
+def test_ddmin_keeps_the_victim_when_the_cause_is_elsewhere() -> None:
+    found = ddmin(list(range(10)), 9, lambda c: (3 in c, 0.0), max_tries=100)
+    assert found.items == (3, 9)
+
+
+def test_ddmin_stops_at_max_tries_and_at_the_deadline_with_the_smallest_failing_set() -> None:
+    found = ddmin(list(range(64)), 0, lambda c: ({17, 50} <= set(c), 0.0), max_tries=8)
+    assert found.stopped == "max tries" and len(found.tries) == 8
+    assert {17, 50} <= set(found.items) and len(found.items) < 64
+    ticks = iter(range(100))
+    timed = ddmin(list(range(64)), 0, lambda c: ({17, 50} <= set(c), 0.0), max_tries=200, deadline=3,
+                  clock=lambda: next(ticks))
+    assert timed.stopped == "timeout" and len(timed.tries) == 3
+
+
+def test_ddmin_says_when_the_whole_set_does_not_fail() -> None:
+    found = ddmin(list(range(8)), 0, lambda c: (False, 0.0), max_tries=10)
+    assert found.stopped == "the whole set does not reproduce" and len(found.tries) == 1
+
+
+def test_confirmation_stops_once_the_needed_reproductions_cannot_be_reached(tmp_path: Path) -> None:
+    gaps = iter([100.0, 900.0, 100.0, 900.0, 900.0])
+    runs: list[Path] = []
+
+    def fake_run(scenario: Path, out: Path) -> dict[int, list[int]]:
+        runs.append(out)
+        return {1: [0, int(next(gaps) * 1e6)]}
+
+    conf = confirm(tmp_path / "scenario.yaml", 1, 5, 500.0, 4, run=fake_run)
+    assert (conf.runs, conf.reproduced, conf.gaps_ms) == (3, 1, [100.0, 900.0, 100.0]), "4 of 5: out of reach"
+    assert conf.rate == pytest.approx(1 / 3) and len(runs) == 3
+
+
+def test_the_default_stall_is_the_worst_and_of_its_step_the_victim_sent_last() -> None:
+    stalls = pl.DataFrame({"worker": [0] * 4, "seq": [3, 5, 9, 7], "t_end_ns": [10, 50, 50, 50],
+                           "chunk_gap_ms": [300.0, 800.0, 799.0, 500.0], "event": [0, 1, 1, 1]})
+    requests = pl.DataFrame({"worker": [0] * 4, "seq": [3, 5, 7, 9], "t_intended_ns": [1, 2, 4, 3]})
+    assert worst_stall(stalls, requests) == 2  # seq 9: same step, within 1 %, sent after seq 5; seq 7's is smaller
+
+
+# ---- a replay-made run -------------------------------------------------------------------------------------
+def write_run(run_dir: Path, scenario_path: Path, overrides: list[str]) -> dict[str, Any]:
+    """A virtual-time run of the scenario on its embedded simulator, written as ``loadgen run`` writes one."""
+    vr = virtual_run(scenario_path, overrides)
+    sc = load_scenario(scenario_path, overrides)
+    run_dir.mkdir(parents=True)
+    vr.requests.write_parquet(run_dir / "requests.parquet")
+    vr.chunks.write_parquet(run_dir / "chunks.parquet")
+    vr.stalls.write_parquet(run_dir / "stalls.parquet")
+    spec = sc.target.simulator
+    info = {"scenario": sc.model_dump(mode="json"), "planned": vr.requests.height, "seed": sc.seed,
+            "target": {"base_url": "embedded", "model": "llama-2-7b", "engine": "vllm",
+                       "simulator": {"preset": spec.preset_name, **spec.overrides()}}}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return {"stalls": vr.stalls, "requests": vr.requests}
+
+
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    run_dir = tmp_path_factory.mktemp("shrink") / "run"
+    frames = write_run(run_dir, ROOT / "scenarios" / "aggressor_victim.yaml", ["load.duration_s=20"])
+    return run_dir, frames
+
+
+@pytest.fixture(scope="module")
+def shrunk(made_run: tuple[Path, dict[str, Any]]) -> Any:
+    return shrink(made_run[0], ShrinkOptions(confirmations=0, png=False))
+
+
+def test_the_worst_stall_shrinks_to_a_few_requests_that_reproduce_half_its_gap(
+        made_run: tuple[Path, dict[str, Any]], shrunk: Any) -> None:
+    stalls, victim = made_run[1]["stalls"], shrunk.event.victim
+    worst = stalls.filter((pl.col("worker") == victim.worker) & (pl.col("seq") == victim.seq)
+                          & (pl.col("t_end_ns") == shrunk.event.t_end_ns)).row(0, named=True)
+    assert worst["chunk_gap_ms"] >= 0.99 * stalls["chunk_gap_ms"].max(), "the worst stall (or its step's twin)"
+    assert shrunk.event.gap_ms == pytest.approx(worst["chunk_gap_ms"]) and worst["cause"] == "prefill"
+    assert len(shrunk.items) <= 5 and shrunk.event.victim in shrunk.items
+    assert shrunk.replay_gap_ms >= 0.5 * worst["chunk_gap_ms"]
+    assert set(worst["culprits"]) & {i.seq for i in shrunk.items}, "the attributed culprit is kept"
+    assert shrunk.reproduced and shrunk.exit_code == 0
+    doc = json.loads((shrunk.out / "shrink.json").read_text())
+    assert doc["tries"] == len(doc["sets_tried"]) <= 200 and doc["seed_set"] > len(shrunk.items)
+    assert [r["seq"] for r in doc["final_set"]] == [i.seq for i in shrunk.items]
+    assert (shrunk.out / "figure.vl.json").exists()
+
+
+def test_the_scenario_replays_exactly_the_final_set(made_run: tuple[Path, dict[str, Any]], shrunk: Any) -> None:
+    sc = load_scenario(shrunk.out / "scenario.yaml")
+    assert sc.target.embedded and sc.target.simulator.overrides() == {"chunked_prefill": False,
+                                                                        "max_num_batched_tokens": 16384}
+    rows = read_trace_file(sc)
+    requests = made_run[1]["requests"]
+    t0 = min(i.t_intended_ns for i in shrunk.items)
+    for row, item in zip(rows, shrunk.items):
+        r = requests.filter((pl.col("seq") == item.seq)).row(0, named=True)
+        assert (row.prompt_tokens, row.output_tokens) == (r["prompt_tokens"], r["output_tokens"])
+        assert row.offset_s == pytest.approx((r["t_intended_ns"] - t0) / 1e9, abs=1e-9)
+
+
+def test_the_script_imports_only_the_standard_library(shrunk: Any) -> None:
+    tree = ast.parse((shrunk.out / "repro.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names
+    text = (shrunk.out / "repro.py").read_text()
+    assert f"VICTIM = {shrunk.items.index(shrunk.event.victim)}" in text and "sim-llama" not in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--stall", "9999"], "--stall 9999: the run has"),
+    (["--request", "999999"], "no request with that seq"),
+    (["--stall", "0", "--request", "1"], "not both"),
+    (["--max-tries", "0"], "--max-tries 0"),
+])
+def test_bad_input_is_one_line_and_exit_2(made_run: tuple[Path, dict[str, Any]], args: list[str],
+                                          words: str) -> None:
+    result = CliRunner().invoke(app, ["shrink", str(made_run[0]), *args])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split())
+
+
+def test_not_a_run_and_a_run_without_stalls_exit_2(made_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    assert CliRunner().invoke(app, ["shrink", str(tmp_path / "nothing")]).exit_code == 2
+    assert CliRunner().invoke(app, ["shrink", str(tmp_path)]).exit_code == 2
+    calm = tmp_path / "calm"
+    calm.mkdir()
+    for name in ("run.json", "requests.parquet", "chunks.parquet"):
+        (calm / name).write_bytes((made_run[0] / name).read_bytes())
+    pl.read_parquet(made_run[0] / "stalls.parquet").clear().write_parquet(calm / "stalls.parquet")
+    result = CliRunner().invoke(app, ["shrink", str(calm)])
+    assert result.exit_code == 2 and "no stalls" in result.output
+
+
+@pytest.mark.slow
+def test_the_final_set_reproduces_on_the_embedded_simulator(made_run: tuple[Path, dict[str, Any]],
+                                                            shrunk: Any, tmp_path: Path) -> None:
+    again = shrink(made_run[0], ShrinkOptions(confirmations=1, out=tmp_path / "confirmed", png=False))
+    assert again.items == shrunk.items and again.confirmation is not None
+    assert again.confirmation.runs == 1 and again.confirmation.errors == []
+    assert again.confirmation.gaps_ms[0] >= 0.5 * shrunk.event.gap_ms and again.exit_code == 0
+
+
+# ---- the standalone script against the real-time simulator -------------------------------------------------
+@pytest.mark.slow
+def test_the_script_alone_reproduces_a_prefill_stall_on_the_simulator(tmp_path: Path) -> None:
+    from local_target.sim import build_config, start_simulator
+
+    sc = load_scenario(ROOT / "scenarios" / "aggressor_victim.yaml")
+    victim = Item(0, 1, "victim", 0, 200, 120)
+    culprit = Item(0, 2, "aggressor", 300_000_000, 12000, 4)
+    event = Event("stall-0", victim, 0, 0, 1000.0, (2,), "prefill")
+    info = {"target": {"model": "llama-2-7b", "simulator": {"preset": "a100-llama-7b"}}}
+    path = tmp_path / "repro.py"
+    path.write_text(script_text(info, sc, event, [victim, culprit], 0.5, "http://127.0.0.1:9/v1"))
+    sim = start_simulator(build_config("a100-llama-7b", overrides=sc.target.simulator.overrides()))
+    try:
+        done = subprocess.run([sys.executable, str(path), "--url", sim.base_url], capture_output=True, text=True,
+                              timeout=30)
+    finally:
+        sim.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    gap_ms = float(done.stdout.split("victim's worst gap: ")[1].split(" ms")[0])
+    assert gap_ms >= 500, done.stdout  # a 12k-token prefill on this preset: ~1.1 s
