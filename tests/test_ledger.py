@@ -61,8 +61,11 @@ def _ledger(*items: tuple[RequestRecord, list[ChunkRecord]], server: pl.DataFram
             columns: dict[str, list[Any]] | None = None) -> Ledger:
     every = _background() + list(items)
     requests = requests_frame([r for r, _ in every])
-    for name, values in (columns or {}).items():  # later record columns (connect_ns ...), background 0
-        requests = requests.with_columns(pl.Series(name, [0] * (len(every) - len(values)) + values, pl.Int64))
+    for name, values in (columns or {}).items():  # later record columns: the background's connections reused,
+        # its headers 1 ms after the send
+        given = pl.Series(name, [None] * (len(every) - len(values)) + values, pl.Int64)
+        usual = pl.col("t_sent_ns") + MS if name == "t_headers_ns" else pl.lit(0)
+        requests = requests.with_columns(given.alias(name)).with_columns(pl.col(name).fill_null(usual))
     chunks = chunks_frame([c for _, cs in every for c in cs])
     run = RunAnalysis(requests, chunks, "declared")
     spec = Slo.model_validate(slo or SLO)
@@ -93,6 +96,15 @@ def test_a_request_that_waited_beyond_its_own_prefill_was_queued() -> None:
     assert not row["good"]
 
 
+def test_a_wait_while_the_servers_kv_cache_was_full_is_preemption() -> None:
+    scrapes = pl.DataFrame({"t_ns": [k * 1000 * MS for k in range(8)], "name": ["kv_cache_usage"] * 8,
+                            "value": [0.5, 0.5, 0.6, 0.97, 0.99, 0.7, 0.5, 0.5]})
+    row = _row(_ledger(_steady(1, LATE, 1500), server=scrapes), 1)
+    assert row["cause"] == "preemption" and "KV cache was 99% full" in row["evidence"]
+    calm = scrapes.with_columns(value=pl.lit(0.5))
+    assert _row(_ledger(_steady(1, LATE, 1500), server=calm), 1)["cause"] == "queueing"
+
+
 def test_a_prompt_whose_own_prefill_is_over_the_limit_is_its_own() -> None:
     row = _row(_ledger(_steady(1, LATE, 820, prompt=8000)), 1)
     assert row["cause"] == "own_prompt" and row["own_ms"] >= 500
@@ -115,8 +127,10 @@ def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
     assert without["cause"] == "queueing" and without["read_lag_ms"] == 0.0
 
 
-def test_connect_time_is_the_networks() -> None:
-    row = _row(_ledger(_steady(1, LATE, 1000), columns={"connect_ns": [900 * MS]}), 1)
+@pytest.mark.parametrize("column, value", [("connect_ns", 900 * MS), ("t_headers_ns", (LATE + 901) * MS)],
+                         ids=["connect and TLS", "headers late"])
+def test_transport_time_is_the_networks(column: str, value: int) -> None:
+    row = _row(_ledger(_steady(1, LATE, 1000), columns={column: [value]}), 1)
     assert row["cause"] == "network" and row["network_ms"] == pytest.approx(900)
 
 
@@ -144,6 +158,17 @@ def test_every_step_slow_without_a_stall_is_load() -> None:
     row = _row(_ledger(_steady(1, LATE, 20, tokens=20, step=40.0)), 1)
     assert (row["metric"], row["cause"]) == ("tpot_ms", "load")
     assert "median ITL 40.0 ms" in row["evidence"]
+
+
+@pytest.mark.parametrize("tokens, step, cause", [(300, 10.0, "own_prompt"), (150, 20.0, "load")],
+                         ids=["its own decode at the usual pace", "every step slower than usual"])
+def test_an_end_to_end_miss_is_its_own_length_or_the_load(tokens: int, step: float, cause: str) -> None:
+    row = _row(_ledger(_steady(1, LATE, 20, tokens=tokens, step=step)), 1)
+    assert (row["metric"], row["cause"], row["missed"]) == ("e2e_ms", cause, ["e2e_ms"])
+    if cause == "own_prompt":
+        assert row["own_ms"] == pytest.approx(20 + 299 * 10, abs=5) and "300 tokens" in row["evidence"]
+    else:
+        assert "beyond its tokens at the run's usual pace" in row["evidence"]
 
 
 def test_an_error_is_always_decisive_a_connect_error_the_networks() -> None:

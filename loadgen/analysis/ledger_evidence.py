@@ -67,11 +67,14 @@ def pressure_windows(server: pl.DataFrame | None) -> pl.DataFrame:
 
 
 def pressure_during(intervals: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """Per (worker, seq, a_ns, b_ns): what server pressure overlapped it (null: none); a preemption first."""
+    """Per (worker, seq, a_ns, b_ns): what server pressure overlapped it (null: none): a preemption first, else
+    the fullest KV cache."""
     if intervals.is_empty() or windows.is_empty():
         return intervals.with_columns(pressure=pl.lit(None, dtype=pl.String))
     hit = (intervals.join_where(windows, pl.col("p0_ns") < pl.col("b_ns"), pl.col("p1_ns") > pl.col("a_ns"))
-           .group_by(KEY + ["a_ns", "b_ns"]).agg(pressure=pl.col("what").sort().first()))
+           .group_by(KEY + ["a_ns", "b_ns"])
+           .agg(pressure=pl.col("what").sort_by(~pl.col("what").str.contains("preemption"), pl.col("what"),
+                                                descending=[False, True]).first()))
     return intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
 
 

@@ -66,7 +66,7 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
     parts: dict[str, float | None] = {"send_lag_ms": send, "read_lag_ms": read, "network_ms": net,
                                       "wait_ms": wait, "own_ms": own}
     if own >= limit:
-        return Verdict("own_prompt", f"its own prefill of {row['prefilled']:,} tokens takes ≈{ms(own)}, over the "
+        return Verdict("own_prompt", f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}, over the "
                        f"{ms(limit)} limit by itself", parts=parts)
     client = send + read
     late = [f"sent it {ms(send)} late"] if send >= 0.5 else []
@@ -74,7 +74,7 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
     words = {"client_lag": "loadgen " + " and ".join(late),
              "network": f"the transport took {ms(net)} (connect and late headers)",
              _wait_cause(row): _wait_words(row, wait, own),
-             "own_prompt": f"its own prefill of {row['prefilled']:,} tokens takes ≈{ms(own)}"}
+             "own_prompt": f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}"}
     sizes = {"client_lag": client, "network": net, _wait_cause(row): wait, "own_prompt": own}
     for cause in ("client_lag", "network", _wait_cause(row)):
         if sizes[cause] >= x:
