@@ -19,6 +19,7 @@ from loadgen.analysis.compare_basis import miss_change
 from loadgen.analysis.result import RunResult
 from loadgen.report.compare_report import compare_html, compare_markdown, print_misses
 from loadgen.report.console import print_summary
+from loadgen.report import html as html_module
 from loadgen.report.html import render_page
 from loadgen.report.miss_lane import CAUSE_COLORS, miss_lane
 from loadgen.report.misses_report import cause_meanings, console_lines, worst_misses
@@ -127,6 +128,13 @@ def md_meaning(cause: str) -> str:
     return md_escape(cause_meanings()[cause])
 
 
+@pytest.fixture
+def no_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page without the Vega bundle inlined (~1 s to load; not what these tests are about)."""
+    monkeypatch.setattr(html_module, "vega_bundle", lambda: "")
+
+
+@pytest.mark.usefixtures("no_bundle")
 def test_the_report_section_shows_causes_evidence_culprits_and_the_lane() -> None:
     misses = misses_frame()
     lane = miss_lane(misses, T0, 20.0)
@@ -174,6 +182,7 @@ def test_junit_carries_the_misses_as_properties() -> None:
     assert '<property name="misses.top_causes" value="queueing, prefill, own_prompt" />' in xml
 
 
+@pytest.mark.usefixtures("no_bundle")
 def test_an_old_summary_without_the_ledger_renders_as_before() -> None:
     old = result_of(summary())
     assert old.misses is None
@@ -184,6 +193,7 @@ def test_an_old_summary_without_the_ledger_renders_as_before() -> None:
     assert "misses." not in junit_xml(old, "job").decode()
 
 
+@pytest.mark.usefixtures("no_bundle")
 def test_compare_gives_per_cause_deltas() -> None:
     base = summary(block(RUN, 1200))
     new = summary(block({"queueing": (6, 5), "prefill": (9, 7), "preemption": (4, 4)}, 1180))
@@ -208,6 +218,7 @@ def test_compare_gives_per_cause_deltas() -> None:
     assert "queueing" in out.getvalue() and "30 → 6" in out.getvalue()
 
 
+@pytest.mark.usefixtures("no_bundle")
 def test_compare_with_a_run_written_before_the_ledger_says_so() -> None:
     change = miss_change(summary(), summary(block(RUN, 1200)))
     assert change == {"ledger": {"base": False, "new": True}, "causes": []}
