@@ -10,7 +10,9 @@ step carries its KV usage. Then one real-time run (``slow``) with several causes
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -106,8 +108,8 @@ def test_refusals_and_cuts_are_in_the_trace_and_steps_carry_kv_usage():
 # ---- one real-time run with several causes at once ------------------------------------------------------------
 
 SCENARIO = Path(__file__).parent / "data" / "causes_realtime.yaml"
-NETWORK_DELAY_MS = 600.0  # the scenario's faults.network_delay_ms
-HOG_AT_S, HOG_MS = (4.0, 7.5, 11.0), 400.0  # loadgen's own loop blocked, seconds after the run's loop started
+NETWORK_DELAY_MS = 1000.0  # the scenario's faults.network_delay_ms
+HOG_AT_S, HOG_MS = (3.5, 6.0, 8.5, 11.0), 500.0  # loadgen's own loop blocked, seconds after the run's loop started
 
 
 def _hog(ms: float, windows: list[tuple[int, int]]) -> None:
@@ -181,3 +183,78 @@ def test_the_run_injected_every_fault(causes_run: CausesRun):
     assert requests.filter(pl.col("http_status") == 500).height == len(refused)
     assert len(causes_run.hogs_ns) == len(HOG_AT_S)
     assert all(t_lo < a and b < t_hi for a, b in causes_run.hogs_ns)
+
+
+def _refused_ids(records: pl.DataFrame, trace: list[dict[str, Any]]) -> dict[int, str]:
+    """seq → engine id of each refused request: an error body names no request, so its record is matched to the
+    trace's refusal whose first byte (arrival less the network hold) is nearest its send, each used once."""
+    finishes = _events(trace, "finish")
+    refusals = {e["id"]: e["t_arrival_ns"] - int(e["network_delay_ms"] * 1e6)
+                for e in _events(trace, "request").values() if finishes.get(e["id"], {}).get("reason") == "error"}
+    out: dict[int, str] = {}
+    failed = records.filter(pl.col("request_id").is_null() & pl.col("http_status").is_in([429, 500]))
+    for seq, t_sent in failed.select("seq", "t_sent_ns").iter_rows():
+        rid = min(refusals, key=lambda k: abs(refusals[k] - t_sent), default=None)
+        if rid is not None and abs(refusals[rid] - t_sent) < 20e6:
+            out[seq] = rid
+            del refusals[rid]
+    return out
+
+
+def _records_by_id(run_dir: Path, trace: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """The measured records as truth_causes takes them (engine id → fields, ``tokens_ns`` = when loadgen read
+    each token, one per chunk here) and engine id → seq."""
+    records = pl.read_parquet(run_dir / "requests.parquet").filter(~pl.col("warmup"))
+    reads = {seq: sorted(ts) for seq, ts in pl.read_parquet(run_dir / "chunks.parquet")
+             .filter(pl.col("tokens") > 0).group_by("seq").agg("t_ns").iter_rows()}
+    refused = _refused_ids(records, trace)
+    by_id, seq_of = {}, {}
+    for rec in records.iter_rows(named=True):
+        rid = rec["request_id"] or refused.get(rec["seq"])
+        if rid is None:
+            continue
+        by_id[rid] = {**rec, "tokens_ns": reads.get(rec["seq"], [])}
+        seq_of[rid] = rec["seq"]
+    return by_id, seq_of
+
+
+def _score(truth: dict[int, str], ledger: dict[int, str]) -> dict[str, tuple[int, int, int]]:
+    """cause → (true misses, ledger's misses, both) over the requests either side says missed."""
+    causes = sorted(set(truth.values()) | set(ledger.values()))
+    return {c: (sum(v == c for v in truth.values()), sum(v == c for v in ledger.values()),
+                sum(truth.get(s) == c for s, v in ledger.items() if v == c)) for c in causes}
+
+
+INJECTED = ("server_error", "network", "client_lag", "own_prompt", "prefill")
+
+
+@pytest.mark.slow
+def test_the_ledger_names_each_injected_cause_as_the_trace_does(causes_run: CausesRun):
+    from local_target.sim.truth_causes import true_causes
+
+    s = json.loads((causes_run.run_dir / "summary.json").read_text())
+    by_id, seq_of = _records_by_id(causes_run.run_dir, causes_run.trace)
+    truth_by_id = true_causes(causes_run.trace, by_id, s["misses"]["limits"], causes_run.hogs_ns,
+                              s["stalls"]["long_prompt_tokens"], s["stalls"]["min_gap_ms"])
+    truth = {seq_of[rid]: cause for rid, cause in truth_by_id.items()}
+    misses = pl.read_parquet(causes_run.run_dir / "misses.parquet")
+    ledger = dict(zip(misses["seq"].to_list(), misses["cause"].to_list()))
+    table = _score(truth, ledger)
+    print(f"\n{len(by_id)} measured requests joined to the trace; {len(truth)} truly missed, the ledger "
+          f"{len(ledger)} ({len(truth.keys() & ledger.keys())} both)")
+    print(f"{'cause':<14}{'truth':>6}{'ledger':>7}{'both':>6}{'precision':>10}{'recall':>8}")
+    for cause, (n_true, n_ledger, hits) in table.items():
+        print(f"{cause:<14}{n_true:>6}{n_ledger:>7}{hits:>6}{hits / n_ledger if n_ledger else 1:>10.2f}"
+              f"{hits / n_true if n_true else 1:>8.2f}")
+    confused = Counter((truth.get(q, "-"), ledger.get(q, "-")) for q in truth.keys() | ledger.keys()
+                       if truth.get(q) != ledger.get(q))
+    print("truth -> ledger where they differ:", dict(confused.most_common()))
+    assert len(by_id) == pl.read_parquet(causes_run.run_dir / "requests.parquet").filter(~pl.col("warmup")).height
+    assert all(table.get(c, (0, 0, 0))[0] >= 5 for c in INJECTED), table  # the run produced every injected cause
+    assert len(truth.keys() ^ ledger.keys()) <= 0.05 * len(truth)  # the same requests missed
+    for cause, (n_true, n_ledger, hits) in table.items():
+        if n_ledger >= 10:
+            assert hits / n_ledger >= 0.8, (cause, table)
+        if n_true >= 10:
+            assert hits / n_true >= 0.8, (cause, table)
+    assert table.get("unknown", (0, 0, 0))[1] <= 0.05 * len(ledger)
