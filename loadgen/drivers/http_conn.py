@@ -67,6 +67,7 @@ class Connection(asyncio.Protocol):
         self.requests_sent = 0  # on this connection: more than one, and it was reused
         self.idle_since_ns = 0  # when it went back to the pool (lean_transport.py expires idle connections)
         self._answered = False  # some byte of the current request's response has come
+        self.connect_ns = 0  # how long opening it took (lean_transport.py sets it); 0 once its first request went
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,6 +137,7 @@ class Connection(asyncio.Protocol):
         self._until_close = (b"content-length" not in names and b"transfer-encoding" not in names
                              and status not in (204, 304))
         if self.ctx is not None:
+            self.ctx.t_headers_ns = self._t_ns  # the read that completed the head (RFC 9112 §2.1)
             self.ctx.http_version = self.parser.get_http_version()
             self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
             self._discard = status in REDIRECTS
@@ -208,7 +210,8 @@ class Connection(asyncio.Protocol):
         self._decode, self._capture = None, (ctx.raw if ctx is not None else None)
         self._wire, self._head_end = self._capture is not None, len(self._capture or b"")
         self.body.clear()
-        if ctx is not None:
+        if ctx is not None:  # a fresh connection's opening time goes with its first request only
+            ctx.connect_ns, ctx.t_headers_ns, self.connect_ns = self.connect_ns, None, 0
             await sleep_until(ctx.not_before_ns)  # other streams keep being read while this one waits
             ctx.t_sent_ns = time.monotonic_ns()
         if self.transport is None:  # closed while the request waited for its send time

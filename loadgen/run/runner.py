@@ -33,6 +33,7 @@ from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.plan.workload import ServerFault
 from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.scrape import Scraper
+from loadgen.records.client_metrics import client_metrics_frame, write_client_metrics
 from loadgen.run.guards import Captures, FailFast
 from loadgen.run.reporting import rebuild_reports, report_records
 from loadgen.run.session import RunSession, generator_figures
@@ -173,7 +174,10 @@ class Run:
             self.stopper = engine.stop
             self.session.phase("running")
             async with self._server_metrics(target):
-                await self._drive(engine)
+                try:
+                    await self._drive(engine)
+                finally:  # stopped, interrupted or failed: the samples taken are kept, as the records are
+                    self.keep_client_metrics(engine, target)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
@@ -246,6 +250,14 @@ class Run:
         if scraper.warning:
             target.notes.append(scraper.warning)
             self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
+
+    def keep_client_metrics(self, engine: AsyncioEngine, target: ResolvedTarget) -> None:
+        """client_metrics.parquet: loadgen's loop lag and CPU share while it sent (a note if it is not written)."""
+        s = engine.sampler
+        if len(s):
+            why = write_client_metrics(self.run_dir, client_metrics_frame(s.t_ns, s.names(), s.values))
+            if why is not None:
+                target.notes.append(why)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:
