@@ -1,5 +1,5 @@
 """The before/after figure (figure.png, and its Vega-Lite spec figure.vl.json): the chunk gaps of the final set's
-streams over time, in the original run (left) and in the reproduction (right: the first confirmation on the
+streams over time (each gap a segment from its start to its end, at its height), in the original run (left) and in the reproduction (right: the first confirmation on the
 target, or the virtual-time replay when none ran), the victim, the culprits and the other requests told apart,
 with the reproduction threshold drawn. Times are from the set's first send."""
 
@@ -33,7 +33,7 @@ def _rows(panel: str, streams: Streams, items: Sequence[Item], event: Event) -> 
     for row, item in enumerate(items):
         times = streams.get(row, [])
         out += [{"run": panel, "request": f"row {row} (seq {item.seq})", "role": role_of(item, event),
-                 "t_s": b / 1e9, "gap_ms": (b - a) / NS_PER_MS} for a, b in zip(times, times[1:])]
+                 "t0_s": a / 1e9, "t_s": b / 1e9, "gap_ms": (b - a) / NS_PER_MS} for a, b in zip(times, times[1:])]
     return out
 
 
@@ -41,12 +41,12 @@ def figure_spec(items: Sequence[Item], event: Event, before: Streams, after: Str
                 threshold_ms: float) -> dict[str, Any]:
     rows = _rows("original run", before, items, event) + _rows(after_label, after, items, event)
     data = alt.Data(values=rows)  # type: ignore[no-untyped-call]
-    points = alt.Chart().mark_line(point=alt.OverlayMarkDef(size=12), strokeWidth=1).encode(
-        x=alt.X("t_s:Q", title="time from the set's first send (s)"),
-        y=alt.Y("gap_ms:Q", title="chunk gap (ms)"),
+    points = alt.Chart().mark_rule(strokeWidth=3).encode(
+        x=alt.X("t0_s:Q", title="time from the set's first send (s)"), x2="t_s:Q",
+        y=alt.Y("gap_ms:Q", title="chunk gap (ms): a segment spans the gap"),
         color=alt.Color("role:N", scale=alt.Scale(domain=["victim", "culprit", "in flight"],
                                                   range=["#c62828", "#1565c0", "#9e9e9e"])),
-        detail="request:N", tooltip=["request:N", "role:N", "t_s:Q", "gap_ms:Q"])
+        tooltip=["request:N", "role:N", "t0_s:Q", "t_s:Q", "gap_ms:Q"])
     rule = alt.Chart().mark_rule(strokeDash=[4, 3], color="#c62828").encode(y=alt.datum(threshold_ms))
     chart = alt.layer(points, rule, data=data).properties(width=380, height=220).facet(
         column=alt.Column("run:N", sort=["original run", after_label], title=None)).properties(
