@@ -42,9 +42,9 @@ async def _timed_post(client: httpx.AsyncClient, url: str, body: dict[str, Any],
     return out
 
 
-def _serve_and_post(overrides: dict[str, Any], bodies: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+def _serve_and_post(overrides: dict[str, Any], bodies: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Serve the simulator in this loop (trace kept in memory), POST ``bodies`` at once; (client view, trace)."""
-    async def go() -> tuple[list[dict], list[dict]]:
+    async def go() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         sim = await serve(build_config(overrides=overrides), keep_trace=True)
         try:
             async with httpx.AsyncClient(timeout=30) as client:
@@ -57,11 +57,11 @@ def _serve_and_post(overrides: dict[str, Any], bodies: list[dict[str, Any]]) -> 
     return asyncio.run(go())
 
 
-def _events(trace: list[dict], kind: str) -> dict[str, dict]:
+def _events(trace: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {e["id"]: e for e in trace if e["type"] == kind}
 
 
-def test_network_delay_holds_a_seeded_share_headers_included():
+def test_network_delay_holds_a_seeded_share_headers_included() -> None:
     delay_ms = 120.0
     seen, trace = _serve_and_post({"faults.network_delay_ms": delay_ms, "faults.network_delay_rate": 0.5,
                                    "time_scale": 0.2}, [chat_body(MODEL, 50, 8) for _ in range(12)])
@@ -81,7 +81,7 @@ def test_network_delay_holds_a_seeded_share_headers_included():
             == {s["id"] for s in held})  # seeded: the same requests are held
 
 
-def test_headers_leave_at_arrival_before_the_first_token():
+def test_headers_leave_at_arrival_before_the_first_token() -> None:
     """A long prompt's prefill (~0.4 s modelled here) comes after its response head: a client that reads the
     head early can tell the server's queue and prefill from a slow path in front of it."""
     (s,), trace = _serve_and_post({}, [chat_body(MODEL, 8000, 2)])
@@ -91,7 +91,7 @@ def test_headers_leave_at_arrival_before_the_first_token():
     assert arrival <= s["t_headers_ns"]
 
 
-def test_refusals_and_cuts_are_in_the_trace_and_steps_carry_kv_usage():
+def test_refusals_and_cuts_are_in_the_trace_and_steps_carry_kv_usage() -> None:
     seen, trace = _serve_and_post({"faults.error_rate": 0.5, "faults.disconnect_rate": 1.0, "time_scale": 0.05,
                                    "kv_cache_tokens": 2000}, [chat_body(MODEL, 300, 40) for _ in range(8)])
     finishes = _events(trace, "finish")
@@ -163,7 +163,7 @@ def causes_run(tmp_path_factory: pytest.TempPathFactory) -> CausesRun:
 
 
 @pytest.mark.slow
-def test_the_run_injected_every_fault(causes_run: CausesRun):
+def test_the_run_injected_every_fault(causes_run: CausesRun) -> None:
     """The trace holds each injected fact the truth is built from: network delays, refusals, long prefills,
     the hogs inside the measured window."""
     trace, requests = causes_run.trace, pl.read_parquet(causes_run.run_dir / "requests.parquet")
@@ -174,7 +174,7 @@ def test_the_run_injected_every_fault(causes_run: CausesRun):
     longs = [e for e in reqs.values() if e["prompt_tokens"] >= 6000]
     steps = [e for e in trace if e["type"] == "step"]
     measured = requests.filter(~pl.col("warmup"))
-    t_lo, t_hi = measured["t_sent_ns"].min(), measured["t_done_ns"].max()
+    t_lo, t_hi = int(measured["t_sent_ns"].min()), int(measured["t_done_ns"].max())  # type: ignore[arg-type]
     print(f"run {causes_run.wall_s:.1f} s: {requests.height} requests ({measured.height} measured), "
           f"{len(held)} held, {len(refused)} refused, {len(longs)} long prompts, {len(steps)} steps, "
           f"max kv_usage {max(e['kv_usage'] for e in steps):.3f}, hogs {[(b - a) / 1e6 for a, b in causes_run.hogs_ns]}")
@@ -208,7 +208,8 @@ def _records_by_id(run_dir: Path, trace: list[dict[str, Any]]) -> tuple[dict[str
     reads = {seq: sorted(ts) for seq, ts in pl.read_parquet(run_dir / "chunks.parquet")
              .filter(pl.col("tokens") > 0).group_by("seq").agg("t_ns").iter_rows()}
     refused = _refused_ids(records, trace)
-    by_id, seq_of = {}, {}
+    by_id: dict[str, dict[str, Any]] = {}
+    seq_of: dict[str, int] = {}
     for rec in records.iter_rows(named=True):
         rid = rec["request_id"] or refused.get(rec["seq"])
         if rid is None:
@@ -229,7 +230,7 @@ INJECTED = ("server_error", "network", "client_lag", "own_prompt", "prefill")
 
 
 @pytest.mark.slow
-def test_the_ledger_names_each_injected_cause_as_the_trace_does(causes_run: CausesRun):
+def test_the_ledger_names_each_injected_cause_as_the_trace_does(causes_run: CausesRun) -> None:
     from local_target.sim.truth_causes import true_causes
 
     s = json.loads((causes_run.run_dir / "summary.json").read_text())
