@@ -119,11 +119,14 @@ def test_a_request_loadgen_sent_late_is_the_clients() -> None:
 
 def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
     item = _steady(1, LATE, 1000)
-    lag = pl.DataFrame({"t_ns": [int((LATE + t) * MS) for t in (300, 900, 1500)], "name": ["loop_lag_ms"] * 3,
-                        "value": [2.0, 850.0, 1.0]})  # blocked over [LATE + 50, LATE + 900]
+    lag = pl.DataFrame({"t_ns": [int((LATE + t) * MS) for t in (300, 1001, 1500)], "name": ["loop_lag_ms"] * 3,
+                        "value": [2.0, 950.0, 1.0]})  # blocked over [LATE + 51, LATE + 1001]: the read waited
     row = _row(_ledger(item, client=lag), 1)
-    assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(850)
-    without = _row(_ledger(item), 1)  # no client metrics: a wait, and nothing said of the loop where it decided
+    assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(949)
+    assert "loop was blocked 949 ms before the first token" in row["evidence"]
+    over = lag.with_columns(pl.col("t_ns") - 300 * MS)  # a block over before the server wrote: it waited
+    assert _row(_ledger(item, client=over), 1)["cause"] == "queueing"
+    without = _row(_ledger(item), 1)  # no client metrics: a wait
     assert without["cause"] == "queueing" and without["read_lag_ms"] == 0.0
 
 
@@ -152,6 +155,16 @@ def test_a_gap_covered_by_another_requests_long_prefill_names_that_culprit() -> 
     assert (row["metric"], row["cause"], row["culprits"]) == ("itl_ms", "prefill", [7])
     assert "seq 7 (9,000 tokens)" in row["evidence"]
     assert _row(ledger, 7)["cause"] in ("own_prompt", "queueing")  # its own TTFT: not a culprit of itself
+
+
+def test_a_gap_most_of_the_batch_shared_with_no_culprit_is_load_and_one_of_its_own_unknown() -> None:
+    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]  # a 600-ms gap
+    ledger = _ledger(*(_req(seq, LATE, times) for seq in range(1, 16)))
+    row = _row(ledger, 1)
+    assert (row["metric"], row["cause"]) == ("itl_ms", "load")
+    assert "of the" in row["evidence"] and "other streams decoding paused with it" in row["evidence"]
+    alone = _row(_ledger(_req(1, LATE, times)), 1)
+    assert alone["cause"] == "unknown" and "coincides with nothing" in alone["evidence"]
 
 
 def test_every_step_slow_without_a_stall_is_load() -> None:

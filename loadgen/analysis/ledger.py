@@ -146,29 +146,33 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
-    stalls = ev.stall_causes(spike.stalls) if spike is not None else ev.stall_causes(pl.DataFrame())
+    stalls = ev.stall_causes(spike.stalls if spike is not None else pl.DataFrame(), blocks)
     rows = rows.join(stalls, on=KEY, how="left")
     return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
 
 
 def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, base: dict[str, float],
                   blocks: pl.DataFrame, pressure: pl.DataFrame) -> pl.DataFrame:
-    """Per missed request with a gap over its limit: the loop blocked in it, server pressure over it, whether
-    it was the stream's alone (only where pressure makes it matter), and the stall attribution's cause and
-    culprits for it (analysis/spikes.py's ``attribute`` over these gaps, without the preemption override)."""
+    """Per missed request with a gap over its limit: the loop blocked in it, server pressure over it, the stall
+    attribution's cause and culprits for it (analysis/spikes.py's ``attribute`` over these gaps, without the
+    preemption override), and, where pressure or an unexplained gap makes it matter, how many other streams
+    decoding across it paused too (``alone``: under half)."""
     gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns"])
     iv = gaps.select(KEY, a_ns="g0_ns", b_ns="g1_ns")
     out = gaps.with_columns(gap_blocked_ms=ev.blocked_ms(iv, blocks)["blocked_ms"],
                             gap_pressure=ev.pressure_during(iv, pressure)["pressure"])
-    lone = ev.alone(out.filter(pl.col("gap_pressure").is_not_null()).select(KEY + ["g0_ns", "g1_ns"]), run, base)
-    out = out.join(lone.select(KEY, gap_alone="alone"), on=KEY, how="left")
     if spike is None or spike.windows is None or spike.cfg is None or gaps.is_empty():
-        return out.with_columns(gap_cause=pl.lit(None, dtype=pl.String),
-                                gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),
-                                gap_culprit_tokens=pl.lit(None, dtype=pl.List(pl.Int64))).drop("g0_ns", "g1_ns")
-    said = attribute(gaps.select(KEY, t_start_ns="g0_ns", t_end_ns="g1_ns"), spike.windows, run.req, spike.cfg)
-    said = said.select(KEY, gap_cause="cause", gap_culprits="culprits", gap_culprit_tokens="culprit_prompt_tokens")
-    return out.join(said, on=KEY, how="left").drop("g0_ns", "g1_ns")
+        out = out.with_columns(gap_cause=pl.lit(None, dtype=pl.String),
+                               gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),
+                               gap_culprit_tokens=pl.lit(None, dtype=pl.List(pl.Int64)))
+    else:
+        said = attribute(gaps.select(KEY, t_start_ns="g0_ns", t_end_ns="g1_ns"), spike.windows, run.req, spike.cfg)
+        out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",
+                                   gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left")
+    matters = pl.col("gap_pressure").is_not_null() | pl.col("gap_cause").fill_null("unknown").eq("unknown")
+    lone = ev.alone(out.filter(matters).select(KEY + ["g0_ns", "g1_ns"]), run, base)
+    return (out.join(lone.select(KEY, gap_alone="alone", gap_decoding="decoding", gap_paused="paused"), on=KEY,
+                     how="left").drop("g0_ns", "g1_ns"))
 
 
 def _decisive(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float | None, float | None]:

@@ -15,6 +15,7 @@ from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
 HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
+READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
 ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
 KEY = ["worker", "seq"]
 INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.Int64}
@@ -42,10 +43,14 @@ def _merged(frame: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
 
 
 def blocked_ms(intervals: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
-    """Per (worker, seq, a_ns, b_ns): the ms of [a_ns, b_ns] during which the loop was blocked."""
+    """Per (worker, seq, a_ns, b_ns): the ms of [a_ns, b_ns] during which the loop was blocked, counting only the
+    blocks that ended as the interval did (within ``READ_TOL_MS``): a response read at ``b_ns`` was read late
+    by a block it waited out; one that ended well before was over before the server had written it."""
     if intervals.is_empty() or blocks.is_empty():
         return intervals.with_columns(blocked_ms=pl.lit(0.0))
-    hit = (intervals.join_where(blocks, pl.col("b0_ns") < pl.col("b_ns"), pl.col("b1_ns") > pl.col("a_ns"))
+    tol_ns = int(READ_TOL_MS * NS_PER_MS)
+    hit = (intervals.join_where(blocks, pl.col("b0_ns") < pl.col("b_ns"), pl.col("b1_ns") > pl.col("a_ns"),
+                                pl.col("b1_ns") >= pl.col("b_ns") - tol_ns)
            .group_by(KEY + ["a_ns", "b_ns"])
            .agg(blocked_ms=((pl.min_horizontal("b_ns", "b1_ns") - pl.max_horizontal("a_ns", "b0_ns")) / 1e6).sum()))
     return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
@@ -125,10 +130,11 @@ def worst_gaps(run: RunAnalysis, itl_limit: float | None, gap_limit: float | Non
 
 
 def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> pl.DataFrame:
-    """Per gap (worker, seq, g0_ns, g1_ns): ``alone`` — under half of the other streams decoding across it had
-    a gap longer than ``ALONE_FACTOR`` baselines overlapping it (a pause of one stream, not of the batch)."""
+    """Per gap (worker, seq, g0_ns, g1_ns): the other streams ``decoding`` across it, how many of those
+    ``paused`` (a gap longer than ``ALONE_FACTOR`` baselines overlapping it), and ``alone``: under half of them
+    did (a pause of one stream, not of the batch)."""
     if gaps.is_empty():
-        return gaps.with_columns(alone=pl.lit(True))
+        return gaps.with_columns(decoding=pl.lit(0, pl.Int64), paused=pl.lit(0, pl.Int64), alone=pl.lit(True))
     ok = run.req.filter(pl.col("ok") & pl.col("t_first_token_ns").is_not_null()).select(
         pl.col("worker").alias("o_worker"), pl.col("seq").alias("o_seq"), "t_first_token_ns", "t_last_token_ns")
     g = gaps.select(KEY + ["g0_ns", "g1_ns"])
@@ -143,20 +149,27 @@ def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> p
               .group_by(KEY + ["g0_ns", "g1_ns"]).agg(paused=pl.col("o_seq").n_unique()))
     keys = KEY + ["g0_ns", "g1_ns"]
     return (gaps.join(decoding, on=keys, how="left").join(paused, on=keys, how="left")
-            .with_columns(alone=pl.col("paused").fill_null(0) < 0.5 * pl.col("decoding").fill_null(0))
-            .drop("decoding", "paused"))
+            .with_columns(pl.col("decoding", "paused").fill_null(0).cast(pl.Int64))
+            .with_columns(alone=pl.col("paused") < 0.5 * pl.col("decoding")))
 
 
-def stall_causes(stalls: pl.DataFrame) -> pl.DataFrame:
-    """Per request (worker, seq): its stalls' excess summed by cause, as a struct list (cause, excess_ms,
-    t_end_ns), and the culprits of its prefill stalls."""
+def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """Per request (worker, seq): its stalls as a struct list (cause, excess_ms, t_end_ns, culprits), a stall
+    during which loadgen's loop was blocked for its whole excess the client's (``client_lag``)."""
+    schema = {"worker": pl.Int64, "seq": pl.Int64,
+              "stalls": pl.List(pl.Struct({"cause": pl.String, "excess_ms": pl.Float64, "t_end_ns": pl.Int64,
+                                           "culprits": pl.List(pl.Int64)}))}
     if stalls.is_empty():
-        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64,
-                                    "stalls": pl.List(pl.Struct({"cause": pl.String, "excess_ms": pl.Float64,
-                                                                 "t_end_ns": pl.Int64,
-                                                                 "culprits": pl.List(pl.Int64)}))})
-    culprits = pl.col("culprits").fill_null(pl.lit([], dtype=pl.List(pl.Int64)))
-    return stalls.group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", culprits))
+        return pl.DataFrame(schema=schema)
+    iv = stalls.select(KEY, a_ns="t_start_ns", b_ns="t_end_ns").unique()
+    blocked = blocked_ms(iv, blocks).rename({"a_ns": "t_start_ns", "b_ns": "t_end_ns"})
+    late = pl.col("blocked_ms") >= pl.col("excess_ms")
+    culprits = pl.when(late).then(pl.lit([], dtype=pl.List(pl.Int64))).otherwise(
+        pl.col("culprits").fill_null(pl.lit([], dtype=pl.List(pl.Int64))))
+    return (stalls.join(blocked, on=KEY + ["t_start_ns", "t_end_ns"], how="left")
+            .with_columns(cause=pl.when(late).then(pl.lit("client_lag")).otherwise(pl.col("cause")),
+                          culprits=culprits)
+            .group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", "culprits")))
 
 
 def median_itl(run: RunAnalysis, keys: pl.DataFrame) -> pl.DataFrame:

@@ -98,7 +98,8 @@ def gap(row: Row) -> Verdict:
     """ITL / chunk gap, on the request's worst gap over its limit: loadgen's loop blocked ≥ the gap's excess
     → client_lag; the gap the stream's alone while the server preempted (or its KV cache was full) →
     preemption; else the stall attribution's cause for the gap (analysis/spikes.py's rule, culprits kept),
-    with server pressure over a gap it cannot explain a preemption."""
+    with server pressure over a gap it cannot explain a preemption, and a gap it cannot explain that half the
+    batch's streams shared load (a slow engine step for all); else unknown."""
     tokens, gap_ms, limit = row["gap_tokens"], row["gap_ms"], row["limit_ms"]
     x = gap_ms - tokens * limit if row["metric"] == "itl_ms" else gap_ms - limit
     blocked, pressure = row["gap_blocked_ms"], row["gap_pressure"]
@@ -118,6 +119,10 @@ def gap(row: Row) -> Verdict:
                                                                      row["gap_culprit_tokens"] or []))
         return Verdict("prefill", f"the prefill of {named} covered {said}", list(row["gap_culprits"] or []),
                        parts)
+    if cause == "unknown" and row["gap_alone"] is False:
+        return Verdict("load", f"{said}: {row['gap_paused']} of the {row['gap_decoding']} other streams decoding "
+                       "paused with it, a slow engine step for the batch, no long prefill, burst or preemption "
+                       "in it", parts=parts)
     if cause == "unknown":
         return Verdict("unknown", f"{said} coincides with nothing loadgen sees{no_loop_note(row)}", parts=parts)
     return Verdict(cause, f"{said}: {CAUSES[cause]}", parts=parts)

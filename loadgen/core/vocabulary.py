@@ -135,7 +135,8 @@ CAUSES: dict[str, str] = {
     "queueing": "the request waited at the server beyond its own prefill (admission wait)",
     "own_prompt": "its own work: its own prefill alone (TTFT), or its own prefill and decode at the run's usual "
                   "pace (E2E), exceeds the limit",
-    "load": "every decode step of it was slow (a large running batch), no single stall",
+    "load": "the server's batch was slow: every decode step of the request (a large running batch), no single "
+            "stall; or a gap in which most streams paused, with no culprit, burst or preemption",
     "unknown": "nothing loadgen can see coincides with the gap; for a request's miss, the evidence does not decide: "
                "unexplained (never a guess)",
 }
