@@ -146,7 +146,7 @@ def test_the_report_section_shows_causes_evidence_culprits_and_the_lane() -> Non
         assert f'<td class="text">{cause}</td>' in section
     assert "waited 2,600 ms beyond its own 210 ms prefill (excess 1,200 ms)" in section
     assert "<td>#40</td>" in section and '<td class="text">#38, #39</td>' in section
-    assert "<td>7.2</td>" in section  # at (s): 7.25 s after the run's origin
+    assert "<td>7.2</td>" in section  # intended send: 7.25 s after the run's origin
     assert 'id="miss-classes"' in section and '<div id="miss_lane" class="chart"></div>' in section
     assert page.index("<h2>Tail spikes</h2>") < page.index('<section id="misses">')
 

@@ -159,7 +159,7 @@ def culprit_text(culprits: Any) -> str:
 
 
 def miss_row(row: dict[str, Any], t0_ns: int) -> tuple[str, ...]:
-    """One worst miss as table cells: seq, class, at (s), metric, value, limit, cause, evidence, culprits."""
+    """One worst miss as table cells: seq, class, its intended send (s since the run's start), metric, value, limit, cause, evidence, culprits."""
     at_s = (row["t_intended_ns"] - t0_ns) / 1e9 if row.get("t_intended_ns") is not None else None
     value = "error" if row.get("value_ms") is None else _num(row["value_ms"])
     return (f"#{row['seq']}", str(row.get("class_name") or ""), "–" if at_s is None else f"{at_s:.1f}",
@@ -167,7 +167,7 @@ def miss_row(row: dict[str, Any], t0_ns: int) -> tuple[str, ...]:
             str(row.get("evidence") or ""), culprit_text(row.get("culprits")))
 
 
-MISS_HEAD = ("request", "class", "at (s)", "metric", "value (ms)", "limit (ms)", "cause", "evidence", "culprits")
+MISS_HEAD = ("request", "class", "intended send (s)", "metric", "value (ms)", "limit (ms)", "cause", "evidence", "culprits")
 
 
 # ---- report.html --------------------------------------------------------------------------------------
@@ -176,7 +176,8 @@ def _e(value: Any) -> str:
 
 
 def _html_table(table_id: str, head: tuple[str, ...], rows: list[tuple[str, ...]], text_cols: set[int]) -> str:
-    cells = "".join(f"<th>{_e(h)}</th>" for h in head)
+    cells = "".join(f"<th style=\"text-align:left\">{_e(h)}</th>" if i in text_cols else f"<th>{_e(h)}</th>"
+                    for i, h in enumerate(head))
     body = "".join("<tr>" + "".join(f"<td class=\"text\">{_e(c)}</td>" if i in text_cols else f"<td>{_e(c)}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)
     return f"<table id=\"{table_id}\"><tr>{cells}</tr>{body}</table>"
