@@ -20,6 +20,8 @@ from loadgen import api
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay_observed
 from loadgen.advise.replay_observe import ReplayFaults
 from loadgen.records.schema import chunks_frame, requests_frame
+from loadgen.analysis.ledger import limits_of
+from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
 from loadgen.plan.schedule import build_plan
 
@@ -39,6 +41,8 @@ class VirtualRun:
     server: pl.DataFrame  # server_metrics.parquet's rows, scraped from the engine every 0.5 s
     client: pl.DataFrame  # client_metrics.parquet's rows (loop lag: only with hogs)
     hogs_ns: tuple[tuple[int, int], ...]
+    measured: set[int]  # the seqs loadgen's analysis judged (RunAnalysis.measured)
+    limits_ms: dict[str, float]  # the ledger's limits (analysis/ledger.py's limits_of)
 
 
 def virtual_run(path: str | Path, overrides: list[str], hogs_ns: tuple[tuple[int, int], ...] = ()) -> VirtualRun:
@@ -61,9 +65,11 @@ def virtual_run(path: str | Path, overrides: list[str], hogs_ns: tuple[tuple[int
     kwargs: dict[str, Any] = {"server": server}
     if "client" in inspect.signature(summarize).parameters:  # the ledger's loop-lag evidence (issue 39)
         kwargs["client"] = client
-    summary, tables = summarize(scenario, requests, chunks, plan.size, **kwargs)
+    run = RunAnalysis(requests, chunks, scenario.load.steady_state)
+    summary, tables = summarize(scenario, requests, chunks, plan.size, run=run, **kwargs)
     return VirtualRun(summary, requests, chunks, tables["stalls"], out.trace, {f"0-{r.seq}": r.seq for r in reqs},
-                      tables, server, client, tuple(hogs_ns))
+                      tables, server, client, tuple(hogs_ns), set(run.measured["seq"].to_list()),
+                      limits_of(scenario.slo))
 
 
 def _with_transport(requests: pl.DataFrame, headers_ns: dict[tuple[int, int], int]) -> pl.DataFrame:
@@ -81,6 +87,6 @@ def records_by_id(v: VirtualRun) -> dict[str, dict[str, Any]]:
     for seq, t_ns in v.chunks.sort("seq", "t_ns").select("seq", "t_ns").iter_rows():
         reads.setdefault(seq, []).append(t_ns)
     out = {}
-    for row in v.requests.filter(~pl.col("warmup")).iter_rows(named=True):
+    for row in v.requests.filter(pl.col("seq").is_in(list(v.measured))).iter_rows(named=True):
         out[f"{row['worker']}-{row['seq']}"] = {**row, "tokens_ns": reads.get(row["seq"], [])}
     return out

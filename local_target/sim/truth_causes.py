@@ -26,6 +26,7 @@ largest excess over its limit; an error is always decisive).
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class _World:
         self.hogs, self.long, self.min_gap_ms = sorted(hogs_ns), long_prompt_tokens, min_gap_ms
         self.facts: dict[str, _Facts] = {}
         self.steps = sorted((e for e in events if e["type"] == "step"), key=lambda e: e["t_end_ns"])
+        self.ends = [s["t_end_ns"] for s in self.steps]
         for e in events:
             if e["type"] == "request":
                 f = self.facts.setdefault(e["id"], _Facts())
@@ -156,8 +158,8 @@ class _World:
         if any(first_write is None or t <= first_write for t in f.preempted_ns):
             return "preemption"
         admitted = min((a for a, _, _ in f.prefills), default=first_write or 0)
-        full = any(s["kv_usage"] >= KV_FULL for s in self.steps
-                   if s.get("kv_usage") is not None and f.arrival_ns < s["t_end_ns"] and s["t_start_ns"] < admitted)
+        full = any(s.get("kv_usage") is not None and s["kv_usage"] >= KV_FULL and s["t_start_ns"] < admitted
+                   for s in self._steps_in(f.arrival_ns, max(admitted, f.arrival_ns) + 1))
         return "preemption" if full else "queueing"
 
     def _gap_cause(self, rid: str, f: _Facts, reads: list[int], i: int, x: float) -> tuple[str, float]:
@@ -170,11 +172,10 @@ class _World:
         if any(a < t <= b for t in f.preempted_ns):
             return "preemption", client
         held: dict[str, float] = {}
-        for s in self.steps:
-            if a < s["t_end_ns"] <= b:
-                for c, _, _ in s["prefill"]:
-                    if c != rid and self.facts.get(c, _Facts()).prompt_tokens >= self.long:
-                        held[c] = held.get(c, 0.0) + (s["t_end_ns"] - s["t_start_ns"]) / MS
+        for s in self._steps_in(a, b):
+            for c, _, _ in s["prefill"]:
+                if c != rid and self.facts.get(c, _Facts()).prompt_tokens >= self.long:
+                    held[c] = held.get(c, 0.0) + (s["t_end_ns"] - s["t_start_ns"]) / MS
         if any(ms > self.min_gap_ms for ms in held.values()):
             return "prefill", client
         return "load", client
@@ -218,6 +219,10 @@ class _World:
         name = max(comps, key=lambda k: comps[k])
         why = ", ".join(f"{k} {v:.0f} ms" for k, v in comps.items()) + f" (excess {x:.0f} ms)"
         return TrueMiss("e2e_ms", name if comps[name] >= 0.5 * x else "unknown", why)
+
+    def _steps_in(self, a_ns: int, b_ns: int) -> list[dict[str, Any]]:
+        """The steps that ended in (a_ns, b_ns]."""
+        return self.steps[bisect.bisect_right(self.ends, a_ns):bisect.bisect_right(self.ends, b_ns)]
 
     def _held_ms(self, t_write: int, t_read: int) -> float:
         """ms of [t_write, t_read] during which loadgen's loop was blocked."""

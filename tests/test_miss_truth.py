@@ -1,0 +1,107 @@
+"""The SLO-miss ledger scored against the simulator's ground truth, per cause and per engine, in virtual time:
+each cause injected on purpose into a short scenario (tests/data/causes_*.yaml; loadgen's loop blocked by the
+replay's hogs for client_lag), replayed through each scheduler with the observations a real run has (server
+scrapes, loop lag, response headers: tests/virtual_truth.py), the ledger's cause of every miss compared with
+the true cause the trace gives (local_target/sim/truth_causes.py, the ledger's decision order on the engine's
+exact facts). A replay is well under a second to a few seconds; each case is replayed once per session.
+
+Not met, by construction: preemption on llama.cpp and TGI. The simulator preempts on every scheduler (its
+``Engine._reserve_kv`` is shared), but its /metrics for these two, like the real engines', carry neither KV
+usage nor a preemption counter, so a wait on a full KV cache reads as queueing to a client. Those two cases are
+strict xfails: they fail the day the evidence appears, so that the marks are taken off.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from local_target.sim.truth_causes import true_misses
+from tests.virtual_truth import records_by_id, virtual_run
+
+ENGINES = {
+    "vllm": [],
+    "sglang": ["target.simulator.engine=sglang"],
+    "llamacpp": ["target.simulator.engine=llamacpp", "target.simulator.max_num_batched_tokens=2048"],
+    "tgi": ["target.simulator.engine=tgi"],
+}
+S_NS = 1_000_000_000
+HOGS_NS = tuple((int((3 + 1.5 * k) * S_NS), int((3 + 1.5 * k) * S_NS) + 300_000_000) for k in range(17))
+CAUSES = ("queueing", "preemption", "own_prompt", "prefill", "server_error", "network", "client_lag", "load")
+BLIND = {("llamacpp", "preemption"), ("tgi", "preemption")}  # no KV usage or preemption series (see above)
+MIN_MISSES = 20
+BAR = 0.9
+MAX_UNEXPLAINED = 0.05
+
+
+@dataclass
+class CaseScore:
+    truth: int  # misses whose true cause is the injected one
+    predicted: int  # misses the ledger blamed on it
+    hits: int
+    misses: int  # all misses of the case (the ledger's and the truth's)
+    agree: int  # misses where the ledger and the truth name the same cause
+    unexplained: int  # ledger misses with cause unknown
+    ledger_misses: int
+    pairs: Counter[tuple[str, str]]  # (true cause, ledger cause) → requests ("-": not a miss on that side)
+
+    @property
+    def precision(self) -> float:
+        return self.hits / self.predicted if self.predicted else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.hits / self.truth if self.truth else 1.0
+
+    @property
+    def unexplained_share(self) -> float:
+        return self.unexplained / self.ledger_misses if self.ledger_misses else 0.0
+
+
+@functools.cache
+def case(engine: str, cause: str) -> CaseScore:
+    v = virtual_run(f"tests/data/causes_{cause}.yaml", ENGINES[engine], HOGS_NS if cause == "client_lag" else ())
+    stalls = v.summary["stalls"]
+    truth = {rid: m.cause for rid, m in true_misses(v.trace, records_by_id(v), v.limits_ms, list(v.hogs_ns),
+                                                     stalls["long_prompt_tokens"], stalls["min_gap_ms"]).items()}
+    ledger = {f"{w}-{s}": c for w, s, c in v.tables["misses"].select("worker", "seq", "cause").iter_rows()}
+    pairs = Counter((truth.get(rid, "-"), ledger.get(rid, "-")) for rid in set(truth) | set(ledger))
+    return CaseScore(truth=sum(n for (t, _), n in pairs.items() if t == cause),
+                     predicted=sum(n for (_, p), n in pairs.items() if p == cause),
+                     hits=pairs[(cause, cause)], misses=sum(pairs.values()),
+                     agree=sum(n for (t, p), n in pairs.items() if t == p),
+                     unexplained=sum(n for (_, p), n in pairs.items() if p == "unknown"),
+                     ledger_misses=len(ledger), pairs=pairs)
+
+
+def _params() -> list[object]:
+    return [pytest.param(e, c, marks=pytest.mark.xfail(strict=True, reason="no KV or preemption series"))
+            if (e, c) in BLIND else (e, c) for c in CAUSES for e in ENGINES]
+
+
+@pytest.mark.parametrize(("engine", "cause"), _params())
+def test_the_ledger_names_the_injected_cause(engine: str, cause: str) -> None:
+    sc = case(engine, cause)
+    print(f"{engine:9s} {cause:12s} truth {sc.truth:4d} precision {sc.precision:.3f} recall {sc.recall:.3f} "
+          f"agree {sc.agree}/{sc.misses} unexplained {sc.unexplained_share:.3f}  {dict(sc.pairs)}")
+    assert sc.truth >= MIN_MISSES, sc.pairs  # the fault really made misses of its cause
+    assert sc.precision >= BAR and sc.recall >= BAR, sc.pairs
+    assert sc.agree >= BAR * sc.misses, sc.pairs  # the other misses of the run are named right too
+    assert sc.unexplained_share <= MAX_UNEXPLAINED, sc.pairs
+
+
+def test_the_truth_is_the_engines_not_the_ledgers() -> None:
+    """The true causes come from the trace's facts, not from what the ledger reads: a run with no fault at all
+    and loose limits has no misses on either side, and the injected faults show in the trace itself."""
+    v = virtual_run("tests/data/causes_network.yaml", ENGINES["vllm"])
+    delayed = [e for e in v.trace if e["type"] == "request" and e["network_delay_ms"] > 0]
+    assert delayed and all(e["network_delay_ms"] == 1500 for e in delayed)
+    by_id = records_by_id(v)
+    loose = {k: lim * 100 for k, lim in v.limits_ms.items()}
+    assert true_misses(v.trace, by_id, loose) == {}
+    misses = true_misses(v.trace, by_id, v.limits_ms)
+    assert {rid for rid, m in misses.items() if m.cause == "network"} == {
+        e["id"] for e in delayed if e["id"] in by_id}
