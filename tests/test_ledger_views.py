@@ -223,7 +223,7 @@ def test_compare_with_a_run_written_before_the_ledger_says_so() -> None:
     change = miss_change(summary(), summary(block(RUN, 1200)))
     assert change == {"ledger": {"base": False, "new": True}, "causes": []}
     md = compare_markdown(doc_with(change), [])
-    assert "misses by cause: no ledger in the base run (summary written before it)" in md and "| queueing" not in md
+    assert "misses by cause: no ledger in the base run's summary" in md and "| queueing" not in md
     old_doc = doc_with(None)
     del old_doc["misses"]  # a compare.json written before the ledger
     assert "Why requests missed" not in compare_markdown(old_doc, []) + compare_html(old_doc, [])

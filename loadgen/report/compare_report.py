@@ -94,7 +94,8 @@ def miss_line(doc: dict[str, Any]) -> str:
         return ""
     lacking = [side for side in ("base", "new") if not m["ledger"][side]]
     if lacking:
-        return f"misses by cause: no ledger in the {' and '.join(lacking)} run (summary written before it)"
+        return (f"misses by cause: no ledger in the {' and '.join(lacking)} run's summary (written before it, or a "
+                "repeat's): no cause compared")
     b, n = m["base"], m["new"]
     return (f"misses: {b['requests']:,} of {b['of']:,}{_share(b)} → {n['requests']:,} of {n['of']:,}{_share(n)} "
             f"({m['delta_requests']:+,}); by cause, base → new (docs/causes.md):")
