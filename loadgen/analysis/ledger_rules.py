@@ -66,8 +66,8 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
     parts: dict[str, float | None] = {"send_lag_ms": send, "read_lag_ms": read, "network_ms": net,
                                       "wait_ms": wait, "own_ms": own}
     if own >= limit:
-        return Verdict("own_prompt", f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}, over the "
-                       f"{ms(limit)} limit by itself", parts=parts)
+        return Verdict("own_prompt", f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}, "
+                       f"over the {ms(limit)} limit by itself", parts=parts)
     client = send + read
     late = [f"sent it {ms(send)} late"] if send >= 0.5 else []
     late += [f"its loop was blocked {ms(read)} before the first token"] if read > 0 or not late else []

@@ -7,8 +7,8 @@ built in one module and parsed in others.
 The scenario's SLO fields (``plan/slo_spec.py``), the summary's metric tables (``analysis/metrics.py``), the SLO
 objectives (``analysis/slo.py``), the report's rows (``report/writers.py``), compare's and the capacity
 search's statistics (``analysis/compare.py``, ``analysis/capacity.py``), the stall analysis
-(``analysis/spikes.py``) and the SLO-miss ledger (``analysis/ledger.py``) take their names from here; ``tests/test_vocabulary.py`` holds each of them to it.
-Standard library only, like the rest of the core.
+(``analysis/spikes.py``) and the SLO-miss ledger (``analysis/ledger.py``) take their names from here;
+``tests/test_vocabulary.py`` holds each of them to it. Standard library only, like the rest of the core.
 """
 
 from __future__ import annotations
