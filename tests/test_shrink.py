@@ -70,9 +70,9 @@ def test_confirmation_stops_once_the_needed_reproductions_cannot_be_reached(tmp_
     gaps = iter([100.0, 900.0, 100.0, 900.0, 900.0])
     runs: list[Path] = []
 
-    def fake_run(scenario: Path, out: Path) -> dict[int, list[int]]:
+    def fake_run(scenario: Path, out: Path) -> tuple[dict[int, list[int]], dict[int, float]]:
         runs.append(out)
-        return {1: [0, int(next(gaps) * 1e6)]}
+        return {1: [0, int(next(gaps) * 1e6)]}, {1: 5.0}
 
     conf = confirm(tmp_path / "scenario.yaml", 1, 5, 500.0, 4, run=fake_run)
     assert (conf.runs, conf.reproduced, conf.gaps_ms) == (3, 1, [100.0, 900.0, 100.0]), "4 of 5: out of reach"
@@ -154,6 +154,27 @@ def test_the_script_imports_only_the_standard_library(shrunk: Any) -> None:
     assert f"VICTIM = {shrunk.items.index(shrunk.event.victim)}" in text and "sim-llama" not in text
 
 
+def test_a_ttft_miss_shrinks_to_the_prefill_it_waited_behind(made_run: tuple[Path, dict[str, Any]],
+                                                             tmp_path: Path) -> None:
+    """A request the ledger says missed by TTFT: its send-to-first-token time is the event."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("run.json", "requests.parquet", "chunks.parquet", "stalls.parquet"):
+        (run / name).write_bytes((made_run[0] / name).read_bytes())
+    req = made_run[1]["requests"].filter(pl.col("class_name") == "victim").with_columns(
+        ttft_ms=(pl.col("t_first_token_ns") - pl.col("t_sent_ns")) / 1e6)
+    slow = req.row(int(req["ttft_ms"].arg_max() or 0), named=True)
+    pl.DataFrame({"worker": [slow["worker"]], "seq": [slow["seq"]], "metric": ["ttft_ms"], "cause": ["queueing"],
+                  "culprits": [[]]}, schema_overrides={"culprits": pl.List(pl.Int64)}).write_parquet(
+        run / "misses.parquet")
+    out = shrink(run, ShrinkOptions(request=slow["seq"], confirmations=0, png=False))
+    assert out.event.metric == "ttft_ms" and out.event.gap_ms == pytest.approx(slow["ttft_ms"])
+    assert out.event.label == f"request-{slow['seq']}-ttft" and out.reproduced
+    assert len(out.items) <= 3 and out.replay_gap_ms >= 0.5 * slow["ttft_ms"]
+    assert any(i.prompt_tokens >= 8000 for i in out.items), "the long prompt it waited behind is kept"
+    assert 'METRIC = \'ttft_ms\'' in (out.out / "repro.py").read_text()
+
+
 @pytest.mark.parametrize("args, words", [
     (["--stall", "9999"], "--stall 9999: the run has"),
     (["--request", "999999"], "no request with that seq"),
@@ -208,4 +229,5 @@ def test_the_script_alone_reproduces_a_prefill_stall_on_the_simulator(tmp_path: 
         sim.stop()
     assert done.returncode == 0, done.stdout + done.stderr
     gap_ms = float(done.stdout.split("victim's worst gap: ")[1].split(" ms")[0])
+    assert "TTFT" in done.stdout.splitlines()[0]
     assert gap_ms >= 500, done.stdout  # a 12k-token prefill on this preset: ~1.1 s

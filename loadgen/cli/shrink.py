@@ -18,7 +18,8 @@ def shrink(
     stall: Optional[int] = typer.Option(None, "--stall", help="the stall's row in stalls.parquet, from 0 "
                                         "(default: the worst stall, the largest gap)"),
     request: Optional[int] = typer.Option(None, "--request", help="a request's seq in requests.parquet: its "
-                                          "worst chunk gap"),
+                                          "worst chunk gap; its TTFT where misses.parquet says it missed by "
+                                          "TTFT (or it streamed under two chunks)"),
     out: Optional[Path] = typer.Option(None, "--out", help="where the reproduction goes (default "
                                        "RUN/shrink-<event>/)"),
     max_tries: int = typer.Option(200, "--max-tries", help="virtual-time replays the search may make"),
@@ -54,10 +55,11 @@ def shrink(
 
 def summary_lines(result: ShrinkResult) -> list[str]:
     doc, ev = result.doc, result.event
-    lines = [f"{ev.label}: request {ev.victim.seq}'s {ev.gap_ms:.0f} ms gap ({ev.cause or 'no stall cause'}); "
+    what = "TTFT" if ev.metric == "ttft_ms" else "gap"
+    lines = [f"{ev.label}: request {ev.victim.seq}'s {ev.gap_ms:.0f} ms {what} ({ev.cause or 'no cause'}); "
              f"seed set {doc['seed_set']} requests, {doc['tries']} replays ({doc['stopped']}), "
              f"{doc['wall_s']:.1f} s",
-             f"final set: {len(result.items)} requests, victim's gap on the replay {result.replay_gap_ms:.0f} ms "
+             f"final set: {len(result.items)} requests, victim's {what} on the replay {result.replay_gap_ms:.0f} ms "
              f"({result.replay_gap_ms / ev.gap_ms:.0%} of the original)"]
     for row in doc["final_set"]:
         lines.append(f"  seq {row['seq']} ({row['role']}): +{row['offset_s']:.3f} s, {row['prompt_tokens']} "
@@ -65,7 +67,7 @@ def summary_lines(result: ShrinkResult) -> list[str]:
     conf = doc["confirmations"]
     if conf is not None:
         gaps = ", ".join(f"{g:.0f}" for g in conf["gaps_ms"])
-        lines.append(f"on the target: reproduced in {conf['reproduced']} of {conf['runs']} runs (victim's gap "
+        lines.append(f"on the target: reproduced in {conf['reproduced']} of {conf['runs']} runs (victim's {what} "
                      f"{gaps} ms; needs {conf['needed']} of {conf['asked']})")
         lines += [f"  a run failed: {e}" for e in conf["errors"]]
     verdict = "reproduced" if result.reproduced else "NOT reproduced"

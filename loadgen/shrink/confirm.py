@@ -22,7 +22,7 @@ NS_PER_MS = 1e6
 
 @dataclass
 class Confirmation:
-    gaps_ms: list[float] = field(default_factory=list)  # the victim's worst gap in each run
+    gaps_ms: list[float] = field(default_factory=list)  # the victim's worst gap (or TTFT) in each run
     reproduced: int = 0
     errors: list[str] = field(default_factory=list)
     streams: dict[int, list[int]] = field(default_factory=dict)  # the first run's chunk times per row (ns)
@@ -48,17 +48,27 @@ def worst_gap_ms(times: list[int]) -> float:
     return max(((b - a) / NS_PER_MS for a, b in zip(times, times[1:])), default=0.0)
 
 
-def run_once(scenario_path: Path, out: Path) -> dict[int, list[int]]:
-    """One run of the scenario by loadgen (quiet, no PNG charts) into ``out``; its chunk times."""
+def ttfts_ms(run_dir: Path) -> dict[int, float]:
+    """Each request's time from send to first token (to its end when it got none): seq → ms."""
+    req = pl.read_parquet(run_dir / "requests.parquet", columns=["seq", "t_sent_ns", "t_first_token_ns", "t_done_ns"])
+    return {int(seq): ((first or done or sent) - sent) / NS_PER_MS
+            for seq, sent, first, done in req.iter_rows() if sent is not None}
+
+
+Times = tuple[dict[int, list[int]], dict[int, float]]  # a run's chunk times and TTFTs per trace row
+
+
+def run_once(scenario_path: Path, out: Path) -> Times:
+    """One run of the scenario by loadgen (quiet, no PNG charts) into ``out``; its chunk times and TTFTs."""
     run_scenario(load_scenario(scenario_path), RunOptions(out=out, progress=False, png=False), Console(quiet=True))
-    return chunk_times(out)
+    return chunk_times(out), ttfts_ms(out)
 
 
 def confirm(scenario_path: Path, victim_row: int, n: int, threshold_ms: float, needed: int,
             deadline: float = float("inf"), progress: Callable[[str], None] = lambda line: None,
-            run: Callable[[Path, Path], dict[int, list[int]]] = run_once) -> Confirmation:
+            run: Callable[[Path, Path], Times] = run_once, metric: str = "chunk_gap_ms") -> Confirmation:
     """Up to ``n`` runs; stops early once ``needed`` reproductions can no longer be reached, or at ``deadline``
-    (time.monotonic)."""
+    (time.monotonic). ``metric``: the victim's worst chunk gap, or ``ttft_ms`` its TTFT."""
     out = Confirmation()
     for k in range(n):
         if out.reproduced + (n - k) < needed or time.monotonic() >= deadline:
@@ -66,12 +76,12 @@ def confirm(scenario_path: Path, victim_row: int, n: int, threshold_ms: float, n
         progress(f"confirmation {k + 1}/{n} on the target")
         with tempfile.TemporaryDirectory(prefix="loadgen-shrink-") as tmp:
             try:
-                streams = run(scenario_path, Path(tmp) / "run")
+                streams, ttfts = run(scenario_path, Path(tmp) / "run")
             except (LoadgenError, OSError) as exc:
                 out.gaps_ms.append(0.0)
                 out.errors.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 continue
-        gap = worst_gap_ms(streams.get(victim_row, []))
+        gap = ttfts.get(victim_row, 0.0) if metric == "ttft_ms" else worst_gap_ms(streams.get(victim_row, []))
         out.gaps_ms.append(gap)
         out.reproduced += gap >= threshold_ms
         if not out.streams:

@@ -1,10 +1,11 @@
 """The event to shrink and the requests that could have caused it: what ``loadgen shrink`` reads of a run
 directory (run.json, the records, stalls.parquet) and the seed set its search starts from.
 
-- **The event** is a chunk gap of one stream (the *victim*): ``--stall N`` is row N of stalls.parquet as
+- **The event** is a chunk gap of one stream (the *victim*), or its TTFT: ``--stall N`` is row N of stalls.parquet as
   written (0-based; default: the worst stall, the largest ``chunk_gap_ms``, and of the victims of that one
   engine step with the same gap the one sent last: ``worst_stall``), ``--request SEQ`` that request's
-  worst chunk gap (a stall's row when it is one, with its culprits).
+  worst chunk gap (a stall's row when it is one, with its culprits), or its TTFT (send to first token) when
+  the ledger (misses.parquet) says TTFT was the metric it missed by, or it streamed under two chunks.
 - **The seed set**: the victim, the stall's culprits, and every request in flight at any time during
   ``[event start − horizon, event end]``; the horizon holds the culprits' prefills (their longest time from send
   to first token, at least ``MIN_HORIZON_S``). Each keeps its intended send time and its achieved lengths (what
@@ -53,6 +54,7 @@ class Event:
     gap_ms: float
     culprits: tuple[int, ...]  # seq of the stall's culprits (empty: none attributed)
     cause: str | None  # the stall attribution's cause, where the gap is a stall
+    metric: str = "chunk_gap_ms"  # or "ttft_ms": gap_ms is then the victim's TTFT (send to first token)
 
 
 @dataclass
@@ -127,14 +129,37 @@ def _request_row(run: RunRecords, worker: int, seq: int) -> dict[str, Any]:
     return rows.row(0, named=True)
 
 
+def _ttft_miss(run: RunRecords, worker: int, seq: int) -> dict[str, Any] | None:
+    """misses.parquet's row of the request when its decisive metric is TTFT (the ledger's; none: None)."""
+    try:
+        misses = pl.read_parquet(run.run_dir / "misses.parquet")
+        hit = misses.filter((pl.col("worker") == worker) & (pl.col("seq") == seq) & (pl.col("metric") == "ttft_ms"))
+    except (OSError, pl.exceptions.PolarsError):
+        return None
+    return None if hit.is_empty() else hit.row(0, named=True)
+
+
+def _ttft_event(seq: int, row: dict[str, Any], miss: dict[str, Any] | None) -> Event:
+    t_end = row["t_first_token_ns"] or row["t_done_ns"]
+    if t_end is None or row["t_sent_ns"] is None:
+        raise ShrinkError(f"--request {seq}: it was never sent or never ended, so it has no TTFT to shrink")
+    culprits = tuple(int(c) for c in (miss or {}).get("culprits") or [])
+    return Event(f"request-{seq}-ttft", item_of(row), int(row["t_sent_ns"]), int(t_end),
+                 (t_end - row["t_sent_ns"]) / NS_PER_MS, culprits, (miss or {}).get("cause"), "ttft_ms")
+
+
 def _request_event(run: RunRecords, seq: int) -> Event:
+    """The request's worst chunk gap; its TTFT when the ledger's decisive metric for it is TTFT, or when it
+    streamed under two chunks."""
     rows = run.requests.filter(pl.col("seq") == seq)
     if rows.is_empty():
         raise ShrinkError(f"--request {seq}: no request with that seq in requests.parquet")
-    victim = item_of(rows.row(0, named=True))
+    row = rows.row(0, named=True)
+    victim = item_of(row)
+    miss = _ttft_miss(run, victim.worker, seq)
     times = sorted(run.chunks.filter((pl.col("worker") == victim.worker) & (pl.col("seq") == seq))["t_ns"])
-    if len(times) < 2:
-        raise ShrinkError(f"--request {seq}: it streamed {len(times)} chunk(s), so it has no gap to shrink")
+    if miss is not None or len(times) < 2:
+        return _ttft_event(seq, row, miss)
     gap_ns, t_end = max((b - a, b) for a, b in zip(times, times[1:]))
     culprits: tuple[int, ...] = ()
     cause = None

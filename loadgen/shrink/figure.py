@@ -50,7 +50,8 @@ def figure_spec(items: Sequence[Item], event: Event, before: Streams, after: Str
     rule = alt.Chart().mark_rule(strokeDash=[4, 3], color="#c62828").encode(y=alt.datum(threshold_ms))
     chart = alt.layer(points, rule, data=data).properties(width=380, height=220).facet(
         column=alt.Column("run:N", sort=["original run", after_label], title=None)).properties(
-        title=f"{event.label}: {event.gap_ms:.0f} ms gap; {len(items)} requests; dashed: the reproduction "
+        title=f"{event.label}: {event.gap_ms:.0f} ms {'TTFT' if event.metric == 'ttft_ms' else 'gap'}; "
+              f"{len(items)} requests; dashed: the reproduction "
               f"threshold ({threshold_ms:.0f} ms)")
     return chart.to_dict()
 

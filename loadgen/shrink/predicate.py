@@ -8,7 +8,8 @@ to match the run's target, and whether the victim stalls again.
   as ``loadgen advise`` takes them (``advise/whatif.py``: run.json, else the engine's defaults), with the fitted
   step noise under the scenario's seed.
 
-*Reproduced*: the victim's worst chunk gap in the replay is at least ``share`` (default 0.5) of the original.
+*Reproduced*: the victim's worst chunk gap in the replay is at least ``share`` (default 0.5) of the original
+(a TTFT event: its time from send to first token).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.whatif import RunData, current_settings, engine_config
 from loadgen.analysis.calibrate import calibrate
 from loadgen.analysis.metrics import with_request_metrics
+from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.run.reporting import stored_summary
 from loadgen.shrink.event import Item, RunRecords
 
@@ -58,20 +60,33 @@ def model_of(run: RunRecords) -> Model:
                  f"the cost model fitted to the run ({engine}'s scheduler)")
 
 
-def replay_gaps(model: Model, items: Sequence[Item]) -> dict[tuple[int, int], list[tuple[int, float]]]:
-    """Every stream's chunk gaps in the replay of ``items``: (worker, seq) → [(end ns from the first send,
-    gap ms)]."""
+def _replay(model: Model, items: Sequence[Item]) -> tuple[list[RequestRecord], list[ChunkRecord]]:
+    """The replay of ``items``, stamped from the first one's intended send (0)."""
     t0 = min(i.t_intended_ns for i in items)
     reqs = [ReplayRequest(i.seq, i.worker, i.class_name, False, i.t_intended_ns - t0, i.prompt_tokens,
                           i.output_tokens) for i in items]
-    _, chunks = replay(model.cfg, reqs, model.load)
+    return replay(model.cfg, reqs, model.load)
+
+
+def replay_gaps(model: Model, items: Sequence[Item]) -> dict[tuple[int, int], list[tuple[int, float]]]:
+    """Every stream's chunk gaps in the replay of ``items``: (worker, seq) → [(end ns from the first send,
+    gap ms)]."""
+    return _gaps(_replay(model, items)[1])
+
+
+def _gaps(chunks: list[ChunkRecord]) -> dict[tuple[int, int], list[tuple[int, float]]]:
     times: dict[tuple[int, int], list[int]] = {}
     for c in chunks:
         times.setdefault((c.worker, c.seq), []).append(c.t_ns)
     return {k: [(b, (b - a) / NS_PER_MS) for a, b in zip(sorted(v), sorted(v)[1:])] for k, v in times.items()}
 
 
-def victim_gap_ms(model: Model, items: Sequence[Item], victim: Item) -> float:
-    """The victim's worst chunk gap when ``items`` are replayed (0 when it streamed under two chunks)."""
-    gaps = replay_gaps(model, items).get((victim.worker, victim.seq), [])
+def victim_value_ms(model: Model, items: Sequence[Item], victim: Item, metric: str = "chunk_gap_ms") -> float:
+    """What the event measures of the victim when ``items`` are replayed: its worst chunk gap (0 when it
+    streamed under two chunks), or for ``ttft_ms`` its time from send to first token (to its end, if none)."""
+    records, chunks = _replay(model, items)
+    if metric == "ttft_ms":
+        rec = next(r for r in records if (r.worker, r.seq) == (victim.worker, victim.seq))
+        return ((rec.t_first_token_ns or rec.t_done_ns or rec.t_sent_ns) - rec.t_sent_ns) / NS_PER_MS
+    gaps = _gaps(chunks).get((victim.worker, victim.seq), [])
     return max((g for _, g in gaps), default=0.0)

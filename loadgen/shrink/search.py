@@ -21,7 +21,7 @@ from loadgen.shrink.confirm import Confirmation, confirm
 from loadgen.shrink.ddmin import DdminResult, Try, ddmin
 from loadgen.shrink.event import Event, Item, ShrinkError, read_run, seed_set, select_event
 from loadgen.shrink.figure import figure_spec, original_streams, write_figure
-from loadgen.shrink.predicate import model_of, replay_gaps, victim_gap_ms
+from loadgen.shrink.predicate import model_of, replay_gaps, victim_value_ms
 from loadgen.shrink.writers import offsets_s, role_of, script_text, write_json, write_scenario, write_script
 
 REQUIRED_SHARE = 0.8  # 4 of 5 confirmations
@@ -79,7 +79,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     threshold_ms = opts.share * event.gap_ms
 
     def test(cand: tuple[Item, ...]) -> tuple[bool, float]:
-        gap = victim_gap_ms(model, cand, event.victim)
+        gap = victim_value_ms(model, cand, event.victim, event.metric)
         return gap >= threshold_ms, gap
 
     tries = [0]
@@ -98,7 +98,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
                                  lambda cand: write_scenario(out, run.scenario, run.info, event, cand, run_dir),
                                  lambda line: progress(line, tries[0], opts.max_tries))
     write_scenario(out, run.scenario, run.info, event, items, run_dir)
-    replay_gap = victim_gap_ms(model, items, event.victim)
+    replay_gap = victim_value_ms(model, items, event.victim, event.metric)
     reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
     url = "http://127.0.0.1:8000/v1" if (run.info.get("target") or {}).get("simulator") else \
         run.scenario.target.base_url
@@ -125,7 +125,8 @@ def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, need
         if k and clock() >= deadline:
             break
         conf = confirm(write(items), items.index(event.victim), opts.confirmations, threshold_ms, needed,
-                       deadline if k else float("inf"), lambda line: progress(f"{len(items)} requests: {line}"))
+                       deadline if k else float("inf"), lambda line: progress(f"{len(items)} requests: {line}"),
+                       metric=event.metric)
         if best is None or conf.reproduced > best[1].reproduced:
             best = items, conf
         if conf.reproduced >= needed:
@@ -151,6 +152,7 @@ def _doc(run_dir: Path, event: Event, opts: ShrinkOptions, seeds: list[Item], fo
         "run": str(run_dir),
         "event": {"label": event.label, "victim": {"worker": event.victim.worker, "seq": event.victim.seq},
                   "t_start_ns": event.t_start_ns, "t_end_ns": event.t_end_ns, "gap_ms": event.gap_ms,
+                  "metric": event.metric,
                   "culprits": list(event.culprits), "cause": event.cause},
         "share": opts.share, "threshold_ms": opts.share * event.gap_ms, "model": model,
         "seed_set": len(seeds), "tries": len(found.tries), "max_tries": opts.max_tries,

@@ -3,8 +3,9 @@
 
 It sends the requests below at their offsets (one thread and one connection each), streamed, with prompts of
 the given token lengths and exactly the given output lengths (``max_tokens`` = ``min_tokens``, ``ignore_eos``),
-times every content chunk of every stream, and prints each stream's worst chunk gap. Exit 0: the victim's worst
-gap was at least SHARE of the original gap (it reproduced); 1: it was not; 2: the server could not be used.
+times every content chunk of every stream, and prints each stream's TTFT and worst chunk gap. Exit 0: the
+victim's worst gap (METRIC ttft_ms: its TTFT) was at least SHARE of the original (it reproduced); 1: it was not;
+2: the server could not be used.
 
 Prompts: request i's user message is a unique tag then words, one per token minus the chat template's tokens
 (TEMPLATE_TOKENS): exact on loadgen's simulator (a token is a word or a punctuation mark; a message costs 4
@@ -29,8 +30,9 @@ from typing import Any
 URL = "http://127.0.0.1:8000/v1"  # the base URL, /v1 included (as loadgen's target.base_url)
 MODEL = "sim-llama"
 API = "chat"  # chat: URL/chat/completions; completions: URL/completions
-ORIGINAL_GAP_MS = 1000.0  # the victim's gap in the original run
-SHARE = 0.5  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS
+METRIC = "chunk_gap_ms"  # chunk_gap_ms: the victim's worst chunk gap; ttft_ms: its time from send to first chunk
+ORIGINAL_GAP_MS = 1000.0  # the victim's gap (or TTFT) in the original run
+SHARE = 0.5  # reproduced: the victim's worst gap (or TTFT) >= SHARE x ORIGINAL_GAP_MS
 VICTIM = 1  # index in REQUESTS
 TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
 REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; prompt_tokens, output_tokens: as the server counted them
@@ -106,6 +108,14 @@ def worst_gap_ms(chunks: list[float]) -> float:
     return max(((b - a) * 1000 for a, b in zip(chunks, chunks[1:])), default=0.0)
 
 
+def ttft_ms(res: dict[str, Any]) -> float:
+    return (res["chunks"][0] - res["t_sent"]) * 1000 if res["chunks"] else float("inf")
+
+
+def value_ms(res: dict[str, Any]) -> float:
+    return ttft_ms(res) if METRIC == "ttft_ms" else worst_gap_ms(res["chunks"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default=URL, help=f"the server's base URL (default {URL})")
@@ -124,15 +134,17 @@ def main() -> int:
     for t in threads:
         t.join()
     for i, (req, res) in enumerate(zip(REQUESTS, results)):
-        state = res.get("error") or f"{len(res['chunks'])} chunks, worst gap {worst_gap_ms(res['chunks']):.1f} ms"
+        state = res.get("error") or (f"{len(res['chunks'])} chunks, TTFT {ttft_ms(res):.1f} ms, worst gap "
+                                     f"{worst_gap_ms(res['chunks']):.1f} ms")
         print(f"request {i} ({req['role']}, +{req['offset_s']:.3f} s, {req['prompt_tokens']} prompt tokens, "
               f"{req['output_tokens']} output): {state}")
     if any(res.get("error") for res in results):
         print("the server could not be used: see the errors above", file=sys.stderr)
         return 2
-    gap = worst_gap_ms(results[VICTIM]["chunks"])
+    gap = value_ms(results[VICTIM])
     reproduced = gap >= args.share * ORIGINAL_GAP_MS
-    print(f"victim's worst gap: {gap:.1f} ms ({gap / ORIGINAL_GAP_MS:.0%} of the original {ORIGINAL_GAP_MS:.1f} ms): "
+    what = "TTFT" if METRIC == "ttft_ms" else "worst gap"
+    print(f"victim's {what}: {gap:.1f} ms ({gap / ORIGINAL_GAP_MS:.0%} of the original {ORIGINAL_GAP_MS:.1f} ms): "
           + ("reproduced" if reproduced else "not reproduced"))
     return 0 if reproduced else 1
 
