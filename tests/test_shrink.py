@@ -198,6 +198,8 @@ def test_not_a_run_and_a_run_without_stalls_exit_2(made_run: tuple[Path, dict[st
     pl.read_parquet(made_run[0] / "stalls.parquet").clear().write_parquet(calm / "stalls.parquet")
     result = CliRunner().invoke(app, ["shrink", str(calm)])
     assert result.exit_code == 2 and "no stalls" in result.output
+    result = CliRunner().invoke(app, ["shrink", str(made_run[0]), "--out", str(made_run[0] / "run.json" / "x")])
+    assert result.exit_code == 2 and "cannot write there" in result.output
 
 
 @pytest.mark.slow

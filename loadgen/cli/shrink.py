@@ -48,6 +48,8 @@ def shrink(
                 task, description=line, completed=done, total=total))
     except ShrinkError as exc:
         raise fail(str(exc)) from None
+    except OSError as exc:  # --out (or the run directory) cannot be written
+        raise fail(f"{exc.filename or out or run_dir}: cannot write the reproduction: {exc.strerror or exc}") from None
     for line in summary_lines(result):
         console.print(line, highlight=False)
     raise typer.Exit(result.exit_code)

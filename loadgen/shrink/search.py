@@ -89,8 +89,12 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
         progress(f"{len(t.items)} requests: victim's gap {t.value:.0f} ms{' (reproduces)' if t.failed else ''}",
                  tries[0], opts.max_tries)
 
-    found = ddmin(seeds, event.victim, test, opts.max_tries, deadline, clock, on_try)
     out = opts.out or run_dir / f"shrink-{event.label}"
+    try:  # before the search: a directory that cannot be written fails now, not after the confirmations
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ShrinkError(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
+    found = ddmin(seeds, event.victim, test, opts.max_tries, deadline, clock, on_try)
     needed = math.ceil(REQUIRED_SHARE * opts.confirmations)
     items, conf = list(found.items), None
     if opts.confirmations:
