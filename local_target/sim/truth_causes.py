@@ -17,7 +17,8 @@ The facts, per request (``id``: the engine's request id):
 - a gap between two of its tokens: **client_lag** when the loop's blocking makes up the excess over the limit;
   **preemption** when it was preempted in the gap; **prefill** when another request's long prompt
   (>= ``long_prompt_tokens``) was prefilled in the gap's steps for more than ``min_gap_ms`` (the rule of
-  tests/ground_truth.py); else **load** (decode steps only).
+  tests/ground_truth.py); **prefill_burst** when three or more other requests got their first token in it (a
+  batch of short prefills: TGI and SGLang pause the decodes for it); else **load** (decode steps only).
 
 Which requests missed, and on which metric, is decided from their records as loadgen measures them (``ttft_ms``
 from the intended send, ``e2e_ms``, ``tpot_ms``, ``itl_ms``/``chunk_gap_ms`` per gap; the decisive metric is the
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KV_FULL = 0.95
+STALL_FACTOR = 4.0  # a gap this many times the request's median is a stall (loadgen's spike_factor)
+BURST_FIRSTS = 3  # this many other requests' first tokens in a gap: a burst of prefills paused it
 MS = 1e6
 GAP_METRICS = ("itl_ms", "chunk_gap_ms")
 
@@ -71,6 +74,7 @@ def true_misses(trace_events: list[dict[str, Any]], records_by_id: dict[str, dic
     loadgen read its tokens (default: the trace's emissions); only these requests are judged. ``limits_ms``:
     metric → limit. ``hogs_ns``: the windows loadgen's loop was blocked, on the trace's clock."""
     world = _World(trace_events, hogs_ns or [], long_prompt_tokens, min_gap_ms)
+    world.class_base = world.baselines(records_by_id)
     out = {}
     for rid, rec in records_by_id.items():
         miss = world.judge(rid, rec, limits_ms)
@@ -83,6 +87,7 @@ class _World:
     def __init__(self, events: list[dict[str, Any]], hogs_ns: list[tuple[int, int]], long_prompt_tokens: int,
                  min_gap_ms: float) -> None:
         self.hogs, self.long, self.min_gap_ms = sorted(hogs_ns), long_prompt_tokens, min_gap_ms
+        self.class_base: dict[str, float] = {}  # per class: its median gap at the engine (``baselines``)
         self.facts: dict[str, _Facts] = {}
         self.steps = sorted((e for e in events if e["type"] == "step"), key=lambda e: e["t_end_ns"])
         self.ends = [s["t_end_ns"] for s in self.steps]
@@ -95,8 +100,16 @@ class _World:
                 self.facts.setdefault(e["id"], _Facts()).error = True
         for s in self.steps:
             self._step(s)
-        decode_only = [s["t_end_ns"] - s["t_start_ns"] for s in self.steps if s["decode"] and not s["prefill"]]
-        self.base_step_ms = statistics.median(decode_only) / MS if decode_only else 0.0
+        self.firsts = sorted(f.writes[0] for f in self.facts.values() if 0 in f.writes)  # first tokens' emissions
+
+    def baselines(self, records_by_id: dict[str, dict[str, Any]]) -> dict[str, float]:
+        """Per class: the median gap between the engine's emissions of its requests' tokens (ms)."""
+        gaps: dict[str, list[int]] = {}
+        for rid, rec in records_by_id.items():
+            w = self.facts.get(rid, _Facts()).writes
+            gaps.setdefault(rec.get("class_name") or "", []).extend(
+                w[i] - w[i - 1] for i in range(1, len(w)) if i in w and i - 1 in w)
+        return {c: statistics.median(g) / MS for c, g in gaps.items() if g}
 
     def _step(self, s: dict[str, Any]) -> None:
         dur_ns = s["t_end_ns"] - s["t_start_ns"]
@@ -127,7 +140,7 @@ class _World:
         if metric in GAP_METRICS:
             return self._gap(rid, f, reads, value, x)
         if metric == "tpot_ms":
-            return self._tpot(rid, f, reads, x)
+            return self._tpot(rid, f, reads, x, self.class_base.get(rec.get("class_name") or "", 0.0))
         return self._e2e(rid, f, rec, reads, limits[metric], x)
 
     def _ttft_parts(self, f: _Facts, rec: dict[str, Any], reads: list[int]) -> dict[str, float]:
@@ -178,6 +191,10 @@ class _World:
                     held[c] = held.get(c, 0.0) + (s["t_end_ns"] - s["t_start_ns"]) / MS
         if any(ms > self.min_gap_ms for ms in held.values()):
             return "prefill", client
+        own_first = a < f.writes.get(0, a) <= b
+        firsts = bisect.bisect_right(self.firsts, b) - bisect.bisect_right(self.firsts, a) - own_first
+        if firsts >= BURST_FIRSTS:
+            return "prefill_burst", client
         return "load", client
 
     def _gap(self, rid: str, f: _Facts, reads: list[int], value: float, x: float) -> TrueMiss:
@@ -186,20 +203,20 @@ class _World:
         cause, client = self._gap_cause(rid, f, reads, i, x)
         return TrueMiss("itl_ms", cause, f"gap {value:.0f} ms before token {i}, client {client:.0f} ms")
 
-    def _stall_excess(self, rid: str, f: _Facts, reads: list[int]) -> dict[str, float]:
-        """ms beyond the request's median gap, summed per gap cause (the engine's own pace excluded)."""
+    def _stall_excess(self, rid: str, f: _Facts, reads: list[int], base: float) -> dict[str, float]:
+        """ms beyond its class's median gap (``base``) of its stalls (gaps over ``STALL_FACTOR`` of it and
+        ``min_gap_ms``, as loadgen's stall threshold), summed per gap cause (the engine's own pace excluded)."""
         gaps = [(reads[i] - reads[i - 1]) / MS for i in range(1, len(reads))]
-        base = statistics.median(gaps) if gaps else 0.0
         out: dict[str, float] = {}
         for i, gap in enumerate(gaps, start=1):
-            if gap - base > self.min_gap_ms:
+            if gap > max(STALL_FACTOR * base, self.min_gap_ms):
                 cause, _ = self._gap_cause(rid, f, reads, i, gap - base)
                 if cause != "load":
                     out[cause] = out.get(cause, 0.0) + gap - base
         return out
 
-    def _tpot(self, rid: str, f: _Facts, reads: list[int], x: float) -> TrueMiss:
-        n, stalls = len(reads), self._stall_excess(rid, f, reads)
+    def _tpot(self, rid: str, f: _Facts, reads: list[int], x: float, base: float) -> TrueMiss:
+        n, stalls = len(reads), self._stall_excess(rid, f, reads, base)
         per_token = {k: v / (n - 1) for k, v in stalls.items()}
         if per_token and max(per_token.values()) >= 0.5 * x:
             cause = max(per_token, key=lambda k: per_token[k])
@@ -208,14 +225,14 @@ class _World:
 
     def _e2e(self, rid: str, f: _Facts, rec: dict[str, Any], reads: list[int], limit: float,
              x: float) -> TrueMiss:
-        parts = self._ttft_parts(f, rec, reads)
-        n, stalls = len(reads), self._stall_excess(rid, f, reads)
-        if parts["own_prompt"] + (n - 1) * self.base_step_ms >= limit:
+        parts, base = self._ttft_parts(f, rec, reads), self.class_base.get(rec.get("class_name") or "", 0.0)
+        n, stalls = len(reads), self._stall_excess(rid, f, reads, base)
+        if parts["own_prompt"] + (n - 1) * base >= limit:
             return TrueMiss("e2e_ms", "own_prompt", "own prefill and decode at the engine's pace exceed the limit")
         decode_ms = (f.writes.get(n - 1, reads[-1]) - f.writes.get(0, reads[0])) / MS
         comps = {"client_lag": parts["client_lag"] + stalls.pop("client_lag", 0.0), "network": parts["network"],
                  self._waited(f): max(parts["wait"], 0.0), **stalls,
-                 "load": decode_ms - (n - 1) * self.base_step_ms - sum(stalls.values())}
+                 "load": decode_ms - (n - 1) * base - sum(stalls.values())}
         name = max(comps, key=lambda k: comps[k])
         why = ", ".join(f"{k} {v:.0f} ms" for k, v in comps.items()) + f" (excess {x:.0f} ms)"
         return TrueMiss("e2e_ms", name if comps[name] >= 0.5 * x else "unknown", why)
