@@ -66,12 +66,13 @@ def run_once(scenario_path: Path, out: Path) -> Times:
 
 def confirm(scenario_path: Path, victim_row: int, n: int, threshold_ms: float, needed: int,
             deadline: float = float("inf"), progress: Callable[[str], None] = lambda line: None,
-            run: Callable[[Path, Path], Times] = run_once, metric: str = "chunk_gap_ms") -> Confirmation:
+            run: Callable[[Path, Path], Times] = run_once, metric: str = "chunk_gap_ms",
+            clock: Callable[[], float] = time.monotonic) -> Confirmation:
     """Up to ``n`` runs; stops early once ``needed`` reproductions can no longer be reached, or at ``deadline``
-    (time.monotonic). ``metric``: the victim's worst chunk gap, or ``ttft_ms`` its TTFT."""
+    (a ``clock`` reading). ``metric``: the victim's worst chunk gap, or ``ttft_ms`` its TTFT."""
     out = Confirmation()
     for k in range(n):
-        if out.reproduced + (n - k) < needed or time.monotonic() >= deadline:
+        if out.reproduced + (n - k) < needed or clock() >= deadline:
             break
         progress(f"confirmation {k + 1}/{n} on the target")
         with tempfile.TemporaryDirectory(prefix="loadgen-shrink-") as tmp:

@@ -82,11 +82,11 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
         gap = victim_value_ms(model, cand, event.victim, event.metric)
         return gap >= threshold_ms, gap
 
-    tries = [0]
+    tries, what = [0], "TTFT" if event.metric == "ttft_ms" else "gap"
 
     def on_try(t: Try[Item]) -> None:
         tries[0] += 1
-        progress(f"{len(t.items)} requests: victim's gap {t.value:.0f} ms{' (reproduces)' if t.failed else ''}",
+        progress(f"{len(t.items)} requests: victim's {what} {t.value:.0f} ms{' (reproduces)' if t.failed else ''}",
                  tries[0], opts.max_tries)
 
     out = opts.out or run_dir / f"shrink-{event.label}"
@@ -130,7 +130,7 @@ def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, need
             break
         conf = confirm(write(items), items.index(event.victim), opts.confirmations, threshold_ms, needed,
                        deadline if k else float("inf"), lambda line: progress(f"{len(items)} requests: {line}"),
-                       metric=event.metric)
+                       metric=event.metric, clock=clock)
         if best is None or conf.reproduced > best[1].reproduced:
             best = items, conf
         if conf.reproduced >= needed:
