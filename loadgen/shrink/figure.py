@@ -1,7 +1,8 @@
 """The before/after figure (figure.png, and its Vega-Lite spec figure.vl.json): the chunk gaps of the final set's
-streams over time (each gap a segment from its start to its end, at its height), in the original run (left) and in the reproduction (right: the first confirmation on the
-target, or the virtual-time replay when none ran), the victim, the culprits and the other requests told apart,
-with the reproduction threshold drawn. Times are from the set's first send."""
+streams over time (each gap a segment from its start to its end, at its height), in the original run (left) and
+in the reproduction (right: the first confirmation on the target, or the virtual-time replay when none ran); the
+victim, the culprits and the other requests told apart, the reproduction threshold drawn. Times are from the
+set's first send."""
 
 from __future__ import annotations
 

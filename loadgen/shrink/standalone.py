@@ -35,7 +35,7 @@ ORIGINAL_GAP_MS = 1000.0  # the victim's gap (or TTFT) in the original run
 SHARE = 0.5  # reproduced: the victim's worst gap (or TTFT) >= SHARE x ORIGINAL_GAP_MS
 VICTIM = 1  # index in REQUESTS
 TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
-REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; prompt_tokens, output_tokens: as the server counted them
+REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; lengths as the server counted them
     {"offset_s": 0.0, "prompt_tokens": 12000, "output_tokens": 16, "role": "culprit"},
     {"offset_s": 0.0, "prompt_tokens": 200, "output_tokens": 200, "role": "victim"},
 ]
