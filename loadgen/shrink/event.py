@@ -2,10 +2,11 @@
 directory (run.json, the records, stalls.parquet) and the seed set its search starts from.
 
 - **The event** is a chunk gap of one stream (the *victim*), or its TTFT: ``--stall N`` is row N of
-  stalls.parquet as written (0-based; default: the worst stall, the largest ``chunk_gap_ms``, and of the victims of that one
-  engine step with the same gap the one sent last: ``worst_stall``), ``--request SEQ`` that request's
-  worst chunk gap (a stall's row when it is one, with its culprits), or its TTFT (send to first token) when
-  the ledger (misses.parquet) says TTFT was the metric it missed by, or it streamed under two chunks.
+  stalls.parquet as written (0-based; default: the worst stall, the largest ``chunk_gap_ms``, and of the
+  victims of that one engine step with the same gap the one sent last: ``worst_stall``); ``--request SEQ``
+  that request's worst chunk gap (a stall's row when it is one, with its culprits), or its TTFT (send to first
+  token) when the ledger (misses.parquet) says TTFT was the metric it missed by, or it streamed under two
+  chunks.
 - **The seed set**: the victim, the stall's culprits, and every request in flight at any time during
   ``[event start − horizon, event end]``; the horizon holds the culprits' prefills (their longest time from send
   to first token, at least ``MIN_HORIZON_S``). Each keeps its intended send time and its achieved lengths (what
