@@ -25,6 +25,8 @@ MS = 1_000_000
 SLO = {"ttft_ms": {"p50": 300, "p99": 500}, "tpot_ms": {"p99": 30}, "itl_ms": {"p99": 100}, "e2e_ms": {"p99": 2500},
        "goodput": {"ttft_ms": 500}, "stalls": {"long_prompt_tokens": 5000}}
 LATE = 3000  # the request under test is sent here, among the background streams
+QUIET = 6000  # no stream starts after this (no prefill runs), a dozen still decode for a second
+GAPPED = [QUIET + 20 + 10 * i for i in range(30)] + [QUIET + 900 + 10 * i for i in range(30)]  # a 600-ms gap
 
 
 def _req(seq: int, sent: float, times: Sequence[float], prompt: int = 200, intended: float | None = None,
@@ -41,13 +43,14 @@ def _req(seq: int, sent: float, times: Sequence[float], prompt: int = 200, inten
 
 
 def _background() -> list[tuple[RequestRecord, list[ChunkRecord]]]:
-    """Streams sent every 100 ms for 6 s, prompts 100..1000 tokens prefilled at 0.1 ms a token, then 100
-    tokens 10 ms apart: a prefill fit of ≈0.1 ms a token, a 10-ms baseline ITL, ten streams decoding at once."""
+    """Streams sent every 100 ms for 6 s, prompts 100..1000 tokens prefilled at 0.1 ms a token, then 200
+    tokens 10 ms apart: a prefill fit of ≈0.1 ms a token, a 10-ms baseline ITL, twenty streams decoding at once
+    (after ``QUIET``: no new stream, the last ones still decoding)."""
     out = []
     for k in range(60):
         sent, prompt = 100.0 * k, 100 * (k % 10 + 1)
         first = sent + prompt / 10
-        out.append(_req(1000 + k, sent, [first + 10 * i for i in range(100)], prompt))
+        out.append(_req(1000 + k, sent, [first + 10 * i for i in range(200)], prompt))
     return out
 
 
@@ -138,18 +141,17 @@ def test_transport_time_is_the_networks(column: str, value: int) -> None:
 
 
 def test_a_gap_of_one_stream_alone_while_the_server_preempted_is_preemption() -> None:
-    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]  # a 600-ms gap
-    scrapes = pl.DataFrame({"t_ns": [k * 1000 * MS for k in range(8)], "name": ["preemptions_total"] * 8,
-                            "value": [0.0, 0, 0, 0, 1, 1, 1, 1]})  # rose over [3000, 4000] ms
-    row = _row(_ledger(_req(1, LATE, times), server=scrapes), 1)
+    scrapes = pl.DataFrame({"t_ns": [k * 1000 * MS for k in range(9)], "name": ["preemptions_total"] * 9,
+                            "value": [0.0, 0, 0, 0, 0, 0, 0, 1, 1]})  # rose over [6000, 7000] ms
+    row = _row(_ledger(_req(1, QUIET, GAPPED), server=scrapes), 1)
     assert (row["metric"], row["cause"]) == ("itl_ms", "preemption")
     assert "alone" in row["evidence"] and "preemption counter rose" in row["evidence"]
     assert row["good"]  # the goodput limits judge TTFT only
 
 
 def test_a_gap_covered_by_another_requests_long_prefill_names_that_culprit() -> None:
-    victim = _req(1, LATE, [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)])
-    culprit = _req(7, LATE + 300, [LATE + 900, LATE + 910], prompt=9000)  # its prefill ends with the gap
+    victim = _req(1, QUIET, GAPPED)
+    culprit = _req(7, QUIET + 300, [QUIET + 900, QUIET + 910], prompt=9000)  # its prefill ends with the gap
     ledger = _ledger(victim, culprit)
     row = _row(ledger, 1)
     assert (row["metric"], row["cause"], row["culprits"]) == ("itl_ms", "prefill", [7])
@@ -157,13 +159,14 @@ def test_a_gap_covered_by_another_requests_long_prefill_names_that_culprit() -> 
     assert _row(ledger, 7)["cause"] in ("own_prompt", "queueing")  # its own TTFT: not a culprit of itself
 
 
-def test_a_gap_most_of_the_batch_shared_with_no_culprit_is_load_and_one_of_its_own_unknown() -> None:
-    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]  # a 600-ms gap
-    ledger = _ledger(*(_req(seq, LATE, times) for seq in range(1, 16)))
+def test_a_gap_shared_with_no_culprit_is_load_one_with_new_streams_a_burst_and_one_of_its_own_unknown() -> None:
+    ledger = _ledger(*(_req(seq, QUIET, GAPPED) for seq in range(1, 16)))
     row = _row(ledger, 1)
     assert (row["metric"], row["cause"]) == ("itl_ms", "load")
     assert "of the" in row["evidence"] and "other streams decoding paused with it" in row["evidence"]
-    alone = _row(_ledger(_req(1, LATE, times)), 1)
+    among = _row(_ledger(_req(1, LATE, [t - QUIET + LATE for t in GAPPED])), 1)  # streams started in it
+    assert among["cause"] == "prefill_burst" and "other requests got their first token in it" in among["evidence"]
+    alone = _row(_ledger(_req(1, QUIET, GAPPED)), 1)
     assert alone["cause"] == "unknown" and "coincides with nothing" in alone["evidence"]
 
 
@@ -196,8 +199,7 @@ def test_an_error_is_always_decisive_a_connect_error_the_networks() -> None:
 
 
 def test_the_summary_counts_requests_and_goodput_lost_per_cause() -> None:
-    times = [LATE + 20 + 10 * i for i in range(30)] + [LATE + 900 + 10 * i for i in range(30)]
-    ledger = _ledger(_steady(1, LATE, 1500), _steady(2, LATE + 50, 1600), _req(3, LATE, times),
+    ledger = _ledger(_steady(1, LATE, 1500), _steady(2, LATE + 50, 1600), _req(3, QUIET, GAPPED),
                      _req(4, LATE, [], error="http_5xx", status=500))
     s = ledger.summary
     assert (s["requests"], s["of"]) == (4, 64) and s["share"] == pytest.approx(4 / 64)

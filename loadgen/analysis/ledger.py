@@ -146,7 +146,7 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
-    stalls = ev.stall_causes(spike.stalls if spike is not None else pl.DataFrame(), blocks)
+    stalls = ev.stall_causes(spike.stalls if spike is not None else pl.DataFrame(), blocks, run.req)
     rows = rows.join(stalls, on=KEY, how="left")
     return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
 
@@ -169,6 +169,9 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
         said = attribute(gaps.select(KEY, t_start_ns="g0_ns", t_end_ns="g1_ns"), spike.windows, run.req, spike.cfg)
         out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",
                                    gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left")
+    out = out.with_columns(gap_firsts=ev.firsts_in(iv, run.req))
+    burst = pl.col("gap_cause").fill_null("unknown").eq("unknown") & (pl.col("gap_firsts") >= ev.BURST_FIRSTS)
+    out = out.with_columns(gap_cause=pl.when(burst).then(pl.lit("prefill_burst")).otherwise(pl.col("gap_cause")))
     matters = pl.col("gap_pressure").is_not_null() | pl.col("gap_cause").fill_null("unknown").eq("unknown")
     lone = ev.alone(out.filter(matters).select(KEY + ["g0_ns", "g1_ns"]), run, base)
     return (out.join(lone.select(KEY, gap_alone="alone", gap_decoding="decoding", gap_paused="paused"), on=KEY,

@@ -16,7 +16,8 @@ from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
 HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
 READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
-ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
+ALONE_FACTOR = 2.0
+BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst of prefills (spikes.py's 3)  # another stream's gap this many baselines long shares the pause
 KEY = ["worker", "seq"]
 INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.Int64}
 
@@ -153,21 +154,41 @@ def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> p
             .with_columns(alone=pl.col("paused") < 0.5 * pl.col("decoding")))
 
 
-def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+def firsts_in(intervals: pl.DataFrame, requests: pl.DataFrame) -> pl.Series:
+    """Per (worker, seq, a_ns, b_ns): how many other requests got their first token in (a_ns, b_ns] — a batch of
+    prefills the engine ran while this stream waited (spikes.py counts those ending with the gap only; under
+    prefill-only batches, TGI and SGLang, they end one decode step before it)."""
+    firsts = requests.filter(pl.col("t_first_token_ns").is_not_null()).select(
+        pl.col("worker").alias("f_worker"), pl.col("seq").alias("f_seq"), "t_first_token_ns")
+    if intervals.is_empty() or firsts.is_empty():
+        return pl.Series("firsts", [0] * intervals.height, dtype=pl.Int64)
+    other = ~((pl.col("f_worker") == pl.col("worker")) & (pl.col("f_seq") == pl.col("seq")))
+    keys = KEY + ["a_ns", "b_ns"]
+    hit = (intervals.join_where(firsts, pl.col("t_first_token_ns") > pl.col("a_ns"),
+                                pl.col("t_first_token_ns") <= pl.col("b_ns"))
+           .filter(other).group_by(keys).agg(firsts=pl.len().cast(pl.Int64)))
+    return intervals.join(hit, on=keys, how="left")["firsts"].fill_null(0)
+
+
+def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
     """Per request (worker, seq): its stalls as a struct list (cause, excess_ms, t_end_ns, culprits), a stall
-    during which loadgen's loop was blocked for its whole excess the client's (``client_lag``)."""
+    during which loadgen's loop was blocked for its whole excess the client's (``client_lag``), an unexplained
+    one in which ``BURST_FIRSTS`` other requests got their first token a ``prefill_burst``."""
     schema = {"worker": pl.Int64, "seq": pl.Int64,
               "stalls": pl.List(pl.Struct({"cause": pl.String, "excess_ms": pl.Float64, "t_end_ns": pl.Int64,
                                            "culprits": pl.List(pl.Int64)}))}
     if stalls.is_empty():
         return pl.DataFrame(schema=schema)
-    iv = stalls.select(KEY, a_ns="t_start_ns", b_ns="t_end_ns").unique()
-    blocked = blocked_ms(iv, blocks).rename({"a_ns": "t_start_ns", "b_ns": "t_end_ns"})
+    iv = stalls.select(KEY, a_ns="t_start_ns", b_ns="t_end_ns").unique(maintain_order=True)
+    blocked = blocked_ms(iv, blocks).with_columns(firsts=firsts_in(iv, requests)).rename(
+        {"a_ns": "t_start_ns", "b_ns": "t_end_ns"})
     late = pl.col("blocked_ms") >= pl.col("excess_ms")
+    burst = (pl.col("cause") == "unknown") & (pl.col("firsts") >= BURST_FIRSTS)
     culprits = pl.when(late).then(pl.lit([], dtype=pl.List(pl.Int64))).otherwise(
         pl.col("culprits").fill_null(pl.lit([], dtype=pl.List(pl.Int64))))
     return (stalls.join(blocked, on=KEY + ["t_start_ns", "t_end_ns"], how="left")
-            .with_columns(cause=pl.when(late).then(pl.lit("client_lag")).otherwise(pl.col("cause")),
+            .with_columns(cause=pl.when(late).then(pl.lit("client_lag")).when(burst).then(pl.lit("prefill_burst"))
+                          .otherwise(pl.col("cause")),
                           culprits=culprits)
             .group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", "culprits")))
 

@@ -119,6 +119,9 @@ def gap(row: Row) -> Verdict:
                                                                      row["gap_culprit_tokens"] or []))
         return Verdict("prefill", f"the prefill of {named} covered {said}", list(row["gap_culprits"] or []),
                        parts)
+    if cause == "prefill_burst":
+        return Verdict(cause, f"{said}: {row['gap_firsts']} other requests got their first token in it, a batch of "
+                       "prefills none long enough to be a culprit alone", parts=parts)
     if cause == "unknown" and row["gap_alone"] is False:
         return Verdict("load", f"{said}: {row['gap_paused']} of the {row['gap_decoding']} other streams decoding "
                        "paused with it, a slow engine step for the batch, no long prefill, burst or preemption "
