@@ -16,8 +16,8 @@ from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
 HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
 READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
-ALONE_FACTOR = 2.0
-BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst of prefills (spikes.py's 3)  # another stream's gap this many baselines long shares the pause
+ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
+BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst (spikes.py's 3)
 KEY = ["worker", "seq"]
 INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.Int64}
 
