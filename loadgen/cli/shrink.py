@@ -16,7 +16,8 @@ from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_
 def shrink(
     run_dir: Path = typer.Argument(..., help="a run directory (loadgen run's output)"),
     stall: Optional[int] = typer.Option(None, "--stall", help="the stall's row in stalls.parquet, from 0 "
-                                        "(default: the worst stall, the largest gap)"),
+                                        "(default: the worst stall, the largest gap; of the streams that one engine "
+                                        "step stalled as long, the one sent last)"),
     request: Optional[int] = typer.Option(None, "--request", help="a request's seq in requests.parquet: its "
                                           "worst chunk gap; its TTFT where misses.parquet says it missed by "
                                           "TTFT (or it streamed under two chunks)"),
@@ -26,8 +27,8 @@ def shrink(
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="seconds for the search and the confirmations "
                                     "(the final set's confirmations always run)"),
     confirmations: int = typer.Option(5, "--confirmations", help="runs of the reduced set on the run's target "
-                                      "(the embedded simulator as the run started it, or its URL); 4 of 5 must "
-                                      "reproduce. 0: the virtual-time replay only"),
+                                      "(the embedded simulator as the run started it, or its URL); 80 % of them "
+                                      "(4 of 5) must reproduce. 0: the virtual-time replay only"),
     share: float = typer.Option(50.0, "--share", help="percent of the original gap the victim's worst gap must "
                                 "reach to count as reproduced"),
     png: bool = typer.Option(True, "--png/--no-png", help="render figure.png (its Vega-Lite spec is written "
