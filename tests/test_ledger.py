@@ -213,6 +213,14 @@ def test_the_summary_counts_requests_and_goodput_lost_per_cause() -> None:
     assert set(s["by_cause"]) <= set(CAUSES)
 
 
+def test_without_the_stall_analysis_what_needs_it_is_unexplained_and_the_rest_decided() -> None:
+    every = _background() + [_steady(1, LATE, 1500), _req(2, QUIET, GAPPED)]
+    run = RunAnalysis(requests_frame([r for r, _ in every]), chunks_frame([c for _, cs in every for c in cs]),
+                      "declared")
+    ledger = miss_ledger(run, Slo.model_validate(SLO))
+    assert (_row(ledger, 1)["cause"], _row(ledger, 2)["cause"]) == ("queueing", "unknown")
+
+
 def test_the_causes_are_one_registry_in_decision_order() -> None:
     assert list(CAUSES)[:2] == ["server_error", "network"] and list(CAUSES)[-1] == "unknown"
     assert all(STALL_CAUSES[c] == CAUSES[c] for c in STALL_CAUSES)

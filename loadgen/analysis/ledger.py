@@ -130,7 +130,8 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
     class's baseline ITL; the gap's attribution and whether it was the stream's alone; the stalls; the median
     ITL."""
     blocks, pressure = ev.loop_blocks(client), ev.pressure_windows(server)
-    base = dict(spike.summary.get("baseline_itl_ms") or {}) if spike is not None else {}
+    base = dict(spike.summary.get("baseline_itl_ms") or {}) if spike is not None else {
+        name: float(run.token_stats(name)["itl_ms"]["p50"] or 0.0) for name in run.classes}  # as spikes.py's
     end_first = pl.coalesce("t_first_token_ns", "t_done_ns")
     rows = rows.with_columns(network_ms=ev.network_ms(run.measured).fill_null(0.0)).select(  # (medians: the run's)
         pl.all(), send_lag_ms=pl.col("queue_delay_ms"),
@@ -146,7 +147,8 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
-    stalls = ev.stall_causes(spike.stalls if spike is not None else pl.DataFrame(), blocks, run.req)
+    theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
+    stalls = ev.stall_causes(theirs, blocks, run.req)
     rows = rows.join(stalls, on=KEY, how="left")
     return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
 
