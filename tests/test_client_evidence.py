@@ -9,14 +9,15 @@ import asyncio
 import ssl
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
+import httpx
 import polars as pl
 import pytest
 import trustme
 
 from loadgen import api
-from loadgen.drivers.lean_transport import LeanTransport, StreamContext
+from loadgen.drivers.lean_transport import CONTEXT_KEY, LeanTransport, StreamContext
 from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.records.client_metrics import FILE, SCHEMA, client_metrics_frame, read_client_metrics, write_client_metrics
 from loadgen.records.scan import load_records
@@ -24,6 +25,7 @@ from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA
 from loadgen.run.runner import Run
 from tests.conftest import scenario_file
 from tests.shape_server import ShapeServer
+from tests.test_lean_transport import _against_idle_closer
 
 BODY = b'{"model": "m", "max_tokens": 4, "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
 HOG_S = 0.3
@@ -59,6 +61,24 @@ def test_a_fresh_connection_has_its_opening_time_and_a_pooled_one_zero(shapes: S
     assert second.connect_ns == 0  # the same connection, from the pool
     for ctx, reads in ((first, reads1), (second, reads2)):
         assert ctx.t_headers_ns is not None and ctx.t_sent_ns <= ctx.t_headers_ns <= reads[0]
+
+
+def test_a_request_retried_after_an_idle_close_has_the_fresh_connections_opening_time() -> None:
+    """The server closes the pooled connection as the second GET goes out (ClosedIdle): it is sent again on a
+    new connection, and its record's opening time is that new connection's, not the pooled one's 0."""
+    async def two_gets(port: int) -> list[StreamContext]:
+        contexts = [StreamContext(), StreamContext()]
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            for ctx in contexts:
+                resp = await client.get(f"http://127.0.0.1:{port}/v1/models", extensions={CONTEXT_KEY: ctx})
+                assert resp.json() == {"ok": 1}
+        return contexts
+
+    closer, contexts = asyncio.run(_against_idle_closer(two_gets))
+    first, retried = cast(list[StreamContext], contexts)
+    assert closer.connections == 2 and len(closer.requests) == 3  # the second GET went twice
+    assert first.connect_ns is not None and first.connect_ns > 0
+    assert retried.connect_ns is not None and retried.connect_ns > 0
 
 
 def test_the_head_is_stamped_when_it_came_not_with_the_body() -> None:
