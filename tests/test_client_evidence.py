@@ -200,14 +200,16 @@ def _run_with_hog(shapes: ShapeServer, out: Path, fail: bool = False) -> list[tu
     """``loadgen run`` in process with a HOG_S block of its loop 0.1 s after the engine's sampler starts (and,
     ``fail``, a fault in the run's progress loop once the block was sampled); the hog's figures."""
     hogs: list[tuple[int, int, int]] = []
+    samplers: list[LoopSampler] = []
     real_run = LoopSampler.run
 
     async def hogged(self: LoopSampler) -> None:
+        samplers.append(self)
         asyncio.get_running_loop().call_later(0.1, lambda: hogs.append(hog()))
         await real_run(self)
 
     async def failing(self: Run, run_task: asyncio.Task[Any], *args: Any) -> None:  # once the block is sampled
-        while not run_task.done() and max(self._engine.sampler.values if self._engine else [], default=0) < 250:
+        while not run_task.done() and not (samplers and max(samplers[0].values, default=0) >= 250):
             await asyncio.sleep(0.05)
         raise RuntimeError("injected: the run fails part-way")
 

@@ -18,9 +18,6 @@ then is cancelled with that reason, so a server that trickles tokens forever can
 ``cancelled``. A request whose body cannot be prepared is recorded, never raised: ``protocol`` when the server
 failed it (/tokenize mid-run), else ``internal``, as any exception while a request is sent or read. With
 ``capture``, a failed response as received (heads as sent, body as fed: up to 64 KiB) goes with the record.
-Each record carries what the lean transport measured of its request: its connection's opening time
-(``connect_ns``, 0 on a pooled one) and when its response head came (``t_headers_ns``). While ``run`` goes, a
-``LoopSampler`` (loop_sampler.py) samples the loop's lag and the process's CPU share (client_metrics.parquet).
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
 from loadgen.drivers.fast_parse import FAST_PARSERS
-from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 
 WATCHDOG_PERIOD_S = 0.1
@@ -68,7 +64,6 @@ class AsyncioEngine:
         self._owns_schedule = False  # True: at the hard end it also stops sending (Locust owns its schedule)
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
         self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
-        self.sampler = LoopSampler()  # loop lag and CPU while ``run`` goes (client_metrics.parquet)
 
     def stop(self, reason: str | None = None, drain: bool = False) -> None:
         """Stop sending and cancel what is in flight (each is recorded as cancelled, with ``reason``); ``drain``:
@@ -107,7 +102,6 @@ class AsyncioEngine:
         self.hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
         self._owns_schedule = True
         watchdog = asyncio.create_task(self._watchdog())
-        sampler = asyncio.create_task(self.sampler.run())
         try:
             if self.plan.closed_loop:
                 await asyncio.gather(*(self._worker() for _ in range(self.cfg.concurrency or 1)))
@@ -119,8 +113,6 @@ class AsyncioEngine:
                 await asyncio.gather(*(t for t, _ in list(self.stats.in_flight.values())), return_exceptions=True)
         finally:
             watchdog.cancel()
-            sampler.cancel()
-            await asyncio.gather(sampler, return_exceptions=True)  # its last CPU share taken
         return self.stats
 
     def start_watchdog(self) -> asyncio.Task[None]:  # the Locust driver's entry: one request at a time
@@ -220,14 +212,11 @@ class AsyncioEngine:
 
     def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None,
                 ctx: StreamContext | None = None) -> RequestRecord:
-        """Finish the tracker's records and hand them on (``status`` 0: nothing came back), with what the
-        transport measured of the request (``ctx``: its connection's opening time and its response head)."""
+        """Finish the tracker's records, with what the transport measured (``ctx``), and hand them on."""
         now = time.monotonic_ns()
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
-        record, chunks = finish_tracker(tracker, now, status, kind, message)
-        if ctx is not None:
-            record.connect_ns, record.t_headers_ns = ctx.connect_ns, ctx.t_headers_ns
+        record, chunks = finish_tracker(tracker, now, status, kind, message, ctx)  # status 0: nothing came back
         self.stats.count(record)
         self.on_record(record, chunks, tracker.answer if tracker.meta.keep_text else "")
         return record

@@ -57,7 +57,7 @@ class Connection(asyncio.Protocol):
         self.ctx: StreamContext | None = None
         self._feed: Callable[[bytes, int], None] | None = None
         self._pending: list[bytes] = []  # body bytes of the read being parsed (one feed per read, not per chunk)
-        self._t_ns = 0
+        self._t_ns, self.connect_ns = 0, 0  # the read's arrival; how long opening it took (set by lean_transport.py)
         self._interim = False  # the response being parsed is a 1xx (skipped)
         self._until_close = False  # its body ends when the connection closes (RFC 9112 §6.3 rule 8)
         self._discard = False  # its body is not the answer (a redirect's)
@@ -67,7 +67,6 @@ class Connection(asyncio.Protocol):
         self.requests_sent = 0  # on this connection: more than one, and it was reused
         self.idle_since_ns = 0  # when it went back to the pool (lean_transport.py expires idle connections)
         self._answered = False  # some byte of the current request's response has come
-        self.connect_ns = 0  # how long opening it took (lean_transport.py sets it); 0 once its first request went
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,8 +136,7 @@ class Connection(asyncio.Protocol):
         self._until_close = (b"content-length" not in names and b"transfer-encoding" not in names
                              and status not in (204, 304))
         if self.ctx is not None:
-            self.ctx.t_headers_ns = self._t_ns  # the read that completed the head (RFC 9112 §2.1)
-            self.ctx.http_version = self.parser.get_http_version()
+            self.ctx.http_version, self.ctx.t_headers_ns = self.parser.get_http_version(), self._t_ns
             self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
             self._discard = status in REDIRECTS
         try:

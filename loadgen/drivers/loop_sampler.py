@@ -11,8 +11,8 @@ without samples above it had no lag of 2 ms or more). ``cpu_busy_share`` is the 
 when the sampler stops; it may exceed 1 with threads.
 
 Bounded: a 24 h run blocked at every firing keeps 1.7 M lag rows + 86 k CPU rows, 17 bytes each in three
-``array`` columns (≈ 31 MB); a healthy run keeps ≈ 2 rows a second. The asyncio driver runs it
-(``AsyncioEngine.run``); the run writes the rows as client_metrics.parquet (``records/client_metrics.py``).
+``array`` columns (≈ 31 MB); a healthy run keeps ≈ 2 rows a second. ``loadgen run`` (run/runner.py) runs it on
+the engine's loop while the engine runs and writes the rows as client_metrics.parquet (records/client_metrics.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """client_metrics.parquet: loadgen's own health during a run, in the shape of server_metrics.parquet (``t_ns``
 Int64 on the records' monotonic clock, ``name`` String, ``value`` Float64). The series (sampled by
-``drivers/loop_sampler.py``, in the asyncio driver only; the Locust driver writes none):
+``drivers/loop_sampler.py`` while the asyncio driver's engine runs; the Locust driver writes none):
 
 - ``loop_lag_ms``: a timer due every 50 ms fired this late at ``t_ns``: the loop was blocked over
   ``[t_ns − value, t_ns]``. Lags of 2 ms and more are all kept, smaller ones once a second.

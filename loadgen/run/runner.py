@@ -32,6 +32,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.plan.workload import ServerFault
 from loadgen.core.secrets import redact_headers, redact_url, write_text
+from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.drivers.scrape import Scraper
 from loadgen.records.client_metrics import client_metrics_frame, write_client_metrics
 from loadgen.run.guards import Captures, FailFast
@@ -173,11 +174,8 @@ class Run:
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
             self.session.phase("running")
-            async with self._server_metrics(target):
-                try:
-                    await self._drive(engine)
-                finally:  # stopped, interrupted or failed: the samples taken are kept, as the records are
-                    self.keep_client_metrics(engine, target)
+            async with self._server_metrics(target), self._client_metrics(target):
+                await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
@@ -251,10 +249,17 @@ class Run:
             target.notes.append(scraper.warning)
             self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
 
-    def keep_client_metrics(self, engine: AsyncioEngine, target: ResolvedTarget) -> None:
-        """client_metrics.parquet: loadgen's loop lag and CPU share while it sent (a note if it is not written)."""
-        s = engine.sampler
-        if len(s):
+    @contextlib.asynccontextmanager
+    async def _client_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
+        """Sample loadgen's own loop lag and CPU share while the block runs, on the engine's loop: written as
+        client_metrics.parquet however the block ends (stopped, interrupted, failed), as the records are."""
+        s = LoopSampler()
+        task = asyncio.create_task(s.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its last CPU share taken
             why = write_client_metrics(self.run_dir, client_metrics_frame(s.t_ns, s.names(), s.values))
             if why is not None:
                 target.notes.append(why)
