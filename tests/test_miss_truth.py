@@ -17,10 +17,11 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
+import polars as pl
 import pytest
 
 from local_target.sim.truth_causes import true_misses
-from tests.virtual_truth import records_by_id, virtual_run
+from tests.virtual_truth import VirtualRun, records_by_id, virtual_run
 
 ENGINES = {
     "vllm": [],
@@ -62,8 +63,13 @@ class CaseScore:
 
 
 @functools.cache
+def case_run(engine: str, cause: str) -> VirtualRun:
+    return virtual_run(f"tests/data/causes_{cause}.yaml", ENGINES[engine], HOGS_NS if cause == "client_lag" else ())
+
+
+@functools.cache
 def case(engine: str, cause: str) -> CaseScore:
-    v = virtual_run(f"tests/data/causes_{cause}.yaml", ENGINES[engine], HOGS_NS if cause == "client_lag" else ())
+    v = case_run(engine, cause)
     stalls = v.summary["stalls"]
     truth = {rid: m.cause for rid, m in true_misses(v.trace, records_by_id(v), v.limits_ms, list(v.hogs_ns),
                                                      stalls["long_prompt_tokens"], stalls["min_gap_ms"]).items()}
@@ -96,7 +102,7 @@ def test_the_ledger_names_the_injected_cause(engine: str, cause: str) -> None:
 def test_the_truth_is_the_engines_not_the_ledgers() -> None:
     """The true causes come from the trace's facts, not from what the ledger reads: a run with no fault at all
     and loose limits has no misses on either side, and the injected faults show in the trace itself."""
-    v = virtual_run("tests/data/causes_network.yaml", ENGINES["vllm"])
+    v = case_run("vllm", "network")
     delayed = [e for e in v.trace if e["type"] == "request" and e["network_delay_ms"] > 0]
     assert delayed and all(e["network_delay_ms"] == 1500 for e in delayed)
     by_id = records_by_id(v)
@@ -105,3 +111,28 @@ def test_the_truth_is_the_engines_not_the_ledgers() -> None:
     misses = true_misses(v.trace, by_id, v.limits_ms)
     assert {rid for rid, m in misses.items() if m.cause == "network"} == {
         e["id"] for e in delayed if e["id"] in by_id}
+
+
+def test_the_replay_observes_what_a_run_would() -> None:
+    """The faults land where a real run would see them: a 500 at arrival with no tokens, headers when the
+    request reached the engine, sends and reads held to a hog's end (and the loop lag showing it), scrapes in
+    the engine's own series (llama.cpp exposes no KV usage or preemptions, vLLM does)."""
+    v = case_run("vllm", "server_error")
+    failed = v.requests.filter(pl.col("error_kind").is_not_null())
+    assert failed.height > 0 and set(failed["http_status"]) == {500} and set(failed["error_kind"]) == {"http_5xx"}
+    assert failed["chunks"].sum() == 0 and failed["t_first_token_ns"].null_count() == failed.height
+    arrival = {e["id"]: e["t_arrival_ns"] for e in v.trace if e["type"] == "request"}
+    heads = dict(zip(v.requests["seq"], v.requests["t_headers_ns"]))
+    assert all(heads[seq] == arrival[rid] for rid, seq in v.seq_of.items() if rid in arrival)
+    assert {"running", "waiting", "kv_cache_usage", "preemptions_total"} <= set(v.server["name"])
+    assert v.server["t_ns"].unique().diff().drop_nulls().unique().to_list() == [500_000_000]
+    lag = case_run("llamacpp", "client_lag")
+    assert not {"kv_cache_usage", "preemptions_total"} & set(lag.server["name"])
+    sent = lag.requests["t_sent_ns"].to_list() + lag.chunks["t_ns"].to_list()
+    assert not any(a <= t < b for t in sent for a, b in HOGS_NS)  # nothing read or sent inside a hog ...
+    assert sum(t in {b for _, b in HOGS_NS} for t in sent) >= len(HOGS_NS)  # ... but at its end
+    loop = lag.client.filter(pl.col("name") == "loop_lag_ms")
+    for a, b in HOGS_NS[:-1]:  # each hog shows as a timer that fired at its end, up to 300 ms late
+        fired = loop.filter(pl.col("t_ns") == b)["value"].to_list()
+        assert len(fired) == 1 and 250 <= fired[0] <= 300
+    assert loop.filter(~pl.col("t_ns").is_in([b for _, b in HOGS_NS]))["value"].max() == 0.0

@@ -70,8 +70,9 @@ def true_misses(trace_events: list[dict[str, Any]], records_by_id: dict[str, dic
                 limits_ms: dict[str, float], hogs_ns: list[tuple[int, int]] | None = None,
                 long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0) -> dict[str, TrueMiss]:
     """``records_by_id``: engine id → the request's record fields (``t_intended_ns``, ``t_sent_ns``,
-    ``t_first_token_ns``, ``t_done_ns``, ``output_tokens``, ``error_kind``) and ``tokens_ns``, the instants
-    loadgen read its tokens (default: the trace's emissions); only these requests are judged. ``limits_ms``:
+    ``t_first_token_ns``, ``t_done_ns``, ``output_tokens``, ``error_kind``, ``class_name``) and ``tokens_ns``,
+    the instants loadgen read its tokens, one per token (default: the trace's emissions); only these requests
+    are judged. ``limits_ms``:
     metric → limit. ``hogs_ns``: the windows loadgen's loop was blocked, on the trace's clock."""
     world = _World(trace_events, hogs_ns or [], long_prompt_tokens, min_gap_ms)
     world.class_base = world.baselines(records_by_id)
@@ -135,6 +136,8 @@ class _World:
         metric, x, value = _decisive(rec, reads, limits)
         if metric is None:
             return None
+        if not reads:  # finished without a token: nothing of the engine's to weigh
+            return TrueMiss(metric, "unknown", "no token was read")
         if metric == "ttft_ms":
             return self._ttft(f, rec, reads, limits[metric], x)
         if metric in GAP_METRICS:
