@@ -121,15 +121,18 @@ def test_a_request_loadgen_sent_late_is_the_clients() -> None:
 
 
 def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
-    item = _steady(1, LATE, 1000)
+    written = [LATE + 100 + 10 * i for i in range(120)]  # the server wrote its tokens on time ...
+    read = [max(w, LATE + 1001 + 0.01 * i) for i, w in enumerate(written)]  # ... read at once as the loop woke
     lag = pl.DataFrame({"t_ns": [int((LATE + t) * MS) for t in (300, 1001, 1500)], "name": ["loop_lag_ms"] * 3,
-                        "value": [2.0, 950.0, 1.0]})  # blocked over [LATE + 51, LATE + 1001]: the read waited
-    row = _row(_ledger(item, client=lag), 1)
-    assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(949)
-    assert "loop was blocked 949 ms before the first token" in row["evidence"]
-    over = lag.with_columns(pl.col("t_ns") - 300 * MS)  # a block over before the server wrote: it waited
-    assert _row(_ledger(item, client=over), 1)["cause"] == "queueing"
-    without = _row(_ledger(item), 1)  # no client metrics: a wait
+                        "value": [2.0, 950.0, 1.0]})  # blocked over [LATE + 51, LATE + 1001]
+    row = _row(_ledger(_req(1, LATE, read), client=lag), 1)
+    assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(1001 - 100, abs=10)
+    assert "loop was blocked 9" in row["evidence"] and "before the first token" in row["evidence"]
+    late = _steady(1, LATE, 1000)  # written at 1000 and read at once: the block held no token of it
+    assert _row(_ledger(late, client=lag), 1)["cause"] == "queueing"
+    over = lag.with_columns(pl.col("t_ns") - 300 * MS)  # a block over before the server wrote
+    assert _row(_ledger(late, client=over), 1)["cause"] == "queueing"
+    without = _row(_ledger(late), 1)  # no client metrics: a wait
     assert without["cause"] == "queueing" and without["read_lag_ms"] == 0.0
 
 

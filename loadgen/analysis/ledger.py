@@ -28,7 +28,7 @@ import polars as pl
 from loadgen.analysis import ledger_evidence as ev
 from loadgen.analysis import ledger_rules as rules
 from loadgen.analysis import metrics as m
-from loadgen.analysis.prefill import PrefillFit
+from loadgen.analysis.prefill import NS_PER_MS, PrefillFit
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.spikes import SpikeAnalysis, attribute
 
@@ -146,6 +146,9 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         rows = rows.with_columns(ev.blocked_ms(iv, blocks)["blocked_ms"].alias(f"read_{name}_ms"))
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
+    rows = rows.join(ev.burst_tokens(run, rows.filter(pl.col("read_first_ms") > 0), base), on=KEY, how="left")
+    at_most = (pl.col("burst_tokens") - 0.5) * pl.col("baseline_ms")  # the burst read as the block ended
+    rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", at_most.fill_null(float("inf"))))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
     theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
     stalls = ev.stall_causes(theirs, blocks, run.req)
@@ -156,9 +159,10 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
 def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, base: dict[str, float],
                   blocks: pl.DataFrame, pressure: pl.DataFrame) -> pl.DataFrame:
     """Per missed request with a gap over its limit: the loop blocked in it, server pressure over it, the stall
-    attribution's cause and culprits for it (analysis/spikes.py's ``attribute`` over these gaps, without the
-    preemption override), and, where pressure or an unexplained gap makes it matter, how many other streams
-    decoding across it paused too (``alone``: under half)."""
+    attribution's cause and culprits for its server part (analysis/spikes.py's ``attribute`` over the gap less
+    the loop's block, without the preemption override), other requests' first tokens in it, and, where
+    pressure or an unexplained gap makes it matter, how many other streams decoding across it paused too
+    (``alone``: under half)."""
     gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns"])
     iv = gaps.select(KEY, a_ns="g0_ns", b_ns="g1_ns")
     out = gaps.with_columns(gap_blocked_ms=ev.blocked_ms(iv, blocks)["blocked_ms"],
@@ -168,7 +172,11 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
                                gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),
                                gap_culprit_tokens=pl.lit(None, dtype=pl.List(pl.Int64)))
     else:
-        said = attribute(gaps.select(KEY, t_start_ns="g0_ns", t_end_ns="g1_ns"), spike.windows, run.req, spike.cfg)
+        # the server's part of the gap: without the time loadgen's loop was blocked (it delayed the culprits'
+        # first tokens as much as the victim's reads, so their windows end with the gap still)
+        server_part = out.select(KEY, t_start_ns=pl.col("g0_ns") + (pl.col("gap_blocked_ms") * NS_PER_MS)
+                                 .cast(pl.Int64).clip(upper_bound=pl.col("g1_ns") - 1), t_end_ns="g1_ns")
+        said = attribute(server_part, spike.windows, run.req, spike.cfg)
         out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",
                                    gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left")
     out = out.with_columns(gap_firsts=ev.firsts_in(iv, run.req))

@@ -193,6 +193,23 @@ def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFr
             .group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", "culprits")))
 
 
+def burst_tokens(run: RunAnalysis, keys: pl.DataFrame, baseline: dict[str, float]) -> pl.DataFrame:
+    """Per request in ``keys`` (worker, seq): ``burst_tokens``, its first token and those read right after it
+    (each chunk under half its class's baseline ITL after the previous one). A response written while the loop
+    was blocked is read at once when it unblocks: its first token was written at least (burst − 1) baseline
+    steps before that, which bounds how late the block made the read."""
+    rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi")
+    if rows.is_empty():
+        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "burst_tokens": pl.Int64})
+    half_ns = pl.lit(run.meta["class_name"]).gather(pl.col("i")).replace_strict(
+        baseline, default=0.0, return_dtype=pl.Float64) * NS_PER_MS / 2
+    leading = (run.gaps.join(rows.select("i"), on="i", how="semi", maintain_order="left")
+               .with_columns(slow=(pl.col("gap_ns") >= half_ns).cum_sum().over("i"))
+               .filter(pl.col("slow") == 0).group_by("i").agg(after=pl.col("tokens").cast(pl.Int64).sum()))
+    return (rows.join(leading, on="i", how="left")
+            .select(KEY, burst_tokens=1 + pl.col("after").fill_null(0)))
+
+
 def median_itl(run: RunAnalysis, keys: pl.DataFrame) -> pl.DataFrame:
     """Per request in ``keys`` (worker, seq): its median per-token ITL (a chunk of k tokens weighs k)."""
     rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi")
