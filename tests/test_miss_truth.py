@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import polars as pl
 import pytest
 
-from local_target.sim.truth_causes import true_misses
+from local_target.sim.truth_causes import true_causes, true_misses
 from tests.virtual_truth import VirtualRun, records_by_id, virtual_run
 
 ENGINES = {
@@ -136,3 +136,71 @@ def test_the_replay_observes_what_a_run_would() -> None:
         fired = loop.filter(pl.col("t_ns") == b)["value"].to_list()
         assert len(fired) == 1 and 250 <= fired[0] <= 300
     assert loop.filter(~pl.col("t_ns").is_in([b for _, b in HOGS_NS]))["value"].max() == 0.0
+
+
+# ---- the truth's rules on hand-made traces (the simulator's trace format, instants in ms) ---------------------
+MS_NS = 1_000_000
+
+
+def _trace(requests: dict[str, tuple[float, int, float]], steps: list[tuple[float, float, list[tuple[str, int]],
+                                                                             list[str], float]],
+           errors: tuple[str, ...] = ()) -> list[dict[str, object]]:
+    """``requests``: id → (arrival ms, prompt tokens, network delay ms); ``steps``: (start, end, prefills
+    [(id, tokens)], decodes, kv_usage); a step emits a token for each decode and each prefill that completes
+    its prompt."""
+    out: list[dict[str, object]] = [{"type": "request", "id": rid, "t_arrival_ns": int(t * MS_NS),
+                                     "prompt_tokens": p, "network_delay_ms": d} for rid, (t, p, d) in requests.items()]
+    out += [{"type": "finish", "id": rid, "t_ns": int(requests[rid][0] * MS_NS), "reason": "error", "status": 500}
+            for rid in errors]
+    done: dict[str, int] = {}
+    emitted: dict[str, int] = {}
+    for a, b, prefills, decodes, kv in steps:
+        tokens = []
+        for rid, n in prefills:
+            done[rid] = done.get(rid, 0) + n
+            if done[rid] >= requests[rid][1]:
+                tokens.append(rid)
+        for rid in tokens + decodes:
+            tokens_index = emitted.get(rid, 0)
+            emitted[rid] = tokens_index + 1
+        out.append({"type": "step", "t_start_ns": int(a * MS_NS), "t_end_ns": int(b * MS_NS),
+                    "prefill": [[rid, n, 0] for rid, n in prefills], "decode": decodes, "preempted": [],
+                    "kv_usage": kv, "tokens": [[rid, emitted[rid] - 1, int(b * MS_NS)] for rid in tokens + decodes]})
+    return out
+
+
+def _rec(intended_ms: float, sent_ms: float, reads_ms: list[float], error: str | None = None) -> dict[str, object]:
+    reads = [int(t * MS_NS) for t in reads_ms]
+    return {"t_intended_ns": int(intended_ms * MS_NS), "t_sent_ns": int(sent_ms * MS_NS), "error_kind": error,
+            "t_done_ns": reads[-1] if reads else int(sent_ms * MS_NS), "class_name": "c", "tokens_ns": reads}
+
+
+def test_the_truth_weighs_the_engines_facts_in_the_ledgers_order() -> None:
+    ttft = {"ttft_ms": 1000.0}
+    # an error; a request held 1,500 ms on its way in; a 20k-token prompt whose own prefill is 1,500 ms
+    t = _trace({"e": (0, 100, 0), "n": (1501, 100, 1500), "o": (0, 20000, 0)},
+               [(0, 1500, [("o", 20000)], [], 0.1), (1501, 1511, [("n", 100)], [], 0.1)], errors=("e",))
+    recs = {"e": _rec(0, 0, [], "http_5xx"), "n": _rec(0, 0, [1511]), "o": _rec(0, 0, [1500])}
+    assert true_causes(t, recs, ttft) == {"e": "server_error", "n": "network", "o": "own_prompt"}
+    # a short prompt waiting 1,200 ms behind another's long prefill: queueing, or preemption on a full KV cache
+    for kv, cause in ((0.5, "queueing"), (0.97, "preemption")):
+        t = _trace({"q": (0, 100, 0), "o": (0, 20000, 0)},
+                   [(0, 1200, [("o", 20000)], [], kv), (1200, 1210, [("q", 100)], ["o"], 0.5)])
+        assert true_causes(t, {"q": _rec(0, 0, [1210])}, ttft) == {"q": cause}
+    # sent 400 ms late (loadgen's own lag), served at once
+    t = _trace({"c": (401, 100, 0)}, [(401, 411, [("c", 100)], [], 0.1)])
+    assert true_causes(t, {"c": _rec(0, 400, [411])}, {"ttft_ms": 200.0}) == {"c": "client_lag"}
+
+
+def test_the_truth_names_a_gaps_cause() -> None:
+    itl = {"itl_ms": 100.0}
+    # a victim's decode paused 800 ms by another's 10k-token prefill; else by loadgen's loop blocked until 500 ms
+    t = _trace({"v": (0, 100, 0), "big": (15, 10000, 0)},
+               [(0, 10, [("v", 100)], [], 0.1), (10, 20, [], ["v"], 0.1), (20, 820, [("big", 10000)], ["v"], 0.1),
+                (820, 830, [], ["v", "big"], 0.1)])
+    assert true_causes(t, {"v": _rec(0, 0, [10, 20, 820, 830])}, itl, long_prompt_tokens=4000) == {"v": "prefill"}
+    t = _trace({"v": (0, 100, 0)}, [(0, 10, [("v", 100)], [], 0.1), (10, 20, [], ["v"], 0.1),
+                                    (20, 30, [], ["v"], 0.1)])
+    assert true_causes(t, {"v": _rec(0, 0, [10, 20, 500])}, itl, hogs_ns=[(25 * MS_NS, 500 * MS_NS)]) == {
+        "v": "client_lag"}
+    assert true_causes(t, {"v": _rec(0, 0, [10, 20, 30])}, itl) == {}  # the same stream, read on time
