@@ -39,7 +39,7 @@ class VirtualRun:
     seq_of: dict[str, int]  # engine request id → seq
     tables: dict[str, pl.DataFrame]  # summarize's tables ("stalls", and "misses" where the ledger gives it)
     server: pl.DataFrame  # server_metrics.parquet's rows, scraped from the engine every 0.5 s
-    client: pl.DataFrame  # client_metrics.parquet's rows (loop lag: only with hogs)
+    client: pl.DataFrame  # client_metrics.parquet's rows (loop lag every 50 ms: 0 but in the hogs)
     hogs_ns: tuple[tuple[int, int], ...]
     measured: set[int]  # the seqs loadgen's analysis judged (RunAnalysis.measured)
     limits_ms: dict[str, float]  # the ledger's limits (analysis/ledger.py's limits_of)

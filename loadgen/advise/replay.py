@@ -172,7 +172,7 @@ def replay_observed(cfg: EngineConfig, requests: list[ReplayRequest], load: Repl
                 del live[id(sim)]
                 sends.done(t_read)
     records, chunks = _records(flights, t0_ns, t_ns)
-    return Replayed(records, chunks, obs.server, client_rows(faults, t_ns, t0_ns) if faults.hogs_ns else [],
+    return Replayed(records, chunks, obs.server, client_rows(faults, t_ns, t0_ns) if observe else [],
                     {(f.req.worker, f.req.seq): t0_ns + f.t_headers_ns for f in flights
                      if f.t_headers_ns is not None}, obs.trace)
 
