@@ -11,11 +11,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import polars as pl
 
 from local_target.sim import build_config
+from local_target.sim.costmodel import prefill_alone_ms
 from loadgen import api
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay_observed
 from loadgen.advise.replay_observe import ReplayFaults
@@ -43,6 +44,7 @@ class VirtualRun:
     hogs_ns: tuple[tuple[int, int], ...]
     measured: set[int]  # the seqs loadgen's analysis judged (RunAnalysis.measured)
     limits_ms: dict[str, float]  # the ledger's limits (analysis/ledger.py's limits_of)
+    prefill_ms: Callable[[int], float]  # the engine's time to prefill n prompt tokens alone (its cost model)
 
 
 def virtual_run(path: str | Path, overrides: list[str], hogs_ns: tuple[tuple[int, int], ...] = ()) -> VirtualRun:
@@ -69,7 +71,7 @@ def virtual_run(path: str | Path, overrides: list[str], hogs_ns: tuple[tuple[int
     summary, tables = summarize(scenario, requests, chunks, plan.size, run=run, **kwargs)
     return VirtualRun(summary, requests, chunks, tables["stalls"], out.trace, {f"0-{r.seq}": r.seq for r in reqs},
                       tables, server, client, tuple(hogs_ns), set(run.measured["seq"].to_list()),
-                      limits_of(scenario.slo))
+                      limits_of(scenario.slo), lambda n: prefill_alone_ms(cfg, n) * cfg.time_scale)
 
 
 def _with_transport(requests: pl.DataFrame, headers_ns: dict[tuple[int, int], int]) -> pl.DataFrame:

@@ -9,8 +9,9 @@ The facts, per request (``id``: the engine's request id):
 - **network**: ``network_delay_ms``, the time it was held in front of the server (request event);
 - **client_lag**: its send lag (``t_sent − t_intended``, from its record) and the time loadgen's loop was
   blocked (``hogs_ns``) between the server writing a token and loadgen reading it;
-- **own prefill**: its share of each step that held its prompt's prefill since its last preemption (a step's
-  duration × its chunk's tokens / the step's tokens);
+- **own prefill**: the engine's time to prefill its prompt (less what the prefix cache held) alone, from the
+  cost model the caller passes (``prefill_ms``), else its share of each step that held its prompt's prefill
+  since its last preemption (a step's duration × its chunk's tokens / the step's tokens);
 - **wait** (``queueing``): the time from its arrival to its first token at the engine beyond its own prefill;
   **preemption** when it was preempted before its first token or any step while it waited to be admitted left
   the KV cache at least ``KV_FULL`` full;
@@ -30,7 +31,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 KV_FULL = 0.95
 STALL_FACTOR = 4.0  # a gap this many times the request's median is a stall (loadgen's spike_factor)
@@ -45,6 +46,7 @@ class _Facts:
     arrival_ns: int = 0
     delay_ms: float = 0.0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # found in the prefix cache at its first admission (finish event)
     error: bool = False
     writes: dict[int, int] = field(default_factory=dict)  # token index → engine emission (step end)
     prefills: list[tuple[int, int, float]] = field(default_factory=list)  # (start, end, own ms) per step
@@ -60,21 +62,29 @@ class TrueMiss:
 
 def true_causes(trace_events: list[dict[str, Any]], records_by_id: dict[str, dict[str, Any]],
                 limits_ms: dict[str, float], hogs_ns: list[tuple[int, int]] | None = None,
-                long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0) -> dict[str, str]:
+                long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0,
+                prefill_ms: Callable[[int], float] | None = None) -> dict[str, str]:
     """engine id → the true cause of each request in ``records_by_id`` that missed a limit (``true_misses``)."""
-    misses = true_misses(trace_events, records_by_id, limits_ms, hogs_ns, long_prompt_tokens, min_gap_ms)
+    misses = true_misses(trace_events, records_by_id, limits_ms, hogs_ns, long_prompt_tokens, min_gap_ms,
+                         prefill_ms)
     return {rid: m.cause for rid, m in misses.items()}
 
 
 def true_misses(trace_events: list[dict[str, Any]], records_by_id: dict[str, dict[str, Any]],
                 limits_ms: dict[str, float], hogs_ns: list[tuple[int, int]] | None = None,
-                long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0) -> dict[str, TrueMiss]:
+                long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0,
+                prefill_ms: Callable[[int], float] | None = None) -> dict[str, TrueMiss]:
     """``records_by_id``: engine id → the request's record fields (``t_intended_ns``, ``t_sent_ns``,
     ``t_first_token_ns``, ``t_done_ns``, ``output_tokens``, ``error_kind``, ``class_name``) and ``tokens_ns``,
     the instants loadgen read its tokens, one per token (default: the trace's emissions); only these requests
     are judged. ``limits_ms``:
-    metric → limit. ``hogs_ns``: the windows loadgen's loop was blocked, on the trace's clock."""
+    metric → limit. ``hogs_ns``: the windows loadgen's loop was blocked, on the trace's clock. ``prefill_ms``:
+    the engine's time to prefill n prompt tokens alone (``costmodel.prefill_alone_ms`` with the run's config),
+    which a request's own prefill is (its prompt less what the prefix cache held); None: its share of the steps
+    that held its prefill (their duration × its tokens / theirs), which a long prompt's quadratic attention
+    makes an underestimate."""
     world = _World(trace_events, hogs_ns or [], long_prompt_tokens, min_gap_ms)
+    world.prefill_ms = prefill_ms
     world.class_base = world.baselines(records_by_id)
     out = {}
     for rid, rec in records_by_id.items():
@@ -89,6 +99,7 @@ class _World:
                  min_gap_ms: float) -> None:
         self.hogs, self.long, self.min_gap_ms = sorted(hogs_ns), long_prompt_tokens, min_gap_ms
         self.class_base: dict[str, float] = {}  # per class: its median gap at the engine (``baselines``)
+        self.prefill_ms: Callable[[int], float] | None = None
         self.facts: dict[str, _Facts] = {}
         self.steps = sorted((e for e in events if e["type"] == "step"), key=lambda e: e["t_end_ns"])
         self.ends = [s["t_end_ns"] for s in self.steps]
@@ -97,8 +108,9 @@ class _World:
                 f = self.facts.setdefault(e["id"], _Facts())
                 f.arrival_ns, f.prompt_tokens = e["t_arrival_ns"], e["prompt_tokens"]
                 f.delay_ms = float(e.get("network_delay_ms") or 0.0)
-            elif e["type"] == "finish" and e.get("reason") == "error":
-                self.facts.setdefault(e["id"], _Facts()).error = True
+            elif e["type"] == "finish":
+                f = self.facts.setdefault(e["id"], _Facts())
+                f.error, f.cached_tokens = e.get("reason") == "error", int(e.get("cached_tokens") or 0)
         for s in self.steps:
             self._step(s)
         self.firsts = sorted(f.writes[0] for f in self.facts.values() if 0 in f.writes)  # first tokens' emissions
@@ -149,7 +161,8 @@ class _World:
     def _ttft_parts(self, f: _Facts, rec: dict[str, Any], reads: list[int]) -> dict[str, float]:
         first_write = f.writes.get(0, reads[0])
         last_evict = max((t for t in f.preempted_ns if t <= first_write), default=0)
-        own = sum(ms for a, b, ms in f.prefills if a >= last_evict and b <= first_write)
+        own = (self.prefill_ms(max(f.prompt_tokens - f.cached_tokens, 1)) if self.prefill_ms is not None else
+               sum(ms for a, b, ms in f.prefills if a >= last_evict and b <= first_write))
         wait = (first_write - f.arrival_ns) / MS - own
         return {"client_lag": (rec["t_sent_ns"] - rec["t_intended_ns"]) / MS + self._held_ms(first_write, reads[0]),
                 "network": f.delay_ms, "wait": wait, "own_prompt": own}
