@@ -146,8 +146,8 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         rows = rows.with_columns(ev.blocked_ms(iv, blocks)["blocked_ms"].alias(f"read_{name}_ms"))
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
-    rows = rows.join(ev.burst_tokens(run, rows.filter(pl.col("read_first_ms") > 0), base), on=KEY, how="left")
-    at_most = (pl.col("burst_tokens") - 0.5) * pl.col("baseline_ms")  # the burst read as the block ended
+    burst = ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base)
+    at_most = (burst + 0.5) * pl.col("baseline_ms")  # the first token and the burst read with it, less half a step
     rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", at_most.fill_null(float("inf"))))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
     theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
@@ -163,10 +163,14 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
     the loop's block, without the preemption override), other requests' first tokens in it, and, where
     pressure or an unexplained gap makes it matter, how many other streams decoding across it paused too
     (``alone``: under half)."""
-    gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns"])
+    gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns", "gap_tokens", "class_name"])
     iv = gaps.select(KEY, a_ns="g0_ns", b_ns="g1_ns")
+    at_most = ((ev.burst_after(run, gaps.select(KEY, at_ns="g1_ns"), base) + pl.col("gap_tokens") - 0.5)
+               * pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64))
     out = gaps.with_columns(gap_blocked_ms=ev.blocked_ms(iv, blocks)["blocked_ms"],
                             gap_pressure=ev.pressure_during(iv, pressure)["pressure"])
+    out = out.with_columns(gap_held_ms=pl.min_horizontal("gap_blocked_ms", at_most.fill_null(float("inf"))))
+    out = out.drop("gap_tokens", "class_name")
     if spike is None or spike.windows is None or spike.cfg is None or gaps.is_empty():
         out = out.with_columns(gap_cause=pl.lit(None, dtype=pl.String),
                                gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),
@@ -174,7 +178,7 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
     else:
         # the server's part of the gap: without the time loadgen's loop was blocked (it delayed the culprits'
         # first tokens as much as the victim's reads, so their windows end with the gap still)
-        server_part = out.select(KEY, t_start_ns=pl.col("g0_ns") + (pl.col("gap_blocked_ms") * NS_PER_MS)
+        server_part = out.select(KEY, t_start_ns=pl.col("g0_ns") + (pl.col("gap_held_ms") * NS_PER_MS)
                                  .cast(pl.Int64).clip(upper_bound=pl.col("g1_ns") - 1), t_end_ns="g1_ns")
         said = attribute(server_part, spike.windows, run.req, spike.cfg)
         out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",

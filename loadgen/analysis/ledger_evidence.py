@@ -133,25 +133,26 @@ def worst_gaps(run: RunAnalysis, itl_limit: float | None, gap_limit: float | Non
 def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> pl.DataFrame:
     """Per gap (worker, seq, g0_ns, g1_ns): the other streams ``decoding`` across it, how many of those
     ``paused`` (a gap longer than ``ALONE_FACTOR`` baselines overlapping it), and ``alone``: under half of them
-    did (a pause of one stream, not of the batch)."""
+    did, or none was decoding (a pause of one stream, not of the batch)."""
     if gaps.is_empty():
         return gaps.with_columns(decoding=pl.lit(0, pl.Int64), paused=pl.lit(0, pl.Int64), alone=pl.lit(True))
     ok = run.req.filter(pl.col("ok") & pl.col("t_first_token_ns").is_not_null()).select(
         pl.col("worker").alias("o_worker"), pl.col("seq").alias("o_seq"), "t_first_token_ns", "t_last_token_ns")
     g = gaps.select(KEY + ["g0_ns", "g1_ns"])
     other = ~((pl.col("o_worker") == pl.col("worker")) & (pl.col("o_seq") == pl.col("seq")))
-    decoding = (g.join_where(ok, pl.col("t_first_token_ns") < pl.col("g0_ns"),
-                             pl.col("t_last_token_ns") > pl.col("g1_ns")).filter(other)
-                .group_by(KEY + ["g0_ns", "g1_ns"]).agg(decoding=pl.len()))
+    across = g.join_where(ok, pl.col("t_first_token_ns") < pl.col("g0_ns"),
+                          pl.col("t_last_token_ns") > pl.col("g1_ns")).filter(other)
+    decoding = across.group_by(KEY + ["g0_ns", "g1_ns"]).agg(decoding=pl.len())
     slow = run.wide(run.stall_candidates(baseline, ALONE_FACTOR, 0.0)).select(
         pl.col("worker").alias("o_worker"), pl.col("seq").alias("o_seq"),
         s0_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS).cast(pl.Int64), s1_ns=pl.col("t_ns")).collect()
-    paused = (g.join_where(slow, pl.col("s0_ns") < pl.col("g1_ns"), pl.col("s1_ns") > pl.col("g0_ns")).filter(other)
-              .group_by(KEY + ["g0_ns", "g1_ns"]).agg(paused=pl.col("o_seq").n_unique()))
     keys = KEY + ["g0_ns", "g1_ns"]
+    paused = (g.join_where(slow, pl.col("s0_ns") < pl.col("g1_ns"), pl.col("s1_ns") > pl.col("g0_ns"))
+              .join(across.select(keys + ["o_worker", "o_seq"]), on=keys + ["o_worker", "o_seq"], how="semi")
+              .group_by(keys).agg(paused=pl.struct("o_worker", "o_seq").n_unique()))
     return (gaps.join(decoding, on=keys, how="left").join(paused, on=keys, how="left")
             .with_columns(pl.col("decoding", "paused").fill_null(0).cast(pl.Int64))
-            .with_columns(alone=pl.col("paused") < 0.5 * pl.col("decoding")))
+            .with_columns(alone=(pl.col("paused") < 0.5 * pl.col("decoding")) | (pl.col("decoding") == 0)))
 
 
 def firsts_in(intervals: pl.DataFrame, requests: pl.DataFrame) -> pl.Series:
@@ -193,21 +194,23 @@ def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFr
             .group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", "culprits")))
 
 
-def burst_tokens(run: RunAnalysis, keys: pl.DataFrame, baseline: dict[str, float]) -> pl.DataFrame:
-    """Per request in ``keys`` (worker, seq): ``burst_tokens``, its first token and those read right after it
-    (each chunk under half its class's baseline ITL after the previous one). A response written while the loop
-    was blocked is read at once when it unblocks: its first token was written at least (burst − 1) baseline
-    steps before that, which bounds how late the block made the read."""
-    rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi")
+def burst_after(run: RunAnalysis, at: pl.DataFrame, baseline: dict[str, float]) -> pl.Series:
+    """Per row of ``at`` (worker, seq, at_ns: a chunk's read): the tokens of the chunks read right after it, each
+    under half its class's baseline ITL after the previous one. A response written while the loop was blocked
+    is read at once when it unblocks: the chunk at ``at_ns`` was written at least that many baseline steps
+    before, which bounds how late the block made its read."""
+    rows = at.join(run.ok_index, on=KEY, how="left")
     if rows.is_empty():
-        return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "burst_tokens": pl.Int64})
+        return pl.Series("burst", [], dtype=pl.Int64)
     half_ns = pl.lit(run.meta["class_name"]).gather(pl.col("i")).replace_strict(
         baseline, default=0.0, return_dtype=pl.Float64) * NS_PER_MS / 2
-    leading = (run.gaps.join(rows.select("i"), on="i", how="semi", maintain_order="left")
-               .with_columns(slow=(pl.col("gap_ns") >= half_ns).cum_sum().over("i"))
-               .filter(pl.col("slow") == 0).group_by("i").agg(after=pl.col("tokens").cast(pl.Int64).sum()))
-    return (rows.join(leading, on="i", how="left")
-            .select(KEY, burst_tokens=1 + pl.col("after").fill_null(0)))
+    later = (pl.col("t_ns") > pl.col("at_ns")) | ((pl.col("t_ns") == pl.col("at_ns")) & (pl.col("gap_ns") < half_ns))
+    after = (run.gaps.join(rows.select("i").drop_nulls().unique(), on="i", how="semi", maintain_order="left")
+             .join(rows.select("i", "at_ns").drop_nulls(), on="i", maintain_order="left")
+             .filter(later)  # (chunks read in the same instant after it too)
+             .with_columns(slow=(pl.col("gap_ns") >= half_ns).cum_sum().over("i", "at_ns"))
+             .filter(pl.col("slow") == 0).group_by("i", "at_ns").agg(burst=pl.col("tokens").cast(pl.Int64).sum()))
+    return rows.join(after, on=["i", "at_ns"], how="left", maintain_order="left")["burst"].fill_null(0)
 
 
 def median_itl(run: RunAnalysis, keys: pl.DataFrame) -> pl.DataFrame:

@@ -96,20 +96,23 @@ def _largest(sizes: dict[str, float], words: dict[str, str], x: float, parts: di
 
 def gap(row: Row) -> Verdict:
     """ITL / chunk gap, on the request's worst gap over its limit: loadgen's loop blocked ≥ the gap's excess
-    → client_lag; the gap the stream's alone while the server preempted (or its KV cache was full) →
-    preemption; else the stall attribution's cause for the gap (analysis/spikes.py's rule, culprits kept),
-    with server pressure over a gap it cannot explain a preemption, and a gap it cannot explain that half the
-    batch's streams shared load (a slow engine step for all); else unknown."""
+    → client_lag (unless a culprit's prefill covers the gap's server part and the tokens read as the loop woke
+    show the server wrote late in the block: ``gap_held_ms``, the block's share that held them); the gap the
+    stream's alone while the server preempted (or its KV cache was full) → preemption; else the stall
+    attribution's cause for the gap (analysis/spikes.py's rule, culprits kept), with server pressure over a gap
+    it cannot explain a preemption, three other streams' first tokens in it a prefill_burst, and a gap it
+    cannot explain that half the batch's streams shared load (a slow engine step for all); else unknown."""
     tokens, gap_ms, limit = row["gap_tokens"], row["gap_ms"], row["limit_ms"]
     x = gap_ms - tokens * limit if row["metric"] == "itl_ms" else gap_ms - limit
-    blocked, pressure = row["gap_blocked_ms"], row["gap_pressure"]
+    blocked, pressure, cause = row["gap_blocked_ms"], row["gap_pressure"], row["gap_cause"] or "unknown"
+    if cause == "prefill" and row["gap_held_ms"] < x:  # the server wrote late in the block: a culprit's prefill
+        blocked = row["gap_held_ms"]
     parts: dict[str, float | None] = {"read_lag_ms": blocked,
                                       "stall_ms": gap_ms - tokens * (row["baseline_ms"] or 0.0)}
     said = f"its {ms(gap_ms)} gap ({tokens} token{'s' if tokens != 1 else ''})"
     if blocked >= x:
         return Verdict("client_lag", f"loadgen's loop was blocked {ms(blocked)} of {said} (excess {ms(x)})",
                        parts=parts)
-    cause = row["gap_cause"] or "unknown"
     if pressure and (row["gap_alone"] or cause == "unknown"):
         alone = "this stream's alone " if row["gap_alone"] else ""
         return Verdict("preemption", f"{said} was {alone}while the server's {pressure.removeprefix('its ')}",
