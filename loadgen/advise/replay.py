@@ -131,7 +131,7 @@ def replay_observed(cfg: EngineConfig, requests: list[ReplayRequest], load: Repl
     """``replay`` with ``faults`` injected, and the observations and truth of ``Replayed`` (``observe`` off:
     no scrapes, no trace)."""
     engine, sends = Engine(cfg), _Sends(requests, load)
-    obs = Observer(engine, t0_ns, scrape_interval_s, tracing=observe)
+    obs = Observer(engine, t0_ns, scrape_interval_s, tracing=observe, faults=faults)
     delay_ns = int(load.arrival_delay_ms * NS_PER_MS)
     rng, noise = random.Random(load.seed), load.step_noise_ms
     arriving: list[tuple[int, int, _Flight]] = []  # heap of (arrival, order, flight)

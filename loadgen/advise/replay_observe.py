@@ -65,6 +65,7 @@ class Observer:
     scrape_interval_s: float = 0.5
     model: str = "replay"
     tracing: bool = True  # off: neither trace nor scrapes (``replay``'s plain records, at no extra cost)
+    faults: ReplayFaults = NO_FAULTS  # a scrape due in a hog waits for its end (the scraper is on loadgen's loop)
     metrics: EngineMetrics = field(default_factory=EngineMetrics)
     server: list[Row] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
@@ -84,14 +85,15 @@ class Observer:
             self.metrics.prompt_tokens_total += sim.prompt_tokens
 
     def scrape_until(self, t_ns: int) -> None:
-        """Every scrape due by ``t_ns`` (replay ns) reads the engine's state as it is now."""
-        if not self.tracing or self.scrape_interval_s <= 0 or self._next_scrape_ns > t_ns:
+        """Every scrape due by ``t_ns`` (replay ns) reads the engine's state as it is now; one due while
+        loadgen's loop is blocked goes out at the block's end, and the next is due a period after it."""
+        if not self.tracing or self.scrape_interval_s <= 0 or self.faults.read_at(self._next_scrape_ns) > t_ns:
             return
         values = parse(render(self.engine, self.metrics, self.model).decode())
         period_ns = int(self.scrape_interval_s * 1e9)
-        while self._next_scrape_ns <= t_ns:
-            self.server += [(self.t0_ns + self._next_scrape_ns, k, v) for k, v in values.items()]
-            self._next_scrape_ns += period_ns
+        while (at_ns := self.faults.read_at(self._next_scrape_ns)) <= t_ns:
+            self.server += [(self.t0_ns + at_ns, k, v) for k, v in values.items()]
+            self._next_scrape_ns = at_ns + period_ns
 
     def stepped(self, step: Step, t_start_ns: int, t_end_ns: int, emitted: list[tuple[SimRequest, int]]) -> None:
         if not self.tracing:
