@@ -127,7 +127,7 @@ def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
                         "value": [2.0, 950.0, 1.0]})  # blocked over [LATE + 51, LATE + 1001]
     row = _row(_ledger(_req(1, LATE, read), client=lag), 1)
     assert row["cause"] == "client_lag" and row["read_lag_ms"] == pytest.approx(1001 - 100, abs=10)
-    assert "loop was blocked 9" in row["evidence"] and "before the first token" in row["evidence"]
+    assert "loadgen's loop was blocked 9" in row["evidence"] and "before the first token" in row["evidence"]
     late = _steady(1, LATE, 1000)  # written at 1000 and read at once: the block held no token of it
     assert _row(_ledger(late, client=lag), 1)["cause"] == "queueing"
     over = lag.with_columns(pl.col("t_ns") - 300 * MS)  # a block over before the server wrote

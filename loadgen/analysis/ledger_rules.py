@@ -69,9 +69,10 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
         return Verdict("own_prompt", f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}, "
                        f"over the {ms(limit)} limit by itself", parts=parts)
     client = send + read
-    late = [f"sent it {ms(send)} late"] if send >= 0.5 else []
-    late += [f"its loop was blocked {ms(read)} before the first token"] if read > 0 or not late else []
-    words = {"client_lag": "loadgen " + " and ".join(late),
+    blocked = f"loop was blocked {ms(read)} before the first token"
+    late = (f"loadgen sent it {ms(send)} late" + (f" and its {blocked}" if read > 0 else "") if send >= 0.5
+            else f"loadgen's {blocked}")
+    words = {"client_lag": late,
              "network": f"the transport took {ms(net)} (connect and late headers)",
              _wait_cause(row): _wait_words(row, wait, own),
              "own_prompt": f"its own prefill of {row['prefilled'] or 0:,} tokens takes ≈{ms(own)}"}
