@@ -231,12 +231,18 @@ INJECTED = ("server_error", "network", "client_lag", "own_prompt", "prefill")
 
 @pytest.mark.slow
 def test_the_ledger_names_each_injected_cause_as_the_trace_does(causes_run: CausesRun) -> None:
+    from loadgen import api
+    from local_target.sim import build_config
+    from local_target.sim.costmodel import prefill_alone_ms
     from local_target.sim.truth_causes import true_causes
 
+    spec = api.load_scenario(SCENARIO).target.simulator
+    cfg = build_config(spec.preset_name, overrides=spec.overrides())
     s = json.loads((causes_run.run_dir / "summary.json").read_text())
     by_id, seq_of = _records_by_id(causes_run.run_dir, causes_run.trace)
     truth_by_id = true_causes(causes_run.trace, by_id, s["misses"]["limits"], causes_run.hogs_ns,
-                              s["stalls"]["long_prompt_tokens"], s["stalls"]["min_gap_ms"])
+                              s["stalls"]["long_prompt_tokens"], s["stalls"]["min_gap_ms"],
+                              lambda n: prefill_alone_ms(cfg, n) * cfg.time_scale)
     truth = {seq_of[rid]: cause for rid, cause in truth_by_id.items()}
     misses = pl.read_parquet(causes_run.run_dir / "misses.parquet")
     ledger = dict(zip(misses["seq"].to_list(), misses["cause"].to_list()))
