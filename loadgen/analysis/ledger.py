@@ -146,8 +146,11 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         rows = rows.with_columns(ev.blocked_ms(iv, blocks)["blocked_ms"].alias(f"read_{name}_ms"))
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
-    burst = ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base)
-    at_most = (burst + 0.5) * pl.col("baseline_ms")  # the first token and the burst read with it, less half a step
+    # a response the block held is read with more of it at once when it wakes; one read alone came after it (a
+    # response of one token cannot tell: held)
+    held = (ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base) >= 1) | (
+        pl.col("output_tokens") <= 1)
+    at_most = pl.when(held).then(float("inf")).otherwise(0.5 * pl.col("baseline_ms"))
     rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", at_most.fill_null(float("inf"))))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
     theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
@@ -163,14 +166,17 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
     the loop's block, without the preemption override), other requests' first tokens in it, and, where
     pressure or an unexplained gap makes it matter, how many other streams decoding across it paused too
     (``alone``: under half)."""
-    gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns", "gap_tokens", "class_name"])
+    gaps = rows.filter(pl.col("g1_ns").is_not_null()).select(KEY + ["g0_ns", "g1_ns", "gap_tokens", "class_name",
+                                                                     "t_last_token_ns"])
     iv = gaps.select(KEY, a_ns="g0_ns", b_ns="g1_ns")
-    at_most = ((ev.burst_after(run, gaps.select(KEY, at_ns="g1_ns"), base) + pl.col("gap_tokens") - 0.5)
-               * pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64))
+    held = (ev.burst_after(run, gaps.select(KEY, at_ns="g1_ns"), base) + pl.col("gap_tokens") >= 2) | (
+        pl.col("g1_ns") == pl.col("t_last_token_ns"))  # the last chunk cannot tell
+    at_most = pl.when(held).then(float("inf")).otherwise(
+        0.5 * pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64))
     out = gaps.with_columns(gap_blocked_ms=ev.blocked_ms(iv, blocks)["blocked_ms"],
                             gap_pressure=ev.pressure_during(iv, pressure)["pressure"])
     out = out.with_columns(gap_held_ms=pl.min_horizontal("gap_blocked_ms", at_most.fill_null(float("inf"))))
-    out = out.drop("gap_tokens", "class_name")
+    out = out.drop("gap_tokens", "class_name", "t_last_token_ns")
     if spike is None or spike.windows is None or spike.cfg is None or gaps.is_empty():
         out = out.with_columns(gap_cause=pl.lit(None, dtype=pl.String),
                                gap_culprits=pl.lit(None, dtype=pl.List(pl.Int64)),

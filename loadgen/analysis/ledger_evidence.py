@@ -15,6 +15,7 @@ from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
 HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
+BUSY_LAG_MS = 5.0  # a timer this late says the loop was busy (jitter below it is no block)
 READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
 ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
 BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst (spikes.py's 3)
@@ -24,21 +25,24 @@ INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.In
 
 def loop_blocks(client: pl.DataFrame | None) -> pl.DataFrame:
     """The intervals loadgen's event loop was blocked (b0_ns, b1_ns), merged: a timer that fired ``lag`` late at
-    ``t_ns`` says the loop was busy over [t_ns − lag, t_ns]."""
+    ``t_ns`` says the loop was busy over [t_ns − lag, t_ns]; two late firings (``BUSY_LAG_MS`` or more) one
+    sampling period apart say it stayed busy between them (a backlog worked off after a block)."""
     empty = pl.DataFrame(schema={"b0_ns": pl.Int64, "b1_ns": pl.Int64})
     if client is None or client.is_empty():
         return empty
-    lag = client.filter((pl.col("name") == "loop_lag_ms") & (pl.col("value") > 0))
+    samples = client.filter(pl.col("name") == "loop_lag_ms").sort("t_ns")
+    lag = samples.filter(pl.col("value") >= BUSY_LAG_MS)
     if lag.is_empty():
         return empty
+    period_ns = samples.select(pl.col("t_ns").diff().median()).item() or 0
     raw = lag.select(b0_ns=pl.col("t_ns") - (pl.col("value") * NS_PER_MS).cast(pl.Int64),
                      b1_ns=pl.col("t_ns").cast(pl.Int64)).sort("b0_ns")
-    return _merged(raw, "b0_ns", "b1_ns")
+    return _merged(raw, "b0_ns", "b1_ns", int(1.2 * period_ns))
 
 
-def _merged(frame: pl.DataFrame, a: str, b: str) -> pl.DataFrame:
-    """Overlapping intervals (sorted by ``a``) merged into their union."""
-    run = (pl.col(a) > pl.col(b).cum_max().shift(1)).fill_null(True).cum_sum()
+def _merged(frame: pl.DataFrame, a: str, b: str, slack_ns: int = 0) -> pl.DataFrame:
+    """Intervals (sorted by ``a``) that overlap or lie within ``slack_ns`` of each other merged."""
+    run = (pl.col(a) > pl.col(b).cum_max().shift(1) + slack_ns).fill_null(True).cum_sum()
     return (frame.with_columns(run=run).group_by("run").agg(pl.col(a).min(), pl.col(b).max())
             .drop("run").sort(a))
 
@@ -196,9 +200,8 @@ def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFr
 
 def burst_after(run: RunAnalysis, at: pl.DataFrame, baseline: dict[str, float]) -> pl.Series:
     """Per row of ``at`` (worker, seq, at_ns: a chunk's read): the tokens of the chunks read right after it, each
-    under half its class's baseline ITL after the previous one. A response written while the loop was blocked
-    is read at once when it unblocks: the chunk at ``at_ns`` was written at least that many baseline steps
-    before, which bounds how late the block made its read."""
+    under half its class's baseline ITL after the previous one. A response the loop's block held is read at
+    once when it wakes, several tokens together; a chunk read alone was written as the block ended or after."""
     rows = at.join(run.ok_index, on=KEY, how="left")
     if rows.is_empty():
         return pl.Series("burst", [], dtype=pl.Int64)

@@ -97,8 +97,8 @@ def _largest(sizes: dict[str, float], words: dict[str, str], x: float, parts: di
 
 def gap(row: Row) -> Verdict:
     """ITL / chunk gap, on the request's worst gap over its limit: loadgen's loop blocked ≥ the gap's excess
-    → client_lag (unless a culprit's prefill covers the gap's server part and the tokens read as the loop woke
-    show the server wrote late in the block: ``gap_held_ms``, the block's share that held them); the gap the
+    → client_lag (unless a culprit's prefill covers the gap's server part and the chunk ending the gap was read
+    alone, not in a burst the block held: the server wrote it late; ``gap_held_ms``); the gap the
     stream's alone while the server preempted (or its KV cache was full) → preemption; else the stall
     attribution's cause for the gap (analysis/spikes.py's rule, culprits kept), with server pressure over a gap
     it cannot explain a preemption, three other streams' first tokens in it a prefill_burst, and a gap it
