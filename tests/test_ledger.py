@@ -187,6 +187,17 @@ def test_a_gap_shared_with_no_culprit_is_load_one_with_new_streams_a_burst_and_o
     assert alone["cause"] == "unknown" and "coincides with nothing" in alone["evidence"]
 
 
+def test_long_prompts_prefilled_together_are_the_culprits_of_a_gap_none_covers_alone() -> None:
+    """Two 5,000-token prompts (≈500 ms of prefill each: the fit, from a lone one that took 500 ms) prefilled in
+    one engine step: the victim's 1,500-ms gap ends with both first tokens; each window covers a third of it."""
+    gapped = [QUIET + 20 + 10 * i for i in range(30)] + [QUIET + 1810 + 10 * i for i in range(30)]
+    lone = _req(8, 500, [1000, 1010], prompt=5000)
+    a, b = (_req(seq, QUIET + 1200, [QUIET + 1810, QUIET + 1820], prompt=5000) for seq in (6, 7))
+    row = _row(_ledger(_req(1, QUIET, gapped), lone, a, b), 1)
+    assert (row["cause"], sorted(row["culprits"])) == ("prefill", [6, 7])
+    assert "seq 6 (5,000 tokens)" in row["evidence"] and "seq 7 (5,000 tokens)" in row["evidence"]
+
+
 def test_every_step_slow_without_a_stall_is_load() -> None:
     row = _row(_ledger(_steady(1, LATE, 20, tokens=20, step=40.0)), 1)
     assert (row["metric"], row["cause"]) == ("tpot_ms", "load")

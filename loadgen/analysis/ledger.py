@@ -189,6 +189,7 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
         said = attribute(server_part, spike.windows, run.req, spike.cfg)
         out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",
                                    gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left")
+        out = _stacked(out, server_part, run, spike)
     out = out.with_columns(gap_firsts=ev.firsts_in(iv, run.req))
     burst = pl.col("gap_cause").fill_null("unknown").eq("unknown") & (pl.col("gap_firsts") >= ev.BURST_FIRSTS)
     out = out.with_columns(gap_cause=pl.when(burst).then(pl.lit("prefill_burst")).otherwise(pl.col("gap_cause")))
@@ -196,6 +197,23 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
     lone = ev.alone(out.filter(matters).select(KEY + ["g0_ns", "g1_ns"]), run, base)
     return (out.join(lone.select(KEY, gap_alone="alone", gap_decoding="decoding", gap_paused="paused"), on=KEY,
                      how="left").drop("g0_ns", "g1_ns"))
+
+
+def _stacked(out: pl.DataFrame, server_part: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis) -> pl.DataFrame:
+    """A gap the attribution leaves unexplained whose server part long prompts prefilled together (their first
+    tokens in it, their fitted prefills back to back covering ``overlap_share`` of it) is theirs: prefill."""
+    if spike.fit is None or spike.cfg is None:
+        return out
+    long_tokens = int(spike.summary.get("long_prompt_tokens") or spike.cfg.long_prompt_tokens or 1)
+    stack = ev.stacked_culprits(server_part, run.req, spike.fit, long_tokens, spike.cfg.overlap_share,
+                                spike.cfg.tol_ms).select(*KEY, "s_culprits", "s_tokens", "stacked")
+    take = pl.col("stacked") & pl.col("gap_cause").fill_null("unknown").eq("unknown")
+    return (out.join(stack, on=KEY, how="left")
+            .with_columns(gap_cause=pl.when(take).then(pl.lit("prefill")).otherwise(pl.col("gap_cause")),
+                          gap_culprits=pl.when(take).then(pl.col("s_culprits")).otherwise(pl.col("gap_culprits")),
+                          gap_culprit_tokens=pl.when(take).then(pl.col("s_tokens"))
+                          .otherwise(pl.col("gap_culprit_tokens")))
+            .drop("s_culprits", "s_tokens", "stacked"))
 
 
 def _decisive(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float | None, float | None]:

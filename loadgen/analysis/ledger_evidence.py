@@ -10,7 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from loadgen.analysis import server_frames
-from loadgen.analysis.prefill import NS_PER_MS
+from loadgen.analysis.prefill import NS_PER_MS, PrefillFit
 from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
@@ -173,6 +173,30 @@ def firsts_in(intervals: pl.DataFrame, requests: pl.DataFrame) -> pl.Series:
                                 pl.col("t_first_token_ns") <= pl.col("b_ns"))
            .filter(other).group_by(keys).agg(firsts=pl.len().cast(pl.Int64)))
     return intervals.join(hit, on=keys, how="left")["firsts"].fill_null(0)
+
+
+def stacked_culprits(gaps: pl.DataFrame, requests: pl.DataFrame, fit: PrefillFit, long_tokens: int, share: float,
+                     tol_ms: float) -> pl.DataFrame:
+    """Per gap (worker, seq, t_start_ns, t_end_ns): the long prompts of other requests whose first token came in
+    it (to one engine step after its end), longest prefill first (``s_culprits``, ``s_tokens``), and ``stacked``:
+    their fitted prefills, run back to back, cover ``share`` of it — several long prompts prefilled in one engine
+    step, the step costing their sum, where each one's own window covers too little of the gap."""
+    tol_ns = int(tol_ms * NS_PER_MS)
+    computed = pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0)
+    longs = (requests.filter(pl.col("t_first_token_ns").is_not_null() & (computed >= long_tokens))
+             .select(pl.col("worker").alias("c_worker"), pl.col("seq").alias("c_seq"),
+                     pl.col("t_first_token_ns").alias("c_first_ns"), c_tokens=computed,
+                     c_ms=fit.ms(computed.cast(pl.Float64))))
+    keys = KEY + ["t_start_ns", "t_end_ns"]
+    other = ~((pl.col("c_worker") == pl.col("worker")) & (pl.col("c_seq") == pl.col("seq")))
+    hit = (gaps.join_where(longs, pl.col("c_first_ns") > pl.col("t_start_ns"),
+                           pl.col("c_first_ns") <= pl.col("t_end_ns") + tol_ns).filter(other)
+           .sort("c_ms", descending=True)
+           .group_by(keys, maintain_order=True).agg(s_culprits=pl.col("c_seq"), s_tokens=pl.col("c_tokens"),
+                                                    s_ms=pl.col("c_ms").sum()))
+    return (gaps.join(hit, on=keys, how="left", maintain_order="left")
+            .with_columns(stacked=(pl.col("s_ms") >= share * (pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6)
+                          .fill_null(False)))
 
 
 def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFrame) -> pl.DataFrame:
