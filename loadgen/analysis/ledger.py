@@ -146,17 +146,28 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         rows = rows.with_columns(ev.blocked_ms(iv, blocks)["blocked_ms"].alias(f"read_{name}_ms"))
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
-    # a response the block held is read with more of it at once when it wakes; one read alone came after it (a
-    # response of one token cannot tell: held)
-    held = (ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base) >= 1) | (
-        pl.col("output_tokens") <= 1)
-    at_most = pl.when(held).then(float("inf")).otherwise(0.5 * pl.col("baseline_ms"))
-    rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", at_most.fill_null(float("inf"))))
+    rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", _held_first(rows, run, base, blocks)))
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
     theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
     stalls = ev.stall_causes(theirs, blocks, run.req)
     rows = rows.join(stalls, on=KEY, how="left")
     return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
+
+
+def _held_first(rows: pl.DataFrame, run: RunAnalysis, base: dict[str, float], blocks: pl.DataFrame) -> pl.Expr:
+    """How long at most a block held each first token: a response the block held is read with more of it at
+    once when it wakes, the first written (the burst + half a step) × the server's pace in the block before;
+    one read alone came as it woke or after (half a step); a burst to the response's end, or a one-token
+    response, cannot tell (no bound)."""
+    burst = ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base)
+    iv = rows.select(KEY, a_ns="t_sent_ns", b_ns=pl.coalesce("t_first_token_ns", "t_done_ns")).cast(ev.INTERVAL)
+    floor_ms = min(base.values()) if base else 0.0
+    pace = ev.held_pace(iv, ev.block_pace(blocks, run, floor_ms))  # type: ignore[arg-type]
+    to_end = (pl.col("t_last_token_ns") - pl.col("t_first_token_ns") <= ev.READ_TOL_MS * NS_PER_MS) | (
+        pl.col("output_tokens") <= 1)
+    at_most = (pl.when(to_end).then(float("inf")).when(pl.lit(burst) == 0).then(0.5 * pl.col("baseline_ms"))
+               .otherwise((pl.lit(burst) + 0.5) * pl.lit(pace)))
+    return at_most.fill_null(float("inf"))
 
 
 def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, base: dict[str, float],

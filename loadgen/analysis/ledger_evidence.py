@@ -222,6 +222,38 @@ def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFr
             .group_by(KEY).agg(stalls=pl.struct("cause", "excess_ms", "t_end_ns", "culprits")))
 
 
+def block_pace(blocks: pl.DataFrame, run: RunAnalysis, floor_ms: float) -> pl.DataFrame:
+    """Per block (b0_ns, b1_ns): ``pace_ms``, the server's time per token while loadgen's loop was blocked — the
+    block's length over the median of the tokens each stream decoding across it read as it ended (what the
+    server wrote meanwhile); at least ``floor_ms`` (the usual pace). A server in loadgen's own process (the
+    embedded simulator) is slowed by a CPU-bound block too."""
+    if blocks.is_empty() or run.gaps.is_empty():
+        return blocks.with_columns(pace_ms=pl.lit(floor_ms))
+    tol_ns = int(READ_TOL_MS * NS_PER_MS)
+    first = pl.lit(run.req["t_first_token_ns"]).gather(pl.col("i"))
+    last = pl.lit(run.req["t_last_token_ns"]).gather(pl.col("i"))
+    woke = (run.gaps.lazy().join_where(blocks.lazy(), pl.col("t_ns") >= pl.col("b1_ns") - tol_ns,
+                                       pl.col("t_ns") <= pl.col("b1_ns") + tol_ns)
+            .filter((first < pl.col("b0_ns")) & (last > pl.col("b1_ns") + tol_ns))
+            .group_by("b0_ns", "b1_ns", "i").agg(pl.col("tokens").cast(pl.Int64).sum())
+            .group_by("b0_ns", "b1_ns").agg(wrote=pl.col("tokens").median()).collect())
+    pace = ((pl.col("b1_ns") - pl.col("b0_ns")) / 1e6 / pl.col("wrote")).clip(lower_bound=floor_ms)
+    return (blocks.join(woke, on=["b0_ns", "b1_ns"], how="left")
+            .with_columns(pace_ms=pace.fill_null(floor_ms)).drop("wrote"))
+
+
+def held_pace(intervals: pl.DataFrame, paced: pl.DataFrame) -> pl.Series:
+    """Per (worker, seq, a_ns, b_ns): the pace (``block_pace``) of the block that held a read at ``b_ns`` (the
+    last one ending within ``READ_TOL_MS`` of it); null where none did."""
+    tol_ns = int(READ_TOL_MS * NS_PER_MS)
+    keys = KEY + ["a_ns", "b_ns"]
+    if intervals.is_empty() or paced.is_empty():
+        return pl.Series("pace_ms", [None] * intervals.height, dtype=pl.Float64)
+    hit = (intervals.join_where(paced, pl.col("b0_ns") < pl.col("b_ns"), pl.col("b1_ns") >= pl.col("b_ns") - tol_ns)
+           .sort("b1_ns").group_by(keys).agg(pl.col("pace_ms").last()))
+    return intervals.join(hit, on=keys, how="left", maintain_order="left")["pace_ms"]
+
+
 def burst_after(run: RunAnalysis, at: pl.DataFrame, baseline: dict[str, float]) -> pl.Series:
     """Per row of ``at`` (worker, seq, at_ns: a chunk's read): the tokens of the chunks read right after it, each
     under half its class's baseline ITL after the previous one. A response the loop's block held is read at
