@@ -150,11 +150,14 @@ def test_a_backlog_worked_off_after_a_block_is_still_the_clients() -> None:
     assert row["cause"] == "client_lag" and row["read_lag_ms"] > 900
 
 
-@pytest.mark.parametrize("column, value", [("connect_ns", 900 * MS), ("t_headers_ns", (LATE + 901) * MS)],
-                         ids=["connect and TLS", "headers late"])
-def test_transport_time_is_the_networks(column: str, value: int) -> None:
-    row = _row(_ledger(_steady(1, LATE, 1000), columns={column: [value]}), 1)
+@pytest.mark.parametrize("column, value, sent", [("connect_ns", 900 * MS, LATE + 900),
+                                                  ("t_headers_ns", (LATE + 901) * MS, LATE)],
+                         ids=["connect and TLS (before the send)", "headers late"])
+def test_transport_time_is_the_networks(column: str, value: int, sent: float) -> None:
+    row = _row(_ledger(_req(1, sent, [LATE + 1000 + 10 * i for i in range(20)], intended=LATE),
+                       columns={column: [value]}), 1)
     assert row["cause"] == "network" and row["network_ms"] == pytest.approx(900)
+    assert row["send_lag_ms"] == pytest.approx(0.0)  # a send the connect made late is not the client's
 
 
 def test_a_gap_of_one_stream_alone_while_the_server_preempted_is_preemption() -> None:

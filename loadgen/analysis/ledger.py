@@ -133,8 +133,10 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
     base = dict(spike.summary.get("baseline_itl_ms") or {}) if spike is not None else {
         name: float(run.token_stats(name)["itl_ms"]["p50"] or 0.0) for name in run.classes}  # as spikes.py's
     end_first = pl.coalesce("t_first_token_ns", "t_done_ns")
-    rows = rows.with_columns(network_ms=ev.network_ms(run.measured).fill_null(0.0)).select(  # (medians: the run's)
-        pl.all(), send_lag_ms=pl.col("queue_delay_ms"),
+    connect, headers = ev.network_parts(run.measured)  # (the medians: the run's)
+    rows = rows.with_columns(connect_ms=connect.fill_null(0.0), headers_late_ms=headers.fill_null(0.0)).select(
+        pl.all(), network_ms=pl.col("connect_ms") + pl.col("headers_late_ms"),
+        send_lag_ms=pl.col("queue_delay_ms") - pl.col("connect_ms"),  # the connect's share is the network's
         baseline_ms=pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64),
         prefilled=(pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0)).clip(lower_bound=0),
         client_measured=pl.lit(client is not None))

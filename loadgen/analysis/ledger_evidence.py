@@ -88,19 +88,21 @@ def pressure_during(intervals: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFr
     return intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
 
 
-def network_ms(measured: pl.DataFrame) -> pl.Expr:
-    """Per request: the transport's share of its TTFT: connect (and TLS) time, plus response headers later than
-    the run's median — counted only where the server sends its headers before the first token (their median
-    under ``HEADERS_FIRST`` of the median ttft_service_ms); 0 for records without these columns."""
-    connect = (pl.col("connect_ns").fill_null(0) / 1e6) if "connect_ns" in measured.columns else pl.lit(0.0)
+def network_parts(measured: pl.DataFrame) -> tuple[pl.Expr, pl.Expr]:
+    """Per request, the transport's parts: ``connect`` — the connect (and TLS) time that made its send late (the
+    connection is opened before ``t_sent``: at most the send lag); ``headers`` — how much later than the run's
+    median its response headers came, counted only where the server sends its headers before the first token
+    (their median under ``HEADERS_FIRST`` of the median ttft_service_ms). 0 for records without these columns."""
+    connect = (pl.min_horizontal(pl.col("connect_ns").fill_null(0) / 1e6, pl.col("queue_delay_ms"))
+               .clip(lower_bound=0.0) if "connect_ns" in measured.columns else pl.lit(0.0))
     if "t_headers_ns" not in measured.columns or measured["t_headers_ns"].null_count() == measured.height:
-        return connect
+        return connect, pl.lit(0.0)
     ok = measured.filter(pl.col("ok"))
     headers = (pl.col("t_headers_ns") - pl.col("t_sent_ns")) / 1e6
     med_h, med_s = ok.select(headers.median(), pl.col("ttft_service_ms").median()).row(0)
     if med_h is None or med_s is None or med_h >= HEADERS_FIRST * med_s:
-        return connect
-    return connect + (headers - med_h).clip(lower_bound=0.0).fill_null(0.0)
+        return connect, pl.lit(0.0)
+    return connect, (headers - med_h).clip(lower_bound=0.0).fill_null(0.0)
 
 
 def worst_gaps(run: RunAnalysis, itl_limit: float | None, gap_limit: float | None) -> pl.DataFrame:

@@ -62,7 +62,7 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
     x = value - limit
     send, read, net = row["send_lag_ms"] or 0.0, row["read_first_ms"], row["network_ms"]
     svc = row["ttft_service_ms"] if row["ttft_service_ms"] is not None else value - send
-    wait = max(0.0, svc - net - own - read)
+    wait = max(0.0, svc - row["headers_late_ms"] - own - read)  # (the connect came before the send)
     parts: dict[str, float | None] = {"send_lag_ms": send, "read_lag_ms": read, "network_ms": net,
                                       "wait_ms": wait, "own_ms": own}
     if own >= limit:
@@ -178,7 +178,7 @@ def e2e(row: Row, value: float, limit: float, own: float, end: str, tokens: int)
     x, base = value - limit, row["baseline_ms"] or 0.0
     own_total = own + max(tokens - 1, 0) * base
     send, read, net = row["send_lag_ms"] or 0.0, row[f"read_{end}_ms"], row["network_ms"]
-    wait = max(0.0, (row["ttft_service_ms"] or 0.0) - net - own - row["read_first_ms"])
+    wait = max(0.0, (row["ttft_service_ms"] or 0.0) - row["headers_late_ms"] - own - row["read_first_ms"])
     end_ns = row["t_done_ns"] if end == "done" else row["t_first_answer_ns"]
     sums, culprits, _ = stall_sums(row, end_ns)
     decode_ms = (end_ns - row["t_first_token_ns"]) / 1e6 if end_ns and row["t_first_token_ns"] else 0.0
