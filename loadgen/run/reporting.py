@@ -18,6 +18,7 @@ from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
 from loadgen.report.wording import with_headline
+from loadgen.records.client_metrics import read_client_metrics
 from loadgen.records.scan import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
 from loadgen.errors import RunDirError as RunDirError
 
@@ -111,7 +112,7 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     server = load_server_metrics(run_dir)
     run = RunAnalysis(requests, chunks, scenario.load.steady_state)  # one analysis: the summary and the views read it
     summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run,
-                                client=client_metrics(run_dir))
+                                client=read_client_metrics(run_dir))
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
@@ -119,21 +120,6 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
-
-
-def client_metrics(run_dir: Path) -> pl.DataFrame | None:
-    """client_metrics.parquet (loadgen's own loop lag and CPU, records/client_metrics.py), or None: a run
-    without it (the Locust driver, a run written before it) or one where it cannot be read (the ledger then
-    counts no loop lag and says so)."""
-    try:
-        try:
-            from loadgen.records.client_metrics import read_client_metrics
-        except ImportError:  # TODO(issue 39): the reader lands with the client evidence
-            path = run_dir / "client_metrics.parquet"
-            return pl.read_parquet(path) if path.exists() else None
-        return read_client_metrics(run_dir)
-    except (OSError, pl.exceptions.PolarsError):
-        return None
 
 
 def stored_misses(run_dir: Path) -> pl.DataFrame | None:
