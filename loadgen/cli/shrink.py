@@ -11,6 +11,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from loadgen.cli.common import console, err, fail
 from loadgen.shrink.event import ShrinkError
 from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_run
+from loadgen.shrink.writers import prompts_line
 
 
 def shrink(
@@ -73,6 +74,7 @@ def summary_lines(result: ShrinkResult) -> list[str]:
         lines.append(f"on the target: reproduced in {conf['reproduced']} of {conf['runs']} runs (victim's {what} "
                      f"{gaps} ms; needs {conf['needed']} of {conf['asked']})")
         lines += [f"  a run failed: {e}" for e in conf["errors"]]
+    lines.append(prompts_line(result.bodies))
     verdict = "reproduced" if result.reproduced else "NOT reproduced"
     lines.append(f"{verdict}: {result.out / 'scenario.yaml'}, {result.out / 'repro.py'}, "
                  f"{result.out / 'shrink.json'}")

@@ -6,7 +6,8 @@ the same target (docs/shrink.md).
    (``predicate.py``): bounded by ``max_tries`` replays and ``timeout_s``.
 3. Confirmation on the target (``confirm.py``): the final set run ``confirmations`` times by loadgen; when under
    ``needed`` of them reproduce, the next larger failing set ddmin saw is confirmed instead, while time is left.
-4. The outputs (``writers.py``, ``figure.py``): scenario.yaml + trace.csv, repro.py, shrink.json, the figure.
+4. The outputs (``writers.py``, ``figure.py``): scenario.yaml + trace.csv, repro.py (with the bodies loadgen sends
+   for the final set on the target, ``bodies.py``), shrink.json, the figure.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from loadgen.shrink.bodies import Bodies, build_bodies
 from loadgen.shrink.confirm import Confirmation, confirm
 from loadgen.shrink.ddmin import DdminResult, Try, ddmin
 from loadgen.shrink.event import Event, Item, ShrinkError, read_run, seed_set, select_event
 from loadgen.shrink.figure import figure_spec, original_streams, write_figure
 from loadgen.shrink.predicate import model_of, replay_gaps, victim_value_ms
-from loadgen.shrink.writers import offsets_s, role_of, script_text, write_json, write_scenario, write_script
+from loadgen.shrink.writers import (offsets_s, prompts_mode, role_of, script_text, write_json, write_scenario,
+                                    write_script)
 
 REQUIRED_SHARE = 0.8  # 4 of 5 confirmations
 MAX_CANDIDATES = 4  # failing sets confirmed at most, smallest first
@@ -58,6 +61,7 @@ class ShrinkResult:
     replay_gap_ms: float
     search: DdminResult[Item]
     confirmation: Confirmation | None
+    bodies: Bodies  # repro.py's request bodies (none: it falls back to generated words, ``bodies.why`` says why)
     reproduced: bool  # confirmed (>= 80 % of the runs), or with no confirmations asked: the replay reproduced
     doc: dict[str, Any]
 
@@ -101,20 +105,24 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
         items, conf = _confirmed(found, event, opts, needed, threshold_ms, deadline, clock,
                                  lambda cand: write_scenario(out, run.scenario, run.info, event, cand, run_dir),
                                  lambda line: progress(line, tries[0], opts.max_tries))
-    write_scenario(out, run.scenario, run.info, event, items, run_dir)
+    final_scenario = write_scenario(out, run.scenario, run.info, event, items, run_dir)
+    progress("building repro.py's request bodies on the target", tries[0], opts.max_tries)
+    bodies = build_bodies(final_scenario)
     replay_gap = victim_value_ms(model, items, event.victim, event.metric)
     reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
     url = "http://127.0.0.1:8000/v1" if (run.info.get("target") or {}).get("simulator") else \
         run.scenario.target.base_url
-    write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url))
+    write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url, bodies))
     after = conf.streams if conf is not None and conf.streams else _replay_streams(model, items)
     write_figure(out, opts.png, figure_spec(items, event, original_streams(run.chunks, items), after,
                                   "reproduction (target)" if conf is not None and conf.streams else
                                   "reproduction (virtual-time replay)", threshold_ms))
     doc = _doc(run_dir, event, opts, seeds, found, items, replay_gap, conf, needed, reproduced,
                clock() - started, model.source)
+    doc["script_prompts"] = {"mode": prompts_mode(bodies), "counter": bodies.counter, "why": bodies.why or None,
+                             "counted_tokens": bodies.counted, "asked_tokens": bodies.asked}
     write_json(out, doc)
-    return ShrinkResult(out, event, items, replay_gap, found, conf, reproduced, doc)
+    return ShrinkResult(out, event, items, replay_gap, found, conf, bodies, reproduced, doc)
 
 
 def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, needed: int, threshold_ms: float,

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """A reproduction of one stall, written by ``loadgen shrink``: no loadgen needed, the standard library only.
 
-It sends the requests below at their offsets (one thread and one connection each), streamed, with prompts of
-the given token lengths and exactly the given output lengths (``max_tokens`` = ``min_tokens``, ``ignore_eos``),
-times every content chunk of every stream, and prints each stream's TTFT and worst chunk gap. Exit 0: the
-victim's worst gap (METRIC ttft_ms: its TTFT) was at least SHARE of the original (it reproduced); 1: it was not;
-2: the server could not be used.
+It sends the requests below at their offsets (one thread and one connection each), streamed, with exactly the
+given output lengths (``max_tokens`` = ``min_tokens``, ``ignore_eos``), times every content chunk of every stream,
+and prints each stream's TTFT, worst chunk gap and prompt length as the server counted it. Exit 0: the victim's
+worst gap (METRIC ttft_ms: its TTFT) was at least SHARE of the original (it reproduced); 1: it was not; 2: the
+server could not be used.
 
-Prompts: request i's user message is a unique tag then words, one per token minus the chat template's tokens
-(TEMPLATE_TOKENS): exact on loadgen's simulator (a token is a word or a punctuation mark; a message costs 4
-tokens and the generation prompt 2), about one token a word on a real tokenizer (common English words).
+Prompts: BODIES_ZB64 holds each request's JSON body exactly as loadgen sent it to this target (zlib + base64 of a
+JSON list), its prompt built to the given token length by the target's own tokenizer: the script sends it byte
+for byte (--model replaces its model). Without it (loadgen could not build them), request i's user message is a
+unique tag then words, one per token minus the chat template's tokens (TEMPLATE_TOKENS): exact on loadgen's
+simulator, only about one token a word on a real tokenizer.
 
     python3 repro.py --url http://127.0.0.1:8000/v1
 """
@@ -17,6 +19,7 @@ tokens and the generation prompt 2), about one token a word on a real tokenizer 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -24,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import zlib
 from typing import Any
 
 # --- data (written by loadgen shrink) ---
@@ -35,6 +39,9 @@ ORIGINAL_GAP_MS = 1000.0  # the victim's gap (or TTFT) in the original run
 SHARE = 0.5  # reproduced: the victim's worst gap (or TTFT) >= SHARE x ORIGINAL_GAP_MS
 VICTIM = 1  # index in REQUESTS
 TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
+PROMPTS = "words"  # exact: BODIES, each prompt of its exact length on this target; approximate: BODIES, lengths
+# from a fit to the server's usage (it has no tokenizer loadgen could use); words: no BODIES, generated words
+BODIES_ZB64 = ""  # zlib + base64 of a JSON list: each request's body as loadgen sent it ("": none)
 REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; lengths as the server counted them
     {"offset_s": 0.0, "prompt_tokens": 12000, "output_tokens": 16, "role": "culprit"},
     {"offset_s": 0.0, "prompt_tokens": 200, "output_tokens": 200, "role": "victim"},
@@ -50,7 +57,17 @@ def prompt_text(index: int, tokens: int) -> str:
     return " ".join([f"req{index}x"] + [WORDS[(index + k) % len(WORDS)] for k in range(words - 1)])
 
 
-def body_of(index: int, req: dict[str, Any], model: str) -> dict[str, Any]:
+def loadgen_bodies() -> list[dict[str, Any]]:
+    """BODIES_ZB64 unpacked: each request's body as loadgen sent it (key order kept)."""
+    return json.loads(zlib.decompress(base64.b64decode(BODIES_ZB64))) if BODIES_ZB64 else []
+
+
+def body_of(index: int, req: dict[str, Any], model: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    if bodies:
+        sent = bodies[index]
+        if model != MODEL:
+            sent["model"] = model
+        return sent
     out = req["output_tokens"]
     body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": out, "min_tokens": out, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
@@ -82,7 +99,7 @@ def stream(url: str, key: str | None, body: dict[str, Any], t_send: float, out: 
     out["t_sent"] = time.monotonic()
     try:
         conn = conn_cls(parts.hostname or "127.0.0.1", parts.port, timeout=600)
-        conn.request("POST", path, json.dumps(body), headers)
+        conn.request("POST", path, json.dumps(body).encode(), headers)  # as loadgen encodes it
         resp = conn.getresponse()
         if resp.status != 200:
             out["error"] = f"HTTP {resp.status}: {resp.read(200)!r}"
@@ -97,8 +114,11 @@ def stream(url: str, key: str | None, body: dict[str, Any], t_send: float, out: 
             data = line[5:].strip()
             if data == b"[DONE]":
                 break
-            if chunk_text(json.loads(data)):
+            event = json.loads(data)
+            if chunk_text(event):
                 out["chunks"].append(time.monotonic())
+            if isinstance(event.get("usage"), dict):
+                out["prompt_tokens"] = event["usage"].get("prompt_tokens")
         conn.close()
     except (OSError, http.client.HTTPException, ValueError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
@@ -126,8 +146,10 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.monotonic() + LEAD_S
     results: list[dict[str, Any]] = [{"chunks": []} for _ in REQUESTS]
+    bodies = loadgen_bodies()
     threads = [threading.Thread(target=stream, args=(args.url, os.environ.get(args.api_key_env),
-                                                     body_of(i, r, args.model), t0 + r["offset_s"], results[i]))
+                                                     body_of(i, r, args.model, bodies), t0 + r["offset_s"],
+                                                     results[i]))
                for i, r in enumerate(REQUESTS)]
     for t in threads:
         t.start()
@@ -136,7 +158,8 @@ def main() -> int:
     for i, (req, res) in enumerate(zip(REQUESTS, results)):
         state = res.get("error") or (f"{len(res['chunks'])} chunks, TTFT {ttft_ms(res):.1f} ms, worst gap "
                                      f"{worst_gap_ms(res['chunks']):.1f} ms")
-        print(f"request {i} ({req['role']}, +{req['offset_s']:.3f} s, {req['prompt_tokens']} prompt tokens, "
+        counted = f" (the server counted {res['prompt_tokens']})" if res.get("prompt_tokens") is not None else ""
+        print(f"request {i} ({req['role']}, +{req['offset_s']:.3f} s, {req['prompt_tokens']} prompt tokens{counted}, "
               f"{req['output_tokens']} output): {state}")
     if any(res.get("error") for res in results):
         print("the server could not be used: see the errors above", file=sys.stderr)

@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import textwrap
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,9 +22,12 @@ import yaml
 
 from loadgen.core.secrets import write_text
 from loadgen.plan.scenario import Scenario
+from loadgen.shrink.bodies import Bodies
 from loadgen.shrink.event import Event, Item
 
 DATA_BLOCK = re.compile(r"# --- data \(written by loadgen shrink\) ---\n.*?# --- end of data ---\n", re.S)
+PROMPTS_DOC = re.compile(r"^Prompts: .*?\n\n", re.S | re.M)
+BLOB_LINE_CHARS = 100
 
 
 def offsets_s(items: Sequence[Item]) -> list[float]:
@@ -71,8 +77,10 @@ def write_scenario(out: Path, scenario: Scenario, info: dict[str, Any], event: E
 
 
 def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: Sequence[Item], share: float,
-                url: str) -> str:
-    """repro.py: standalone.py's code with this shrink's requests in its data block."""
+                url: str, bodies: Bodies | None = None) -> str:
+    """repro.py: standalone.py's code with this shrink's requests in its data block, and ``bodies`` (loadgen's
+    own request bodies, ``bodies.py``) where they were built; its docstring says which prompts it sends."""
+    bodies = bodies or Bodies(why="not built")
     api = scenario.target.api if scenario.target.api in ("chat", "completions") else "chat"
     reqs = [{"offset_s": round(o, 9), "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
              "role": role_of(i, event)} for i, o in zip(items, offsets_s(items))]
@@ -87,12 +95,57 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
         f"SHARE = {share!r}  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS",
         f"VICTIM = {items.index(event.victim)}  # index in REQUESTS",
         f"TEMPLATE_TOKENS = {6 if api == 'chat' else 0}  # what the chat template adds to one user message",
+        f"PROMPTS = {prompts_mode(bodies)!r}  # exact: BODIES, each prompt of its exact length on this target; "
+        "approximate:",
+        "# BODIES, lengths from a fit to the server's usage (no tokenizer loadgen could use); words: generated words",
+        "BODIES_ZB64 = (  # zlib + base64 of a JSON list: each request's body as loadgen sent it (\"\": none)",
+        *([f'    "{line}"' for line in blob_lines(bodies)] or ['    ""']),
+        ")",
         "REQUESTS: list[dict[str, Any]] = [  # offset_s: from the first send; lengths as the server counted them",
         *[f"    {json.dumps(r)}," for r in reqs],
         "]",
         "# --- end of data ---", ""])
     template = (Path(__file__).parent / "standalone.py").read_text(encoding="utf-8")
+    template = PROMPTS_DOC.sub(lambda _: prompts_doc(bodies), template, count=1)
     return DATA_BLOCK.sub(lambda _: data, template, count=1)
+
+
+def prompts_mode(bodies: Bodies) -> str:
+    return "words" if not bodies.built else "exact" if bodies.exact else "approximate"
+
+
+def blob_lines(bodies: Bodies) -> list[str]:
+    """The bodies as zlib + base64, cut into lines (adjacent string literals in the script)."""
+    if not bodies.built:
+        return []
+    blob = base64.b64encode(zlib.compress(json.dumps(bodies.bodies).encode(), 9)).decode("ascii")
+    return [blob[k:k + BLOB_LINE_CHARS] for k in range(0, len(blob), BLOB_LINE_CHARS)]
+
+
+def prompts_doc(bodies: Bodies) -> str:
+    """The docstring's paragraph on this script's prompts."""
+    if not bodies.built:
+        return paragraph("Prompts: generated words (PROMPTS = 'words'): " + bodies.why + ", so loadgen's own bodies "
+                         "are not here. Request i's user message is a unique tag then words, one per token minus the "
+                         "chat template's tokens (TEMPLATE_TOKENS): exact on loadgen's simulator, only about one "
+                         "token a word on a real tokenizer (a real server may count several times more).")
+    how = ("each prompt has exactly its prompt_tokens" if bodies.exact else
+           "the lengths are approximate, as in the run")
+    return paragraph("Prompts: BODIES_ZB64 holds each request's JSON body exactly as loadgen's confirmation runs sent "
+                     f"it (zlib + base64 of a JSON list); its prompts were counted by {bodies.counter}, and {how}. "
+                     "The script sends each body byte for byte (--model replaces its model).")
+
+
+def paragraph(text: str) -> str:
+    return textwrap.fill(text, 116, break_on_hyphens=False) + "\n\n"
+
+
+def prompts_line(bodies: Bodies) -> str:
+    """One line for shrink's output on the prompts in repro.py."""
+    if not bodies.built:
+        return f"repro.py's prompts are generated words (about one token a word): {bodies.why}"
+    exact = "exact lengths" if bodies.exact else "approximate lengths, as in the run"
+    return f"repro.py sends loadgen's own bodies ({exact}; counted by {bodies.counter})"
 
 
 def server_hint(scenario: Scenario, info: dict[str, Any]) -> list[str]:
