@@ -1,11 +1,16 @@
 """``loadgen shrink``: ddmin on pure predicates; the shrink of a replay-made run in virtual time (the simulator's
 own scheduler, so the answer is known: a victim and the long prompt whose prefill stalled it); the standalone
-script (stdlib only; against the real-time simulator in the one ``slow`` test); bad input exits 2."""
+script (stdlib only; its embedded bodies have the exact prompt lengths by the simulator's tokenizer, prepared in
+process; against the real-time simulator in the ``slow`` tests); bad input exits 2."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import base64
+import importlib.util
 import json
+import zlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +21,22 @@ import pytest
 from typer.testing import CliRunner
 
 from loadgen.cli.app import app
+from loadgen.core.secrets import REDACTOR
 from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.arrivals import read_trace_file
+from loadgen.plan.schedule import build_plan
+from loadgen.plan.workload import PromptFactory, TokenizeEndpointCounter
+from loadgen.run.prepare import Prepared
+from loadgen.run.target import ResolvedTarget
+from loadgen.shrink.bodies import Bodies, build_bodies, prepared_bodies
 from loadgen.shrink.confirm import confirm
 from loadgen.shrink.ddmin import ddmin
 from loadgen.shrink.event import Event, Item, worst_stall
 from loadgen.shrink.search import ShrinkOptions, shrink
-from loadgen.shrink.writers import script_text
+from loadgen.shrink.writers import prompts_line, script_text
+from local_target.sim import build_config
+from local_target.sim.openai_api import tokenize_response
+from local_target.sim.tokenizer import chat_tokens
 
 sys.path.insert(0, str(Path(__file__).parent))
 from virtual_truth import virtual_run  # noqa: E402
@@ -86,6 +100,33 @@ def test_the_default_stall_is_the_worst_and_of_its_step_the_victim_sent_last() -
     assert worst_stall(stalls, requests) == 2  # seq 9: same step, within 1 %, sent after seq 5; seq 7's is smaller
 
 
+# ---- repro.py's bodies -------------------------------------------------------------------------------------
+def sim_bodies(scenario_path: Path) -> Bodies:
+    """``build_bodies`` on the embedded simulator, in process: the run's prompt factory and ``Prepared.body``,
+    counting through the simulator's own ``/tokenize`` handler (its vLLM dialect) instead of over HTTP."""
+    sc = load_scenario(scenario_path)
+    cfg = build_config(sc.target.simulator.preset_name, overrides=sc.target.simulator.overrides())
+
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        assert path == "/tokenize"
+        return tokenize_response(body, cfg)
+
+    async def bodies() -> Bodies:
+        factory = PromptFactory(sc, TokenizeEndpointCounter(post, "llama-2-7b", sc.target.api, "vllm"))
+        await factory.prepare_classes()
+        target = ResolvedTarget("http://sim/v1", "llama-2-7b", {}, REDACTOR, True, tokenize_dialect="vllm")
+        return await prepared_bodies(Prepared(sc, build_plan(sc), target, factory))
+    return asyncio.run(bodies())
+
+
+def script_module(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"repro_{abs(hash(path))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # ---- a replay-made run -------------------------------------------------------------------------------------
 def write_run(run_dir: Path, scenario_path: Path, overrides: list[str]) -> dict[str, Any]:
     """A virtual-time run of the scenario on its embedded simulator, written as ``loadgen run`` writes one."""
@@ -112,7 +153,7 @@ def made_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, 
 
 @pytest.fixture(scope="module")
 def shrunk(made_run: tuple[Path, dict[str, Any]]) -> Any:
-    return shrink(made_run[0], ShrinkOptions(confirmations=0, png=False))
+    return shrink(made_run[0], ShrinkOptions(confirmations=0, png=False), bodies_for=sim_bodies)
 
 
 def test_the_worst_stall_shrinks_to_a_few_requests_that_reproduce_half_its_gap(
@@ -154,6 +195,47 @@ def test_the_script_imports_only_the_standard_library(shrunk: Any) -> None:
     assert f"VICTIM = {shrunk.items.index(shrunk.event.victim)}" in text and "sim-llama" not in text
 
 
+def test_the_scripts_bodies_are_loadgens_with_exact_prompt_lengths_on_the_simulator(shrunk: Any) -> None:
+    """repro.py sends loadgen's own bodies byte for byte; by the simulator's tokenizer (its chat template
+    included) each prompt has exactly the trace's prompt_tokens, and each body asks its exact output."""
+    script = script_module(shrunk.out / "repro.py")
+    assert script.PROMPTS == "exact" and shrunk.bodies.exact and "BODIES_ZB64 holds" in script.__doc__
+    sent = script.loadgen_bodies()
+    assert sent == json.loads(zlib.decompress(base64.b64decode(script.BODIES_ZB64))) == shrunk.bodies.bodies
+    assert len(sent) == len(shrunk.items) == len(script.REQUESTS)
+    for k, (item, req) in enumerate(zip(shrunk.items, script.REQUESTS)):
+        body = script.body_of(k, req, script.MODEL, script.loadgen_bodies())
+        assert json.dumps(body).encode() == json.dumps(shrunk.bodies.bodies[k]).encode(), "byte for byte"
+        assert len(chat_tokens(body["messages"])) == item.prompt_tokens == req["prompt_tokens"]
+        assert body["max_tokens"] == body["min_tokens"] == item.output_tokens and body["ignore_eos"] is True
+    assert len({b["messages"][-1]["content"] for b in sent}) == len(sent), "every prompt its own"
+    assert script.body_of(0, script.REQUESTS[0], "other", script.loadgen_bodies())["model"] == "other"
+    doc = json.loads((shrunk.out / "shrink.json").read_text())["script_prompts"]
+    assert doc["mode"] == "exact" and doc["counted_tokens"] == [i.prompt_tokens for i in shrunk.items]
+
+
+def test_without_bodies_the_script_says_why_and_its_words_are_exact_on_the_simulator(
+        shrunk: Any, tmp_path: Path) -> None:
+    why = "the target could not be prepared (cannot reach http://127.0.0.1:9/v1/models)"
+    path = tmp_path / "repro.py"
+    path.write_text(script_text({"target": {"model": "m"}}, load_scenario(shrunk.out / "scenario.yaml"),
+                                shrunk.event, shrunk.items, 0.5, "http://127.0.0.1:9/v1", Bodies(why=why)))
+    script = script_module(path)
+    assert script.PROMPTS == "words" and script.loadgen_bodies() == []
+    assert why in " ".join(script.__doc__.split()) and why in prompts_line(Bodies(why=why))
+    for k, req in enumerate(script.REQUESTS):
+        body = script.body_of(k, req, "m", [])
+        assert len(chat_tokens(body["messages"])) == req["prompt_tokens"], "the simulator counts a word a token"
+
+
+def test_a_target_that_cannot_be_prepared_leaves_no_bodies_and_says_why(shrunk: Any, tmp_path: Path) -> None:
+    sc = (shrunk.out / "scenario.yaml").read_text().replace("base_url: embedded", "base_url: http://127.0.0.1:9/v1")
+    (tmp_path / "scenario.yaml").write_text(sc)
+    (tmp_path / "trace.csv").write_bytes((shrunk.out / "trace.csv").read_bytes())
+    got = build_bodies(tmp_path / "scenario.yaml")
+    assert not got.built and got.why.startswith("the target could not be prepared (") and "127.0.0.1:9" in got.why
+
+
 def test_a_ttft_miss_shrinks_to_the_prefill_it_waited_behind(made_run: tuple[Path, dict[str, Any]],
                                                              tmp_path: Path) -> None:
     """A request the ledger says missed by TTFT: its send-to-first-token time is the event."""
@@ -167,7 +249,7 @@ def test_a_ttft_miss_shrinks_to_the_prefill_it_waited_behind(made_run: tuple[Pat
     pl.DataFrame({"worker": [slow["worker"]], "seq": [slow["seq"]], "metric": ["ttft_ms"], "cause": ["queueing"],
                   "culprits": [[]]}, schema_overrides={"culprits": pl.List(pl.Int64)}).write_parquet(
         run / "misses.parquet")
-    out = shrink(run, ShrinkOptions(request=slow["seq"], confirmations=0, png=False))
+    out = shrink(run, ShrinkOptions(request=slow["seq"], confirmations=0, png=False), bodies_for=sim_bodies)
     assert out.event.metric == "ttft_ms" and out.event.gap_ms == pytest.approx(slow["ttft_ms"])
     assert out.event.label == f"request-{slow['seq']}-ttft" and out.reproduced
     assert len(out.items) <= 3 and out.replay_gap_ms >= 0.5 * slow["ttft_ms"]
@@ -209,6 +291,9 @@ def test_the_final_set_reproduces_on_the_embedded_simulator(made_run: tuple[Path
     assert again.items == shrunk.items and again.confirmation is not None
     assert again.confirmation.runs == 1 and again.confirmation.errors == []
     assert again.confirmation.gaps_ms[0] >= 0.5 * shrunk.event.gap_ms and again.exit_code == 0
+    assert again.bodies.exact, "built on the real simulator, over HTTP, through the run's own preparation"
+    messages = [[b["messages"] for b in got.bodies] for got in (again.bodies, shrunk.bodies)]
+    assert messages[0] == messages[1], "the in-process bodies of the fast tests are the real path's"
 
 
 # ---- the standalone script against the real-time simulator -------------------------------------------------

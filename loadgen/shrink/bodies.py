@@ -23,7 +23,7 @@ from loadgen.plan.scenario_file import load_scenario
 from loadgen.plan.schedule import build_plan
 from loadgen.plan.until_spec import horizon
 from loadgen.plan.workload import LocalTokenizerCounter, TokenizeEndpointCounter, build_prompts
-from loadgen.run.prepare import Preparation
+from loadgen.run.prepare import Prepared, Preparation
 from loadgen.run.runner import event_loop_run
 from loadgen.run.target import start_embedded
 
@@ -53,18 +53,22 @@ def counter_words(counter: Any, dialect: str | None) -> tuple[str, bool]:
     return "a words-to-tokens fit to the target's usage (no tokenizer: approximate)", False
 
 
-async def _bodies(scenario: Scenario, base_url: str) -> Bodies:
-    plan = build_plan(horizon(scenario))
-    prep = Preparation(horizon(scenario), plan, base_url)
-    async with prep.open_client() as client:
-        prepared = await prep.prepare(client)
-        requests = plan.requests or []
-        prompts = await build_prompts(prepared.factory, requests)
-        bodies = [await prepared.body(req, prompts[req.seq]) for req in requests]
+async def prepared_bodies(prepared: Prepared) -> Bodies:
+    """Each planned request's body as ``loadgen run`` sends it: its prompt from the run's factory (as
+    ``runner._prepare_prompts``), its body from ``Prepared.body`` (as the engine's ``body_for``)."""
+    requests = prepared.plan.requests or []
+    prompts = await build_prompts(prepared.factory, requests)
+    bodies = [await prepared.body(req, prompts[req.seq]) for req in requests]
     words, exact = counter_words(prepared.factory.counter, prepared.target.tokenize_dialect)
     counted = [prompts[r.seq].tokens for r in requests]
     asked = [r.prompt_tokens for r in requests]
     return Bodies(bodies, counted, asked, words, exact and counted == asked)
+
+
+async def _bodies(scenario: Scenario, base_url: str) -> Bodies:
+    prep = Preparation(horizon(scenario), build_plan(horizon(scenario)), base_url)
+    async with prep.open_client() as client:
+        return await prepared_bodies(await prep.prepare(client))
 
 
 def build_bodies(scenario_path: Path) -> Bodies:

@@ -71,8 +71,10 @@ class ShrinkResult:
 
 
 def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int], None] = lambda *a: None,
-           clock: Callable[[], float] = time.monotonic) -> ShrinkResult:
-    """Shrink the event ``opts`` names; ``progress(line, done, total)`` after every replay and confirmation."""
+           clock: Callable[[], float] = time.monotonic,
+           bodies_for: Callable[[Path], Bodies] = build_bodies) -> ShrinkResult:
+    """Shrink the event ``opts`` names; ``progress(line, done, total)`` after every replay and confirmation.
+    ``bodies_for(scenario path)``: repro.py's request bodies for the final set (``bodies.build_bodies``)."""
     opts.check()
     started = clock()
     deadline = started + opts.timeout_s
@@ -107,7 +109,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
                                  lambda line: progress(line, tries[0], opts.max_tries))
     final_scenario = write_scenario(out, run.scenario, run.info, event, items, run_dir)
     progress("building repro.py's request bodies on the target", tries[0], opts.max_tries)
-    bodies = build_bodies(final_scenario)
+    bodies = bodies_for(final_scenario)
     replay_gap = victim_value_ms(model, items, event.victim, event.metric)
     reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
     url = "http://127.0.0.1:8000/v1" if (run.info.get("target") or {}).get("simulator") else \
