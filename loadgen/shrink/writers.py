@@ -4,7 +4,9 @@
   ``timestamp_s`` from the first send, ``prompt_tokens``, ``output_tokens``: the server's own counts) against the
   run's target (the embedded simulator with the run's settings, or its URL): ``loadgen run scenario.yaml``
   replays exactly these requests. The victim is row ``victim_row`` (trace rows are sent in file order);
-- ``repro.py``: the same requests from the standard library alone (``standalone.py`` with the data filled in);
+- ``repro.py``: the same requests from the standard library alone (``standalone.py`` with the data filled in):
+  each request's body as loadgen sends it on the target (``bodies.py``, zlib + base64), generated words only
+  when the target could not be prepared;
 - ``shrink.json``: the event, the search (every set tried), the final set and the confirmations.
 """
 
