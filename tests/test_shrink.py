@@ -228,12 +228,17 @@ def test_without_bodies_the_script_says_why_and_its_words_are_exact_on_the_simul
         assert len(chat_tokens(body["messages"])) == req["prompt_tokens"], "the simulator counts a word a token"
 
 
-def test_a_target_that_cannot_be_prepared_leaves_no_bodies_and_says_why(shrunk: Any, tmp_path: Path) -> None:
+def test_a_target_that_cannot_be_prepared_or_spoken_to_leaves_no_bodies_and_says_why(shrunk: Any,
+                                                                                    tmp_path: Path) -> None:
     sc = (shrunk.out / "scenario.yaml").read_text().replace("base_url: embedded", "base_url: http://127.0.0.1:9/v1")
     (tmp_path / "scenario.yaml").write_text(sc)
     (tmp_path / "trace.csv").write_bytes((shrunk.out / "trace.csv").read_bytes())
     got = build_bodies(tmp_path / "scenario.yaml")
     assert not got.built and got.why.startswith("the target could not be prepared (") and "127.0.0.1:9" in got.why
+    (tmp_path / "scenario.yaml").write_text(sc.replace("base_url: http://127.0.0.1:9/v1",
+                                                       "base_url: http://127.0.0.1:9/v1\n  api: messages"))
+    got = build_bodies(tmp_path / "scenario.yaml")
+    assert not got.built and "not the target's messages API" in got.why
 
 
 def test_a_ttft_miss_shrinks_to_the_prefill_it_waited_behind(made_run: tuple[Path, dict[str, Any]],

@@ -27,6 +27,8 @@ from loadgen.run.prepare import Prepared, Preparation
 from loadgen.run.runner import event_loop_run
 from loadgen.run.target import start_embedded
 
+SCRIPT_APIS = ("chat", "completions")  # the APIs standalone.py speaks
+
 
 @dataclass
 class Bodies:
@@ -76,6 +78,9 @@ def build_bodies(scenario_path: Path) -> Bodies:
     the reason) when its target cannot be started or prepared."""
     try:
         scenario = load_scenario(scenario_path)
+        if scenario.target.api not in SCRIPT_APIS:
+            api = scenario.target.api
+            return Bodies(why=f"repro.py speaks {' and '.join(SCRIPT_APIS)}, not the target's {api} API")
         sim = start_embedded(scenario, None) if scenario.target.embedded else None
         try:
             built: Bodies = event_loop_run(_bodies(scenario, sim.base_url if sim else scenario.target.base_url))
