@@ -164,7 +164,11 @@ def _held_first(rows: pl.DataFrame, run: RunAnalysis, base: dict[str, float], bl
     burst = ev.burst_after(run, rows.select(KEY, at_ns="t_first_token_ns"), base)
     iv = rows.select(KEY, a_ns="t_sent_ns", b_ns=pl.coalesce("t_first_token_ns", "t_done_ns")).cast(ev.INTERVAL)
     floor_ms = min(base.values()) if base else 0.0
-    pace = ev.held_pace(iv, ev.block_pace(blocks, run, floor_ms))  # type: ignore[arg-type]
+    tol_ns = int(ev.READ_TOL_MS * NS_PER_MS)
+    holding = (blocks.join_where(iv.select("b_ns"), pl.col("b0_ns") < pl.col("b_ns"),  # type: ignore[arg-type]
+                                 pl.col("b1_ns") >= pl.col("b_ns") - tol_ns)
+               .select("b0_ns", "b1_ns").unique()) if not blocks.is_empty() else blocks  # only those paced
+    pace = ev.held_pace(iv, ev.block_pace(holding, run, floor_ms))  # type: ignore[arg-type]
     to_end = (pl.col("t_last_token_ns") - pl.col("t_first_token_ns") <= ev.READ_TOL_MS * NS_PER_MS) | (
         pl.col("output_tokens") <= 1)
     at_most = (pl.when(to_end).then(float("inf")).when(pl.lit(burst) == 0).then(0.5 * pl.col("baseline_ms"))
