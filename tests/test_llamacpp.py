@@ -73,6 +73,13 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     print(timeline(req, stalls))  # shown by pytest when an assertion below fails
     assert stalls.height >= 4 and share >= 0.8
     assert all(set(c) <= aggressors for c in induced["culprits"].to_list())
+    # the SLO-miss ledger (docs/causes.md): the victims' ITL misses are prefill interference, named by culprit
+    misses = pl.read_parquet(out / "misses.parquet")
+    print(f"ledger: {s['misses']['by_cause']}")
+    assert misses.height >= 4 and s["misses"]["top"][0] == "prefill"
+    named = misses.filter(pl.col("cause") == "prefill")
+    assert named.height >= 0.8 * misses.height
+    assert all(c and set(c) <= aggressors for c in named["culprits"].to_list())
     # the prefill estimate is the server's (a 2k-token prompt takes seconds here), not a decode step
     fit = s["stalls"]["prefill_fit"]
     est_2k_ms = fit["a_ms"] + 2000 * fit["b_ms_per_token"] + 2000 ** 2 * fit["c_ms_per_token2"]
