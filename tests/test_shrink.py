@@ -323,3 +323,49 @@ def test_the_script_alone_reproduces_a_prefill_stall_on_the_simulator(tmp_path: 
     gap_ms = float(done.stdout.split("victim's worst gap: ")[1].split(" ms")[0])
     assert "TTFT" in done.stdout.splitlines()[0]
     assert gap_ms >= 500, done.stdout  # a 12k-token prefill on this preset: ~1.1 s
+
+
+# ---- the report's "Smallest reproduction" section ----------------------------------------------------------
+def hand_made_shrink(run_dir: Path, label: str, seqs: list[int], spec: bool) -> None:
+    out = run_dir / f"shrink-{label}"
+    out.mkdir()
+    doc = {"event": {"label": label, "victim": {"worker": 0, "seq": seqs[0]}, "gap_ms": 1693.0, "metric": "gap_ms",
+                     "culprits": seqs[1:], "cause": "prefill"},
+           "threshold_ms": 846.5, "seed_set": 29, "tries": 23, "stopped": "1-minimal", "replay_gap_ms": 1662.0,
+           "final_set": [{"worker": 0, "seq": s, "role": "victim" if k == 0 else "culprit", "offset_s": 0.285 * k,
+                          "prompt_tokens": 1147 + 14077 * k, "output_tokens": 178} for k, s in enumerate(seqs)],
+           "confirmations": {"runs": 5, "asked": 5, "needed": 4, "reproduced": 5, "rate": 1.0,
+                             "gaps_ms": [1659.0, 1661.0, 1659.0, 1659.0, 1660.0], "errors": []},
+           "reproduced": True}
+    (out / "shrink.json").write_text(json.dumps(doc))
+    if spec:
+        (out / "figure.vl.json").write_text(json.dumps({"mark": "rule", "title": f"figure of {label}"}))
+
+
+def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
+        made_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    from loadgen.run.reporting import add_shrink_section, rebuild_reports
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("requests.parquet", "chunks.parquet"):
+        (run_dir / name).write_bytes((made_run[0] / name).read_bytes())
+    info = json.loads((made_run[0] / "run.json").read_text())
+    info["target"]["simulator"].update(kv_cache_tokens=65536, time_scale=1.0)  # what the report's header reads
+    (run_dir / "run.json").write_text(json.dumps(info))
+    rebuild_reports(run_dir, png=False)  # the run's own report (summary.json) first, as loadgen run leaves it
+    hand_made_shrink(run_dir, "stall-89", [301, 302], spec=True)
+    hand_made_shrink(run_dir, "request-7", [7], spec=False)
+    (run_dir / "shrink-broken").mkdir()
+    (run_dir / "shrink-broken" / "shrink.json").write_text("{not json")
+    add_shrink_section(run_dir, png=False)
+    page = (run_dir / "report.html").read_text()
+    section = page[page.index("<h2>Smallest reproduction</h2>"):]
+    assert "stall-89: reproduced" in section and "request-7: reproduced" in section and "broken" not in section
+    for f in ("scenario.yaml", "repro.py", "shrink.json", "figure.vl.json"):
+        assert f'href="shrink-stall-89/{f}"' in section
+    assert 'href="shrink-request-7/repro.py"' in section and "shrink-request-7/figure.vl.json" not in section
+    assert "<td>302</td><td>culprit</td><td>+0.285 s</td><td>15224</td><td>178</td>" in section
+    assert "reproduced in 5 of 5 runs (rate 100%)" in section and "1,659, 1,661" in section
+    assert "1,662 ms" in section  # the replay's value
+    spec_json = section.split('data-chart="shrink-shrink-stall-89-1">')[1].split("</script>")[0]
+    assert json.loads(spec_json)["title"] == "figure of stall-89"  # the figure embedded as the page's charts are

@@ -9,6 +9,8 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen.cli.common import console, err, fail
+from loadgen.errors import RunDirError
+from loadgen.run.reporting import add_shrink_section
 from loadgen.shrink.event import ShrinkError
 from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_run
 from loadgen.shrink.writers import prompts_line
@@ -52,9 +54,21 @@ def shrink(
         raise fail(str(exc)) from None
     except OSError as exc:  # --out (or the run directory) cannot be written
         raise fail(f"{exc.filename or out or run_dir}: cannot write the reproduction: {exc.strerror or exc}") from None
-    for line in summary_lines(result):
+    for line in summary_lines(result) + [report_line(run_dir, result.out, png)]:
         console.print(line, highlight=False)
     raise typer.Exit(result.exit_code)
+
+
+def report_line(run_dir: Path, out: Path, png: bool) -> str:
+    """report.html rebuilt with its "Smallest reproduction" section (every RUN/shrink-*/), where the
+    reproduction went there; a page that cannot be rebuilt is a note, the shrink's files stand."""
+    if out.resolve().parent != run_dir.resolve() or not out.name.startswith("shrink-"):
+        return f"report.html: not updated (--out {out} is outside the run's shrink-*/ folders)"
+    try:
+        add_shrink_section(run_dir, png)
+    except (OSError, ValueError, RunDirError) as exc:
+        return f"report.html: not updated ({exc})"
+    return f"report.html: \"Smallest reproduction\" section added ({run_dir / 'report.html'})"
 
 
 def summary_lines(result: ShrinkResult) -> list[str]:

@@ -17,6 +17,7 @@ from loadgen.analysis.summary import summarize
 from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
+from loadgen.report.shrink_report import ShrinkEntry
 from loadgen.report.wording import with_headline
 from loadgen.records.client_metrics import read_client_metrics
 from loadgen.records.scan import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
@@ -171,3 +172,43 @@ def add_advice_section(run_dir: Path, png: bool) -> None:
     except ValueError:  # not a summary this loadgen reads back
         rebuild_reports(run_dir, png=png)
 
+
+
+def load_shrinks(run_dir: Path) -> list[ShrinkEntry]:
+    """Every ``loadgen shrink`` of the run in its default place (RUN/shrink-*/shrink.json, in name order), with
+    its figure's spec where readable, for report.html's "Smallest reproduction" section; an unreadable or
+    foreign shrink.json is left out."""
+    out = []
+    for path in sorted(run_dir.glob("shrink-*/shrink.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("event"), dict):
+            continue
+        spec: dict[str, Any] | None = None
+        try:
+            loaded = json.loads((path.parent / "figure.vl.json").read_text(encoding="utf-8"))
+            spec = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError):
+            pass
+        out.append(ShrinkEntry(path.parent.name, doc, spec, (path.parent / "figure.png").exists()))
+    return out
+
+
+def add_shrink_section(run_dir: Path, png: bool) -> None:
+    """report.html again, with the "Smallest reproduction" section (every RUN/shrink-*/) and advice.json's, from
+    the summary on disk (as ``add_advice_section``; the whole report is rebuilt only where none is stored)."""
+    stored = stored_summary(run_dir)
+    if stored is None:
+        rebuild_reports(run_dir, png=png)
+        return
+    summary, stalls = stored
+    _, scenario = read_run_info(run_dir)
+    requests, chunks = scan_records(run_dir, [], merge=False)
+    try:
+        write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
+                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir),
+                          load_shrinks(run_dir))
+    except ValueError:  # not a summary this loadgen reads back
+        rebuild_reports(run_dir, png=png)
