@@ -93,6 +93,35 @@ def test_confirmation_stops_once_the_needed_reproductions_cannot_be_reached(tmp_
     assert conf.rate == pytest.approx(1 / 3) and len(runs) == 3
 
 
+def test_confirmations_start_none_after_the_deadline_but_the_first(tmp_path: Path) -> None:
+    now = [0.0]
+
+    def slow_run(scenario: Path, out: Path) -> tuple[dict[int, list[int]], dict[int, float]]:
+        now[0] += 30.0  # each run takes 30 s of the clock
+        return {1: [0, int(900 * 1e6)]}, {1: 5.0}
+
+    late = confirm(tmp_path / "s.yaml", 1, 5, 500.0, 4, deadline=-1.0, run=slow_run, clock=lambda: now[0])
+    assert late.runs == 1 and late.reproduced == 1, "past the deadline: the first run only, never none"
+    now[0] = 0.0
+    timed = confirm(tmp_path / "s.yaml", 1, 5, 500.0, 4, deadline=50.0, run=slow_run, clock=lambda: now[0])
+    assert timed.runs == 2 and now[0] <= 50.0 + 30.0, "ends within the deadline plus one run"
+
+
+def test_a_target_down_at_every_confirmation_exits_2_not_1(tmp_path: Path) -> None:
+    from loadgen.errors import TargetError
+    from loadgen.shrink.search import ShrinkResult
+
+    def down(scenario: Path, out: Path) -> tuple[dict[int, list[int]], dict[int, float]]:
+        raise TargetError("cannot connect to http://127.0.0.1:9/v1: connection refused")
+
+    conf = confirm(tmp_path / "s.yaml", 1, 5, 500.0, 4, run=down)
+    assert conf.target_down and conf.errors[0].startswith("cannot connect")
+    result = ShrinkResult(tmp_path, None, [], 0.0, None, conf, None, False, {})  # type: ignore[arg-type]
+    assert result.exit_code == 2
+    result.confirmation.errors.pop()  # one run answered: evidence, not reproduced
+    assert result.exit_code == 1
+
+
 def test_the_default_stall_is_the_worst_and_of_its_step_the_victim_sent_last() -> None:
     stalls = pl.DataFrame({"worker": [0] * 4, "seq": [3, 5, 9, 7], "t_end_ns": [10, 50, 50, 50],
                            "chunk_gap_ms": [300.0, 800.0, 799.0, 500.0], "event": [0, 1, 1, 1]})

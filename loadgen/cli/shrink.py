@@ -27,8 +27,10 @@ def shrink(
     out: Optional[Path] = typer.Option(None, "--out", help="where the reproduction goes (default "
                                        "RUN/shrink-<event>/)"),
     max_tries: int = typer.Option(200, "--max-tries", help="virtual-time replays the search may make"),
-    timeout_s: float = typer.Option(600.0, "--timeout-s", help="seconds for the search and the confirmations "
-                                    "(the final set's confirmations always run)"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="seconds for the search and the confirmations: "
+                                    "no replay or confirmation run starts after them, except the final set's first "
+                                    "confirmation, so the command ends within --timeout-s plus one confirmation run "
+                                    "(the set's span + the scenario's load.drain_timeout_s + the target's start)"),
     confirmations: int = typer.Option(5, "--confirmations", help="runs of the reduced set on the run's target "
                                       "(the embedded simulator as the run started it, or its URL); 80 % of them "
                                       "(4 of 5) must reproduce. 0: the virtual-time replay only"),
@@ -42,7 +44,8 @@ def shrink(
     on a virtual-time replay of the run's target (its own simulator configuration, or the cost model fitted to
     the run), then confirmed by running the reduced set on the target itself. Writes scenario.yaml + trace.csv
     (loadgen run replays them), repro.py (standard library only, for a bug report), shrink.json and
-    figure.png. Exit 0: reproduced (>= 4 of 5 confirmations); 1: not; 2: bad input."""
+    figure.png, and adds a "Smallest reproduction" section to RUN/report.html. Exit 0: reproduced (>= 4 of 5
+    confirmations); 1: not; 2: bad input, or the target could not be used in any confirmation."""
     opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share / 100, png)
     try:
         with Progress(TextColumn("shrink: {task.description}"), BarColumn(), TextColumn("{task.completed}/"
@@ -56,6 +59,10 @@ def shrink(
         raise fail(f"{exc.filename or out or run_dir}: cannot write the reproduction: {exc.strerror or exc}") from None
     for line in summary_lines(result) + [report_line(run_dir, result.out, png)]:
         console.print(line, highlight=False)
+    conf = result.confirmation
+    if conf is not None and conf.target_down:
+        raise fail(f"the target could not be used in any of {conf.runs} confirmation runs ({conf.errors[0]}); the "
+                   f"reproduction's files are written: confirm with loadgen run {result.out / 'scenario.yaml'}")
     raise typer.Exit(result.exit_code)
 
 

@@ -32,6 +32,11 @@ class Confirmation:
         return len(self.gaps_ms)
 
     @property
+    def target_down(self) -> bool:
+        """Every run failed (the target could not be used): no evidence either way."""
+        return bool(self.runs) and len(self.errors) == self.runs
+
+    @property
     def rate(self) -> float:
         return self.reproduced / self.runs if self.runs else 0.0
 
@@ -69,10 +74,11 @@ def confirm(scenario_path: Path, victim_row: int, n: int, threshold_ms: float, n
             run: Callable[[Path, Path], Times] = run_once, metric: str = "chunk_gap_ms",
             clock: Callable[[], float] = time.monotonic) -> Confirmation:
     """Up to ``n`` runs; stops early once ``needed`` reproductions can no longer be reached, or at ``deadline``
-    (a ``clock`` reading). ``metric``: the victim's worst chunk gap, or ``ttft_ms`` its TTFT."""
+    (a ``clock`` reading: no run starts after it, but the first always runs, so a set confirmed past the deadline
+    has one run, not none). ``metric``: the victim's worst chunk gap, or ``ttft_ms`` its TTFT."""
     out = Confirmation()
     for k in range(n):
-        if out.reproduced + (n - k) < needed or clock() >= deadline:
+        if out.reproduced + (n - k) < needed or (k and clock() >= deadline):
             break
         progress(f"confirmation {k + 1}/{n} on the target")
         with tempfile.TemporaryDirectory(prefix="loadgen-shrink-") as tmp:

@@ -67,6 +67,10 @@ class ShrinkResult:
 
     @property
     def exit_code(self) -> int:
+        """0 reproduced, 1 not, 2 the target could not be used in any confirmation (as ``loadgen run`` and
+        ``check`` exit 2 for a target they cannot reach)."""
+        if self.confirmation is not None and self.confirmation.target_down:
+            return 2
         return 0 if self.reproduced else 1
 
 
@@ -131,19 +135,20 @@ def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, need
                deadline: float, clock: Callable[[], float], write: Callable[[list[Item]], Path],
                progress: Callable[[str], None]) -> tuple[list[Item], Confirmation]:
     """The smallest failing set that reproduces on the target in ``needed`` of ``opts.confirmations`` runs: the
-    final set first (always confirmed, whatever the time), then the next larger ones ddmin saw while time is
-    left; none does: the one with the most reproductions (the smaller on a tie)."""
+    final set first (its first run always, the others while time is left: the command ends by ``deadline`` plus
+    one confirmation run), then the next larger ones ddmin saw while time is left; none does: the one with the
+    most reproductions (the smaller on a tie). Every run failing (the target is down) stops the search."""
     best: tuple[list[Item], Confirmation] | None = None
     for k, cand in enumerate(found.failing()[:MAX_CANDIDATES] or [found.items]):
         items = list(cand)
         if k and clock() >= deadline:
             break
         conf = confirm(write(items), items.index(event.victim), opts.confirmations, threshold_ms, needed,
-                       deadline if k else float("inf"), lambda line: progress(f"{len(items)} requests: {line}"),
+                       deadline, lambda line: progress(f"{len(items)} requests: {line}"),
                        metric=event.metric, clock=clock)
         if best is None or conf.reproduced > best[1].reproduced:
             best = items, conf
-        if conf.reproduced >= needed:
+        if conf.reproduced >= needed or conf.target_down:
             break
     assert best is not None
     return best
