@@ -10,7 +10,11 @@ from typing import Any, Sequence
 import polars as pl
 import pytest
 
+from loadgen.advise import replay_observe
+from loadgen.analysis import ledger_evidence as ev
 from loadgen.analysis import server_frames, spikes
+from loadgen.analysis.ledger_evidence import loop_blocks
+from loadgen.drivers import loop_sampler
 from loadgen.analysis.ledger import MISS_SCHEMA, Ledger, miss_ledger
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen import api
@@ -61,7 +65,7 @@ def _steady(seq: int, sent: float, ttft: float, tokens: int = 20, step: float = 
 
 def _ledger(*items: tuple[RequestRecord, list[ChunkRecord]], server: pl.DataFrame | None = None,
             client: pl.DataFrame | None = None, slo: dict[str, Any] | None = None,
-            columns: dict[str, list[Any]] | None = None) -> Ledger:
+            columns: dict[str, list[Any]] | None = None, cap: int | None = None) -> Ledger:
     every = _background() + list(items)
     requests = requests_frame([r for r, _ in every])
     for name, values in (columns or {}).items():  # later record columns: the background's connections reused,
@@ -72,9 +76,9 @@ def _ledger(*items: tuple[RequestRecord, list[ChunkRecord]], server: pl.DataFram
     chunks = chunks_frame([c for _, cs in every for c in cs])
     run = RunAnalysis(requests, chunks, "declared")
     spec = Slo.model_validate(slo or SLO)
-    spike = spikes.analyze(prefilled(run.req), prefilled(run.measured), run, spikes.config_from(spec, None),
+    spike = spikes.analyze(prefilled(run.req), prefilled(run.measured), run, spikes.config_from(spec, cap),
                            server_frames.preemption_windows(server))
-    return miss_ledger(run, spec, spike, server, client)
+    return miss_ledger(run, spec, spike, server, client, cap)
 
 
 def _row(ledger: Ledger, seq: int) -> dict[str, Any]:
@@ -118,6 +122,49 @@ def test_a_request_loadgen_sent_late_is_the_clients() -> None:
     row = _row(_ledger(_steady(1, LATE + 1200, 20, intended=LATE)), 1)
     assert row["cause"] == "client_lag" and row["send_lag_ms"] == pytest.approx(1200)
     assert "sent it 1,200 ms late" in row["evidence"]
+
+
+def test_a_send_the_in_flight_cap_held_waited_for_the_server() -> None:
+    """About 20 background streams are in flight at ``LATE``: with max_in_flight 20 the send due then waited for
+    a slot the server freed (a wait: queueing, named as the cap's); with a cap never full it is loadgen's."""
+    late = _steady(1, LATE + 1200, 20, intended=LATE)
+    row = _row(_ledger(late, cap=20), 1)
+    assert row["cause"] == "queueing" and row["send_lag_ms"] < 100 and row["wait_ms"] > 1100
+    assert "held by max_in_flight (2" in row["evidence"] and "in flight)" in row["evidence"]
+    free = _row(_ledger(late, cap=100), 1)
+    assert free["cause"] == "client_lag" and free["send_lag_ms"] == pytest.approx(1200)
+
+
+def _lags(lags: dict[float, float], span_s: int = 20) -> pl.DataFrame:
+    """loop_lag_ms rows as loadgen's sampler stores them: a 0.5-ms heartbeat each second, plus ``lags`` (ms
+    from the start → the lag in ms)."""
+    rows = {1000.0 * k + 3: 0.5 for k in range(span_s)} | lags
+    return pl.DataFrame({"t_ns": [int(t * MS) for t in sorted(rows)], "name": ["loop_lag_ms"] * len(rows),
+                         "value": [rows[t] for t in sorted(rows)]})
+
+
+def test_loop_blocks_merge_one_backlog_only_never_across_the_samplers_heartbeat() -> None:
+    """The sampler stores lags under 2 ms once a second: two 6-ms lags 0.9 s apart are two small blocks, not
+    one of 906 ms; a 600-ms block and the backlog firings right after it (each due 50 ms after the previous
+    fired) stay one block of about 600 ms."""
+    two = loop_blocks(_lags({10_300.0: 6.0, 11_200.0: 6.0}))
+    assert ((two["b1_ns"] - two["b0_ns"]) / MS).to_list() == [6.0, 6.0]
+    one = loop_blocks(_lags({5_600.0: 600.0, 5_660.0: 10.0, 5_714.0: 4.0}))
+    assert one.height == 1 and (one["b1_ns"] - one["b0_ns"]).item() / MS == pytest.approx(660)
+    assert ev.SAMPLER_PERIOD_MS * MS == loop_sampler.PERIOD_NS == replay_observe.LOOP_TICK_NS
+    assert ev.SAMPLER_GRAIN_MS == loop_sampler.KEEP_LAG_MS == replay_observe.KEEP_LAG_MS
+
+
+def test_the_replays_loop_lag_rows_are_stored_as_the_sampler_stores_them() -> None:
+    """A 300-ms hog shows as one late firing; the rest are 0-lag heartbeats about a second apart, as
+    loop_sampler.py keeps them (not a row every 50 ms)."""
+    hog = replay_observe.ReplayFaults(hogs_ns=((3_010 * MS, 3_310 * MS),))
+    rows = replay_observe.client_rows(hog, 10_000 * MS, 0)
+    lag = [(t, v) for t, name, v in rows if name == "loop_lag_ms"]
+    assert [v for _, v in lag if v > 0] == [pytest.approx(290, abs=50)]
+    assert sum(v == 0 for _, v in lag) == 9  # a heartbeat a second after the last row kept, the hog's too
+    assert all(1000 * MS <= b - a <= 1050 * MS for (a, _), (b, v) in zip(lag, lag[1:]) if v < 2)
+    assert sum(name == "cpu_busy_share" for _, name, _ in rows) == 9  # once a second (the hog's end moved it)
 
 
 def test_a_loop_blocked_while_it_should_have_read_is_the_clients() -> None:
@@ -226,6 +273,8 @@ def test_an_error_is_always_decisive_a_connect_error_the_networks() -> None:
         "server_error", "error", None)
     assert "HTTP 500" in _row(ledger, 1)["evidence"] and "engine died" in _row(ledger, 1)["evidence"]
     assert _row(ledger, 2)["cause"] == "network" and _row(ledger, 2)["missed"] == ["error"]
+    bug = _row(_ledger(_req(4, LATE, [], error="internal", status=0, message="KeyError")), 4)
+    assert bug["cause"] == "unknown" and "loadgen's own failure (error_kind internal" in bug["evidence"]
     assert 3 not in ledger.misses["seq"].to_list()
 
 

@@ -21,6 +21,7 @@ import polars as pl
 import pytest
 
 from local_target.sim.truth_causes import true_causes, true_misses
+from loadgen import api
 from tests.virtual_truth import VirtualRun, records_by_id, virtual_run
 
 ENGINES = {
@@ -63,17 +64,24 @@ class CaseScore:
 
 
 @functools.cache
-def case_run(engine: str, cause: str) -> VirtualRun:
-    return virtual_run(f"tests/data/causes_{cause}.yaml", ENGINES[engine], HOGS_NS if cause == "client_lag" else ())
+def case_run(engine: str, cause: str, extra: tuple[str, ...] = ()) -> VirtualRun:
+    return virtual_run(f"tests/data/causes_{cause}.yaml", ENGINES[engine] + list(extra),
+                       HOGS_NS if cause == "client_lag" else ())
+
+
+def truth_of(v: VirtualRun, path: str, overrides: list[str]) -> dict[str, str]:
+    """The true cause of each miss of ``v``, the scenario's in-flight cap weighed with every send's flight."""
+    stalls, cap = v.summary["stalls"], api.load_scenario(path, overrides).load.max_in_flight
+    flights = v.requests.select("t_sent_ns", "t_done_ns").drop_nulls().rows()
+    return {rid: m.cause for rid, m in true_misses(v.trace, records_by_id(v), v.limits_ms, list(v.hogs_ns),
+                                                     stalls["long_prompt_tokens"], stalls["min_gap_ms"],
+                                                     v.prefill_ms, cap, flights).items()}
 
 
 @functools.cache
-def case(engine: str, cause: str) -> CaseScore:
-    v = case_run(engine, cause)
-    stalls = v.summary["stalls"]
-    truth = {rid: m.cause for rid, m in true_misses(v.trace, records_by_id(v), v.limits_ms, list(v.hogs_ns),
-                                                     stalls["long_prompt_tokens"], stalls["min_gap_ms"],
-                                                     v.prefill_ms).items()}
+def case(engine: str, cause: str, extra: tuple[str, ...] = ()) -> CaseScore:
+    v = case_run(engine, cause, extra)
+    truth = truth_of(v, f"tests/data/causes_{cause}.yaml", ENGINES[engine] + list(extra))
     ledger = {f"{w}-{s}": c for w, s, c in v.tables["misses"].select("worker", "seq", "cause").iter_rows()}
     pairs = Counter((truth.get(rid, "-"), ledger.get(rid, "-")) for rid in set(truth) | set(ledger))
     return CaseScore(truth=sum(n for (t, _), n in pairs.items() if t == cause),
@@ -100,6 +108,16 @@ def test_the_ledger_names_the_injected_cause(engine: str, cause: str) -> None:
     assert sc.unexplained_share <= MAX_UNEXPLAINED, sc.pairs
 
 
+def test_a_send_the_in_flight_cap_held_is_queueing_not_the_clients_lag() -> None:
+    """Arrivals above capacity with a small in-flight cap (load.max_in_flight 24): the sends wait for a slot the
+    server's slowness keeps full. That wait is queueing on both sides, not loadgen's lag, and says so."""
+    sc = case("vllm", "queueing", ("load.max_in_flight=24",))
+    print(f"cap 24: truth {sc.truth} precision {sc.precision:.3f} recall {sc.recall:.3f} {dict(sc.pairs)}")
+    assert sc.truth >= MIN_MISSES and sc.precision >= BAR and sc.recall >= BAR, sc.pairs
+    misses = case_run("vllm", "queueing", ("load.max_in_flight=24",)).tables["misses"]
+    assert misses["evidence"].str.contains(r"held by max_in_flight \(2[0-4] in flight\)").sum() >= BAR * sc.truth
+
+
 MIXED_HOGS_NS = tuple((int((5 + 4 * k) * S_NS), int((5 + 4 * k) * S_NS) + 300_000_000) for k in range(9))
 
 
@@ -108,10 +126,7 @@ def test_causes_that_meet_in_one_run_are_told_apart(engine: str) -> None:
     """Every fault at once (tests/data/causes_mixed.yaml): the same requests missed on both sides, nine in ten
     named as the trace names them, and each cause the run has ten of at precision and recall >= 0.9."""
     v = virtual_run("tests/data/causes_mixed.yaml", ENGINES[engine], MIXED_HOGS_NS)
-    stalls = v.summary["stalls"]
-    truth = {rid: m.cause for rid, m in true_misses(v.trace, records_by_id(v), v.limits_ms, list(v.hogs_ns),
-                                                     stalls["long_prompt_tokens"], stalls["min_gap_ms"],
-                                                     v.prefill_ms).items()}
+    truth = truth_of(v, "tests/data/causes_mixed.yaml", ENGINES[engine])
     ledger = {f"{w}-{s}": c for w, s, c in v.tables["misses"].select("worker", "seq", "cause").iter_rows()}
     pairs = Counter((truth.get(rid, "-"), ledger.get(rid, "-")) for rid in set(truth) | set(ledger))
     print(f"{engine} mixed: {sorted(pairs.items(), key=lambda kv: -kv[1])}")

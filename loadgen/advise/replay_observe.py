@@ -25,7 +25,9 @@ from local_target.sim.metrics import EngineMetrics, render
 from loadgen.core.prom_text import parse
 
 NS_PER_MS = 1_000_000
-LOOP_TICK_NS = 50 * NS_PER_MS  # the driver's loop-lag timer (plan: client_metrics.parquet)
+LOOP_TICK_NS = 50 * NS_PER_MS  # the driver's loop-lag timer (drivers/loop_sampler.py PERIOD_NS)
+KEEP_LAG_MS = 2.0  # lags this large are all stored, smaller ones once a second (loop_sampler.py's)
+HEARTBEAT_NS = 1_000_000_000  # loop_sampler.py's HEARTBEAT_NS
 Row = tuple[int, str, float]
 
 
@@ -114,15 +116,22 @@ class Observer:
 
 
 def client_rows(faults: ReplayFaults, t_end_ns: int, t0_ns: int) -> list[Row]:
-    """client_metrics.parquet's rows over [0, t_end_ns]: a timer due every 50 ms fires at once, or at the end
-    of the hog it fell in (``loop_lag_ms`` its lateness), and is due again 50 ms after it fired;
-    ``cpu_busy_share`` over each interval is the hogs' share of it (the replay's loop is otherwise idle)."""
+    """client_metrics.parquet's rows over [0, t_end_ns], as loadgen's sampler (drivers/loop_sampler.py) stores
+    them: a timer due every 50 ms fires at once, or at the end of the hog it fell in (``loop_lag_ms`` its
+    lateness), and is due again 50 ms after it fired; a lag of ``KEEP_LAG_MS`` or more is stored, a smaller one
+    once a second (a heartbeat); ``cpu_busy_share`` once a second, the hogs' share of the time since the last
+    one (the replay's loop is otherwise idle)."""
     rows: list[Row] = []
-    due_ns, last_ns = LOOP_TICK_NS, 0
+    due_ns, lag_kept_ns, cpu_ns = LOOP_TICK_NS, 0, 0
     while due_ns <= t_end_ns:
         fired_ns = faults.read_at(due_ns)
-        busy_ns = sum(max(0, min(end, fired_ns) - max(start, last_ns)) for start, end in faults.hogs_ns)
-        rows.append((t0_ns + fired_ns, "loop_lag_ms", (fired_ns - due_ns) / NS_PER_MS))
-        rows.append((t0_ns + fired_ns, "cpu_busy_share", busy_ns / max(fired_ns - last_ns, 1)))
-        due_ns, last_ns = fired_ns + LOOP_TICK_NS, fired_ns
+        lag_ms = (fired_ns - due_ns) / NS_PER_MS
+        if lag_ms >= KEEP_LAG_MS or fired_ns - lag_kept_ns >= HEARTBEAT_NS:
+            rows.append((t0_ns + fired_ns, "loop_lag_ms", lag_ms))
+            lag_kept_ns = fired_ns
+        if fired_ns - cpu_ns >= HEARTBEAT_NS:
+            busy_ns = sum(max(0, min(end, fired_ns) - max(start, cpu_ns)) for start, end in faults.hogs_ns)
+            rows.append((t0_ns + fired_ns, "cpu_busy_share", busy_ns / (fired_ns - cpu_ns)))
+            cpu_ns = fired_ns
+        due_ns = fired_ns + LOOP_TICK_NS
     return rows

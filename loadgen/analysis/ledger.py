@@ -87,10 +87,11 @@ def summary_of(misses: pl.DataFrame, of: int, limits: dict[str, float], window_s
 
 
 def miss_ledger(run: RunAnalysis, slo: Any, spike: SpikeAnalysis | None = None, server: pl.DataFrame | None = None,
-                client: pl.DataFrame | None = None) -> Ledger:
+                client: pl.DataFrame | None = None, max_in_flight: int | None = None) -> Ledger:
     """The ledger of ``run``'s measured requests against ``slo``'s limits. ``spike``: the run's stall analysis
     (its stalls, prefill windows and fit; none: no stall evidence), ``server``: server_metrics.parquet's rows
-    (preemptions, KV usage), ``client``: client_metrics.parquet's (loadgen's loop lag; None: not measured)."""
+    (preemptions, KV usage), ``client``: client_metrics.parquet's (loadgen's loop lag; None: not measured),
+    ``max_in_flight``: loadgen's in-flight cap (a send it held waited for the server, not for loadgen)."""
     limits = limits_of(slo)
     measured = run.measured
     window_s = m.window_s(measured)
@@ -99,7 +100,7 @@ def miss_ledger(run: RunAnalysis, slo: Any, spike: SpikeAnalysis | None = None, 
         return Ledger(pl.DataFrame(schema=MISS_SCHEMA), summary_of(rows, measured.height, limits, window_s), limits,
                       window_s)
     fit = spike.fit if spike is not None and spike.fit is not None else PrefillFit(0.0, 0.0, 0.0, 0)
-    rows = _with_evidence(rows, run, spike, server, client)
+    rows = _with_evidence(rows, run, spike, server, client, max_in_flight)
     rows = rows.with_columns(own_prefill_ms=fit.ms(pl.col("prefilled").cast(pl.Float64)))
     decided = [_decide(r, limits) for r in rows.iter_rows(named=True)]
     g = slo.goodput
@@ -112,7 +113,7 @@ def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) 
     """The measured requests that missed something: their columns, ``missed`` (every metric, "error" for a
     failure) and their worst gap (ledger_evidence.worst_gaps)."""
     gaps = ev.worst_gaps(run, limits.get("itl_ms"), limits.get("chunk_gap_ms"))
-    rows = measured.join(gaps, on=KEY, how="left")
+    rows = measured.join(gaps, on=KEY, how="left", maintain_order="left")
     flags = [pl.when(pl.col("error_kind").is_not_null() & (pl.col("error_kind") != "cancelled"))
              .then(pl.lit("error"))]
     flags += [pl.when(pl.col("ok") & (pl.col(k) > limits[k])).then(pl.lit(k))
@@ -124,9 +125,10 @@ def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) 
 
 
 def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | None, server: pl.DataFrame | None,
-                   client: pl.DataFrame | None) -> pl.DataFrame:
-    """The missed rows with what the rules weigh: loop blocked before the first token, the first answer, the
-    end and in the worst gap; server pressure before the first token and in the gap; the transport; the
+                   client: pl.DataFrame | None, cap: int | None) -> pl.DataFrame:
+    """The missed rows with what the rules weigh: the send lag less the part the in-flight cap held (that
+    part, ``held_ms``, a wait); loop blocked before the first token, the first answer, the end and in the worst
+    gap; server pressure before the first token and in the gap; the transport; the
     class's baseline ITL; the gap's attribution and whether it was the stream's alone; the stalls; the median
     ITL."""
     blocks, pressure = ev.loop_blocks(client), ev.pressure_windows(server)
@@ -140,6 +142,10 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         baseline_ms=pl.col("class_name").replace_strict(base, default=None, return_dtype=pl.Float64),
         prefilled=(pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0)).clip(lower_bound=0),
         client_measured=pl.lit(client is not None))
+    held = ev.cap_held(rows, run.req, cap)
+    rows = rows.with_columns(held_ms=pl.min_horizontal(held["held_ms"], pl.col("send_lag_ms").clip(lower_bound=0.0)),
+                             held_in_flight=held["in_flight"])
+    rows = rows.with_columns(send_lag_ms=pl.col("send_lag_ms") - pl.col("held_ms"))
     if "t_first_answer_ns" not in rows.columns:
         rows = rows.with_columns(t_first_answer_ns=pl.lit(None, dtype=pl.Int64))
     spans = {"first": end_first, "answer": pl.coalesce("t_first_answer_ns", end_first), "done": pl.col("t_done_ns")}
@@ -149,11 +155,12 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
     rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", _held_first(rows, run, base, blocks)))
-    rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), on=KEY, how="left")
-    theirs = spike.stalls.join(rows.select(KEY), on=KEY, how="semi") if spike is not None else pl.DataFrame()
-    stalls = ev.stall_causes(theirs, blocks, run.req)
-    rows = rows.join(stalls, on=KEY, how="left")
-    return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), on=KEY, how="left")
+    left: dict[str, Any] = {"on": KEY, "how": "left", "maintain_order": "left"}  # rows keep their order
+    rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), **left)
+    theirs = (spike.stalls.join(rows.select(KEY), on=KEY, how="semi", maintain_order="left") if spike is not None
+              else pl.DataFrame())
+    rows = rows.join(ev.stall_causes(theirs, blocks, run.req), **left)
+    return rows.join(ev.median_itl(run, rows.filter(pl.col("missed").list.contains("tpot_ms"))), **left)
 
 
 def _held_first(rows: pl.DataFrame, run: RunAnalysis, base: dict[str, float], blocks: pl.DataFrame) -> pl.Expr:
@@ -205,7 +212,8 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
                                  .cast(pl.Int64).clip(upper_bound=pl.col("g1_ns") - 1), t_end_ns="g1_ns")
         said = attribute(server_part, spike.windows, run.req, spike.cfg)
         out = out.join(said.select(KEY, gap_cause="cause", gap_culprits="culprits",
-                                   gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left")
+                                   gap_culprit_tokens="culprit_prompt_tokens"), on=KEY, how="left",
+                       maintain_order="left")
         out = _stacked(out, server_part, run, spike)
     out = out.with_columns(gap_firsts=ev.firsts_in(iv, run.req))
     burst = pl.col("gap_cause").fill_null("unknown").eq("unknown") & (pl.col("gap_firsts") >= ev.BURST_FIRSTS)
@@ -213,7 +221,7 @@ def _gap_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | N
     matters = pl.col("gap_pressure").is_not_null() | pl.col("gap_cause").fill_null("unknown").eq("unknown")
     lone = ev.alone(out.filter(matters).select(KEY + ["g0_ns", "g1_ns"]), run, base)
     return (out.join(lone.select(KEY, gap_alone="alone", gap_decoding="decoding", gap_paused="paused"), on=KEY,
-                     how="left").drop("g0_ns", "g1_ns"))
+                     how="left", maintain_order="left").drop("g0_ns", "g1_ns"))
 
 
 def _stacked(out: pl.DataFrame, server_part: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis) -> pl.DataFrame:
@@ -225,7 +233,7 @@ def _stacked(out: pl.DataFrame, server_part: pl.DataFrame, run: RunAnalysis, spi
     stack = ev.stacked_culprits(server_part, run.req, spike.fit, long_tokens, spike.cfg.overlap_share,
                                 spike.cfg.tol_ms).select(*KEY, "s_culprits", "s_tokens", "stacked")
     take = pl.col("stacked") & pl.col("gap_cause").fill_null("unknown").eq("unknown")
-    return (out.join(stack, on=KEY, how="left")
+    return (out.join(stack, on=KEY, how="left", maintain_order="left")
             .with_columns(gap_cause=pl.when(take).then(pl.lit("prefill")).otherwise(pl.col("gap_cause")),
                           gap_culprits=pl.when(take).then(pl.col("s_culprits")).otherwise(pl.col("gap_culprits")),
                           gap_culprit_tokens=pl.when(take).then(pl.col("s_tokens"))

@@ -7,6 +7,8 @@ alone, and the stalls' excess per cause. Pure polars, no I/O.
 
 from __future__ import annotations
 
+import bisect
+
 import polars as pl
 
 from loadgen.analysis import server_frames
@@ -16,6 +18,8 @@ from loadgen.analysis.run_analysis import CHUNK_GAP_MS, ITL_MS, RunAnalysis
 KV_FULL = 0.95  # a KV cache at least this full is pressure (plan §1.3)
 HEADERS_FIRST = 0.25  # headers count as transport only where they usually come this early in the TTFT
 BUSY_LAG_MS = 5.0  # a timer this late says the loop was busy (jitter below it is no block)
+SAMPLER_PERIOD_MS = 50.0  # the loop-lag timer's period (drivers/loop_sampler.py PERIOD_NS; a test holds them equal)
+SAMPLER_GRAIN_MS = 2.0  # its timer's grain (uvloop rounds to 1 ms; loop_sampler.py KEEP_LAG_MS)
 READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
 ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
 BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst (spikes.py's 3)
@@ -24,20 +28,25 @@ INTERVAL = {"worker": pl.Int64, "seq": pl.Int64, "a_ns": pl.Int64, "b_ns": pl.In
 
 
 def loop_blocks(client: pl.DataFrame | None) -> pl.DataFrame:
-    """The intervals loadgen's event loop was blocked (b0_ns, b1_ns), merged: a timer that fired ``lag`` late at
-    ``t_ns`` says the loop was busy over [t_ns − lag, t_ns]; two late firings (``BUSY_LAG_MS`` or more) one
-    sampling period apart say it stayed busy between them (a backlog worked off after a block)."""
+    """The intervals loadgen's event loop was blocked (b0_ns, b1_ns): a timer that fired ``lag`` late at
+    ``t_ns`` says the loop was busy over [t_ns − lag, t_ns]. Two late firings (``BUSY_LAG_MS`` or more) merge
+    only where they are one backlog: consecutive stored samples, the later due one ``SAMPLER_PERIOD_MS`` after
+    the earlier fired, so at most (period + its lag + the timer's grain) after it. The sampler stores small
+    lags once a second only (drivers/loop_sampler.py), so the gap between stored samples says nothing of the
+    period: it is the sampler's, not inferred."""
     empty = pl.DataFrame(schema={"b0_ns": pl.Int64, "b1_ns": pl.Int64})
     if client is None or client.is_empty():
         return empty
     samples = client.filter(pl.col("name") == "loop_lag_ms").sort("t_ns")
-    lag = samples.filter(pl.col("value") >= BUSY_LAG_MS)
-    if lag.is_empty():
-        return empty
-    period_ns = samples.select(pl.col("t_ns").diff().median()).item() or 0
-    raw = lag.select(b0_ns=pl.col("t_ns") - (pl.col("value") * NS_PER_MS).cast(pl.Int64),
-                     b1_ns=pl.col("t_ns").cast(pl.Int64)).sort("b0_ns")
-    return _merged(raw, "b0_ns", "b1_ns", int(1.2 * period_ns))
+    lag_ns = (pl.col("value") * NS_PER_MS).cast(pl.Int64)
+    busy = pl.col("value") >= BUSY_LAG_MS
+    reach_ns = int((SAMPLER_PERIOD_MS + SAMPLER_GRAIN_MS) * NS_PER_MS) + lag_ns
+    chained = busy & busy.shift(1) & (pl.col("t_ns") - pl.col("t_ns").shift(1) <= reach_ns)
+    raw = (samples.with_columns(chained=chained.fill_null(False)).filter(busy)
+           .with_columns(run=(~pl.col("chained")).cum_sum())
+           .group_by("run").agg(b0_ns=(pl.col("t_ns") - lag_ns).min(), b1_ns=pl.col("t_ns").max().cast(pl.Int64))
+           .drop("run").sort("b0_ns"))
+    return _merged(raw, "b0_ns", "b1_ns") if raw.height else empty
 
 
 def _merged(frame: pl.DataFrame, a: str, b: str, slack_ns: int = 0) -> pl.DataFrame:
@@ -58,7 +67,7 @@ def blocked_ms(intervals: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
                                 pl.col("b1_ns") >= pl.col("b_ns") - tol_ns)
            .group_by(KEY + ["a_ns", "b_ns"])
            .agg(blocked_ms=((pl.min_horizontal("b_ns", "b1_ns") - pl.max_horizontal("a_ns", "b0_ns")) / 1e6).sum()))
-    return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
+    return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left", maintain_order="left")
             .with_columns(pl.col("blocked_ms").fill_null(0.0)))
 
 
@@ -85,7 +94,7 @@ def pressure_during(intervals: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFr
            .group_by(KEY + ["a_ns", "b_ns"])
            .agg(pressure=pl.col("what").sort_by(~pl.col("what").str.contains("preemption"), pl.col("what"),
                                                 descending=[False, True]).first()))
-    return intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left")
+    return intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left", maintain_order="left")
 
 
 def network_parts(measured: pl.DataFrame) -> tuple[pl.Expr, pl.Expr]:
@@ -154,9 +163,11 @@ def alone(gaps: pl.DataFrame, run: RunAnalysis, baseline: dict[str, float]) -> p
         s0_ns=pl.col("t_ns") - (pl.col("chunk_gap_ms") * NS_PER_MS).cast(pl.Int64), s1_ns=pl.col("t_ns")).collect()
     keys = KEY + ["g0_ns", "g1_ns"]
     paused = (g.join_where(slow, pl.col("s0_ns") < pl.col("g1_ns"), pl.col("s1_ns") > pl.col("g0_ns"))
-              .join(across.select(keys + ["o_worker", "o_seq"]), on=keys + ["o_worker", "o_seq"], how="semi")
+              .join(across.select(keys + ["o_worker", "o_seq"]), on=keys + ["o_worker", "o_seq"], how="semi",
+                    maintain_order="left")
               .group_by(keys).agg(paused=pl.struct("o_worker", "o_seq").n_unique()))
-    return (gaps.join(decoding, on=keys, how="left").join(paused, on=keys, how="left")
+    return (gaps.join(decoding, on=keys, how="left", maintain_order="left")
+            .join(paused, on=keys, how="left", maintain_order="left")
             .with_columns(pl.col("decoding", "paused").fill_null(0).cast(pl.Int64))
             .with_columns(alone=(pl.col("paused") < 0.5 * pl.col("decoding")) | (pl.col("decoding") == 0)))
 
@@ -174,7 +185,7 @@ def firsts_in(intervals: pl.DataFrame, requests: pl.DataFrame) -> pl.Series:
     hit = (intervals.join_where(firsts, pl.col("t_first_token_ns") > pl.col("a_ns"),
                                 pl.col("t_first_token_ns") <= pl.col("b_ns"))
            .filter(other).group_by(keys).agg(firsts=pl.len().cast(pl.Int64)))
-    return intervals.join(hit, on=keys, how="left")["firsts"].fill_null(0)
+    return intervals.join(hit, on=keys, how="left", maintain_order="left")["firsts"].fill_null(0)
 
 
 def stacked_culprits(gaps: pl.DataFrame, requests: pl.DataFrame, fit: PrefillFit, long_tokens: int, share: float,
@@ -217,7 +228,7 @@ def stall_causes(stalls: pl.DataFrame, blocks: pl.DataFrame, requests: pl.DataFr
     burst = (pl.col("cause") == "unknown") & (pl.col("firsts") >= BURST_FIRSTS)
     culprits = pl.when(late).then(pl.lit([], dtype=pl.List(pl.Int64))).otherwise(
         pl.col("culprits").fill_null(pl.lit([], dtype=pl.List(pl.Int64))))
-    return (stalls.join(blocked, on=KEY + ["t_start_ns", "t_end_ns"], how="left")
+    return (stalls.join(blocked, on=KEY + ["t_start_ns", "t_end_ns"], how="left", maintain_order="left")
             .with_columns(cause=pl.when(late).then(pl.lit("client_lag")).when(burst).then(pl.lit("prefill_burst"))
                           .otherwise(pl.col("cause")),
                           culprits=culprits)
@@ -240,7 +251,7 @@ def block_pace(blocks: pl.DataFrame, run: RunAnalysis, floor_ms: float) -> pl.Da
             .group_by("b0_ns", "b1_ns", "i").agg(pl.col("tokens").cast(pl.Int64).sum())
             .group_by("b0_ns", "b1_ns").agg(wrote=pl.col("tokens").median()).collect())
     pace = ((pl.col("b1_ns") - pl.col("b0_ns")) / 1e6 / pl.col("wrote")).clip(lower_bound=floor_ms)
-    return (blocks.join(woke, on=["b0_ns", "b1_ns"], how="left")
+    return (blocks.join(woke, on=["b0_ns", "b1_ns"], how="left", maintain_order="left")
             .with_columns(pace_ms=pace.fill_null(floor_ms)).drop("wrote"))
 
 
@@ -260,7 +271,7 @@ def burst_after(run: RunAnalysis, at: pl.DataFrame, baseline: dict[str, float]) 
     """Per row of ``at`` (worker, seq, at_ns: a chunk's read): the tokens of the chunks read right after it, each
     under half its class's baseline ITL after the previous one. A response the loop's block held is read at
     once when it wakes, several tokens together; a chunk read alone was written as the block ended or after."""
-    rows = at.join(run.ok_index, on=KEY, how="left")
+    rows = at.join(run.ok_index, on=KEY, how="left", maintain_order="left")
     if rows.is_empty():
         return pl.Series("burst", [], dtype=pl.Int64)
     half_ns = pl.lit(run.meta["class_name"]).gather(pl.col("i")).replace_strict(
@@ -276,9 +287,29 @@ def burst_after(run: RunAnalysis, at: pl.DataFrame, baseline: dict[str, float]) 
 
 def median_itl(run: RunAnalysis, keys: pl.DataFrame) -> pl.DataFrame:
     """Per request in ``keys`` (worker, seq): its median per-token ITL (a chunk of k tokens weighs k)."""
-    rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi")
+    rows = run.ok_index.join(keys.select(KEY), on=KEY, how="semi", maintain_order="left")
     if rows.is_empty():
         return pl.DataFrame(schema={"worker": pl.Int64, "seq": pl.Int64, "median_itl_ms": pl.Float64})
-    per = (run.gaps.join(rows.select("i"), on="i", how="semi")
+    per = (run.gaps.join(rows.select("i"), on="i", how="semi", maintain_order="left")
            .group_by("i").agg(median_itl_ms=ITL_MS.repeat_by(pl.col("tokens").cast(pl.Int64)).explode().median()))
-    return rows.join(per, on="i", how="left").drop("i")
+    return rows.join(per, on="i", how="left", maintain_order="left").drop("i")
+
+
+def cap_held(rows: pl.DataFrame, requests: pl.DataFrame, cap: int | None) -> pl.DataFrame:
+    """Per row of ``rows`` (t_intended_ns, t_sent_ns), in order: ``held_ms``, the part of its send lag the
+    in-flight cap (``load.max_in_flight``) held it — where ``cap`` requests were in flight at its due time
+    (spikes.py's ``_client_lagged`` test), from then to the last completion before it went out (the slot it
+    took) — and ``in_flight`` then. The server's slowness filled the cap: that part is a wait, not loadgen's."""
+    n = rows.height
+    if cap is None or n == 0:
+        return pl.DataFrame({"held_ms": [0.0] * n, "in_flight": [0] * n},
+                            schema={"held_ms": pl.Float64, "in_flight": pl.Int64})
+    sends = sorted(requests["t_sent_ns"].drop_nulls().to_list())
+    dones = sorted(requests["t_done_ns"].drop_nulls().to_list())
+    held, flying = [], []
+    for due, sent in rows.select("t_intended_ns", "t_sent_ns").iter_rows():
+        in_flight = bisect.bisect_right(sends, due) - bisect.bisect_right(dones, due)
+        freed = dones[bisect.bisect_right(dones, sent) - 1] if bisect.bisect_right(dones, sent) else due
+        held.append(max(0, min(freed, sent) - due) / 1e6 if in_flight >= cap else 0.0)
+        flying.append(in_flight)
+    return pl.DataFrame({"held_ms": held, "in_flight": flying}, schema={"held_ms": pl.Float64, "in_flight": pl.Int64})

@@ -38,11 +38,15 @@ def no_loop_note(row: Row) -> str:
 
 
 def error(row: Row) -> Verdict:
-    """A failed request: a connect error is the network's, anything else (an HTTP status, an in-band error,
-    a timeout) the server's."""
+    """A failed request: a connect error is the network's; loadgen's own failure (``internal``: a bug in
+    loadgen, exit 4) is unexplained, neither the server's nor a client lag; anything else (an HTTP status, an
+    in-band error, a timeout) the server's."""
     kind, status = row["error_kind"], row["http_status"]
     said = f"{kind}" + (f" (HTTP {status})" if status else "")
     message = clip(str(row["error_message"]), 80) if row["error_message"] else ""
+    if kind == "internal":
+        return Verdict("unknown", "loadgen's own failure (error_kind internal: a bug in loadgen, exit 4)"
+                       + (f": {message}" if message else ""))
     return Verdict("network" if kind == "connect" else "server_error", said + (f": {message}" if message else ""))
 
 
@@ -51,8 +55,12 @@ def _wait_cause(row: Row) -> str:
 
 
 def _wait_words(row: Row, wait: float, own: float) -> str:
+    """The wait in words: the part the in-flight cap held the send (``held_ms``) named apart."""
     where = f" while the server's {row['pressure_first'].removeprefix('its ')}" if row["pressure_first"] else ""
-    return f"waited {ms(wait)} beyond its own {ms(own)} prefill{where}"
+    held = row.get("held_ms") or 0.0
+    capped = (f" (of it {ms(held)} held by max_in_flight ({row['held_in_flight']} in flight) before it was sent)"
+              if held > 0 else "")
+    return f"waited {ms(wait)} beyond its own {ms(own)} prefill{where}{capped}"
 
 
 def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
@@ -61,8 +69,9 @@ def ttft(row: Row, value: float, limit: float, own: float) -> Verdict:
     else queueing); else the largest part if ≥ half the excess; else unknown."""
     x = value - limit
     send, read, net = row["send_lag_ms"] or 0.0, row["read_first_ms"], row["network_ms"]
-    svc = row["ttft_service_ms"] if row["ttft_service_ms"] is not None else value - send
-    wait = max(0.0, svc - row["headers_late_ms"] - own - read)  # (the connect came before the send)
+    svc = row["ttft_service_ms"] if row["ttft_service_ms"] is not None else value - send - (row.get("held_ms") or 0.0)
+    held = row.get("held_ms") or 0.0  # the send lag the in-flight cap held: a wait for the server
+    wait = max(0.0, svc - row["headers_late_ms"] - own - read) + held  # (the connect came before the send)
     parts: dict[str, float | None] = {"send_lag_ms": send, "read_lag_ms": read, "network_ms": net,
                                       "wait_ms": wait, "own_ms": own}
     if own >= limit:
@@ -178,7 +187,8 @@ def e2e(row: Row, value: float, limit: float, own: float, end: str, tokens: int)
     x, base = value - limit, row["baseline_ms"] or 0.0
     own_total = own + max(tokens - 1, 0) * base
     send, read, net = row["send_lag_ms"] or 0.0, row[f"read_{end}_ms"], row["network_ms"]
-    wait = max(0.0, (row["ttft_service_ms"] or 0.0) - row["headers_late_ms"] - own - row["read_first_ms"])
+    wait = (max(0.0, (row["ttft_service_ms"] or 0.0) - row["headers_late_ms"] - own - row["read_first_ms"])
+            + (row.get("held_ms") or 0.0))  # with the send lag the in-flight cap held
     end_ns = row["t_done_ns"] if end == "done" else row["t_first_answer_ns"]
     sums, culprits, _ = stall_sums(row, end_ns)
     decode_ms = (end_ns - row["t_first_token_ns"]) / 1e6 if end_ns and row["t_first_token_ns"] else 0.0

@@ -7,7 +7,8 @@ The facts, per request (``id``: the engine's request id):
 - **server_error**: it was answered with an injected error (finish ``reason`` ``error``), or its record failed
   other than by a connect error (``network``) or being cancelled at the run's end (not judged);
 - **network**: ``network_delay_ms``, the time it was held in front of the server (request event);
-- **client_lag**: its send lag (``t_sent − t_intended``, from its record) and the time loadgen's loop was
+- **client_lag**: its send lag (``t_sent − t_intended``, from its record) less the part the in-flight cap held
+  it (a wait: ``max_in_flight``, ``flights_ns``), and the time loadgen's loop was
   blocked (``hogs_ns``) between the server writing a token and loadgen reading it;
 - **own prefill**: the engine's time to prefill its prompt (less what the prefix cache held) alone, from the
   cost model the caller passes (``prefill_ms``), else its share of each step that held its prompt's prefill
@@ -63,17 +64,19 @@ class TrueMiss:
 def true_causes(trace_events: list[dict[str, Any]], records_by_id: dict[str, dict[str, Any]],
                 limits_ms: dict[str, float], hogs_ns: list[tuple[int, int]] | None = None,
                 long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0,
-                prefill_ms: Callable[[int], float] | None = None) -> dict[str, str]:
+                prefill_ms: Callable[[int], float] | None = None, max_in_flight: int | None = None,
+                flights_ns: list[tuple[int, int]] | None = None) -> dict[str, str]:
     """engine id → the true cause of each request in ``records_by_id`` that missed a limit (``true_misses``)."""
     misses = true_misses(trace_events, records_by_id, limits_ms, hogs_ns, long_prompt_tokens, min_gap_ms,
-                         prefill_ms)
+                         prefill_ms, max_in_flight, flights_ns)
     return {rid: m.cause for rid, m in misses.items()}
 
 
 def true_misses(trace_events: list[dict[str, Any]], records_by_id: dict[str, dict[str, Any]],
                 limits_ms: dict[str, float], hogs_ns: list[tuple[int, int]] | None = None,
                 long_prompt_tokens: int = 4000, min_gap_ms: float = 50.0,
-                prefill_ms: Callable[[int], float] | None = None) -> dict[str, TrueMiss]:
+                prefill_ms: Callable[[int], float] | None = None, max_in_flight: int | None = None,
+                flights_ns: list[tuple[int, int]] | None = None) -> dict[str, TrueMiss]:
     """``records_by_id``: engine id → the request's record fields (``t_intended_ns``, ``t_sent_ns``,
     ``t_first_token_ns``, ``t_done_ns``, ``output_tokens``, ``error_kind``, ``class_name``) and ``tokens_ns``,
     the instants loadgen read its tokens, one per token (default: the trace's emissions); only these requests
@@ -82,9 +85,14 @@ def true_misses(trace_events: list[dict[str, Any]], records_by_id: dict[str, dic
     the engine's time to prefill n prompt tokens alone (``costmodel.prefill_alone_ms`` with the run's config),
     which a request's own prefill is (its prompt less what the prefix cache held); None: its share of the steps
     that held its prefill (their duration × its tokens / theirs), which a long prompt's quadratic attention
-    makes an underestimate."""
+    makes an underestimate. ``max_in_flight``: loadgen's in-flight cap, ``flights_ns``: (t_sent_ns, t_done_ns)
+    of every request loadgen sent (warm-up included): a send due while the cap was full waited for the server
+    until the completion that freed its slot (``_cap_held_ms``), a wait, not the client's lag."""
     world = _World(trace_events, hogs_ns or [], long_prompt_tokens, min_gap_ms)
     world.prefill_ms = prefill_ms
+    world.cap = max_in_flight
+    world.sends = sorted(t for t, _ in flights_ns or [])
+    world.dones = sorted(t for _, t in flights_ns or [])
     world.class_base = world.baselines(records_by_id)
     out = {}
     for rid, rec in records_by_id.items():
@@ -100,6 +108,9 @@ class _World:
         self.hogs, self.long, self.min_gap_ms = sorted(hogs_ns), long_prompt_tokens, min_gap_ms
         self.class_base: dict[str, float] = {}  # per class: its median gap at the engine (``baselines``)
         self.prefill_ms: Callable[[int], float] | None = None
+        self.cap: int | None = None
+        self.sends: list[int] = []
+        self.dones: list[int] = []
         self.facts: dict[str, _Facts] = {}
         self.steps = sorted((e for e in events if e["type"] == "step"), key=lambda e: e["t_end_ns"])
         self.ends = [s["t_end_ns"] for s in self.steps]
@@ -163,9 +174,19 @@ class _World:
         last_evict = max((t for t in f.preempted_ns if t <= first_write), default=0)
         own = (self.prefill_ms(max(f.prompt_tokens - f.cached_tokens, 1)) if self.prefill_ms is not None else
                sum(ms for a, b, ms in f.prefills if a >= last_evict and b <= first_write))
-        wait = (first_write - f.arrival_ns) / MS - own
-        return {"client_lag": (rec["t_sent_ns"] - rec["t_intended_ns"]) / MS + self._held_ms(first_write, reads[0]),
-                "network": f.delay_ms, "wait": wait, "own_prompt": own}
+        capped = self._cap_held_ms(rec["t_intended_ns"], rec["t_sent_ns"])
+        wait = (first_write - f.arrival_ns) / MS - own + capped
+        return {"client_lag": (rec["t_sent_ns"] - rec["t_intended_ns"]) / MS - capped
+                + self._held_ms(first_write, reads[0]), "network": f.delay_ms, "wait": wait, "own_prompt": own}
+
+    def _cap_held_ms(self, due: int, sent: int) -> float:
+        """ms of its send lag the in-flight cap held it: ``cap`` requests in flight at its due time (sent by
+        then, not done), held until the last completion before it went out (the slot it took)."""
+        if self.cap is None or sent <= due:
+            return 0.0
+        in_flight = bisect.bisect_right(self.sends, due) - bisect.bisect_right(self.dones, due)
+        k = bisect.bisect_right(self.dones, sent)
+        return max(0, min(self.dones[k - 1], sent) - due) / MS if in_flight >= self.cap and k else 0.0
 
     def _ttft(self, f: _Facts, rec: dict[str, Any], reads: list[int], limit: float, x: float) -> TrueMiss:
         parts = self._ttft_parts(f, rec, reads)
