@@ -398,3 +398,51 @@ def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
     assert "1,662 ms" in section  # the replay's value
     spec_json = section.split('data-chart="shrink-shrink-stall-89-1">')[1].split("</script>")[0]
     assert json.loads(spec_json)["title"] == "figure of stall-89"  # the figure embedded as the page's charts are
+
+
+# ---- a target that authenticates ---------------------------------------------------------------------------
+def test_an_authenticated_url_target_keeps_its_headers_as_references_never_the_secret(
+        made_run: tuple[Path, dict[str, Any]], shrunk: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loadgen.plan.scenario import Scenario
+    from loadgen.shrink.writers import write_scenario
+    info = json.loads((made_run[0] / "run.json").read_text())
+    raw = info["scenario"]
+    raw["target"].update(base_url="http://127.0.0.1:9/v1", api_key_env="MY_OPENAI_KEY",
+                         headers={"X-Api-Key": "***", "X-Team": "infra"})  # as run.json holds them: masked
+    raw["target"].pop("simulator", None)
+    scenario = Scenario.model_validate(raw)
+    url_info = {**info, "target": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}}
+    path = write_scenario(tmp_path, scenario, url_info, shrunk.event, shrunk.items, made_run[0])
+    text = path.read_text()
+    assert "${LOADGEN_HEADER_X_API_KEY}" in text and "MY_OPENAI_KEY" in text
+    monkeypatch.setenv("LOADGEN_HEADER_X_API_KEY", "sk-secret-123")
+    loaded = load_scenario(path)  # what a confirmation (loadgen run) sends
+    assert loaded.target.headers == {"X-Api-Key": "sk-secret-123", "X-Team": "infra"}
+    assert loaded.target.api_key_env == "MY_OPENAI_KEY"
+    script = tmp_path / "repro.py"
+    script.write_text(script_text(url_info, scenario, shrunk.event, shrunk.items, 0.5, "http://127.0.0.1:9/v1"))
+    assert "sk-secret" not in script.read_text() + text
+    repro = script_module(script)
+    monkeypatch.setenv("MY_OPENAI_KEY", "sk-key")
+    assert repro.request_headers([], "MY_OPENAI_KEY") == {
+        "Content-Type": "application/json", "Accept": "text/event-stream", "X-Team": "infra",
+        "X-Api-Key": "sk-secret-123", "Authorization": "Bearer sk-key"}
+    assert repro.request_headers(["X-Api-Key: other"], "MY_OPENAI_KEY")["X-Api-Key"] == "other"
+    monkeypatch.delenv("LOADGEN_HEADER_X_API_KEY")
+    assert "set LOADGEN_HEADER_X_API_KEY" in repro.request_headers([], "MY_OPENAI_KEY")
+    monkeypatch.delenv("MY_OPENAI_KEY")
+    assert "set MY_OPENAI_KEY" in repro.request_headers(["X-Api-Key: v"], "MY_OPENAI_KEY")
+
+
+def test_confirming_a_masked_header_without_its_variable_is_one_line_and_exit_2(
+        made_run: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("requests.parquet", "chunks.parquet", "stalls.parquet"):
+        (run_dir / name).write_bytes((made_run[0] / name).read_bytes())
+    info = json.loads((made_run[0] / "run.json").read_text())
+    info["scenario"]["target"]["headers"] = {"Authorization": "***"}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    monkeypatch.delenv("LOADGEN_HEADER_AUTHORIZATION", raising=False)
+    res = CliRunner().invoke(app, ["shrink", str(run_dir), "--no-png"])
+    assert res.exit_code == 2 and "set LOADGEN_HEADER_AUTHORIZATION (target.headers.Authorization)" in res.output

@@ -13,7 +13,7 @@ from loadgen.errors import RunDirError
 from loadgen.run.reporting import add_shrink_section
 from loadgen.shrink.event import ShrinkError
 from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_run
-from loadgen.shrink.writers import prompts_line
+from loadgen.shrink.writers import auth_line, prompts_line
 
 
 def shrink(
@@ -96,6 +96,7 @@ def summary_lines(result: ShrinkResult) -> list[str]:
                      f"{gaps} ms; needs {conf['needed']} of {conf['asked']})")
         lines += [f"  a run failed: {e}" for e in conf["errors"]]
     lines.append(prompts_line(result.bodies))
+    lines += [line for line in [auth_line(result.scenario) if result.scenario else None] if line]
     verdict = "reproduced" if result.reproduced else "NOT reproduced"
     lines.append(f"{verdict}: {result.out / 'scenario.yaml'}, {result.out / 'repro.py'}, "
                  f"{result.out / 'shrink.json'}")

@@ -13,19 +13,21 @@ the same target (docs/shrink.md).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from loadgen.plan.scenario import Scenario
 from loadgen.shrink.bodies import Bodies, build_bodies
 from loadgen.shrink.confirm import Confirmation, confirm
 from loadgen.shrink.ddmin import DdminResult, Try, ddmin
 from loadgen.shrink.event import Event, Item, ShrinkError, read_run, seed_set, select_event
 from loadgen.shrink.figure import figure_spec, original_streams, write_figure
 from loadgen.shrink.predicate import model_of, replay_gaps, victim_value_ms
-from loadgen.shrink.writers import (offsets_s, prompts_mode, role_of, script_text, write_json, write_scenario,
-                                    write_script)
+from loadgen.shrink.writers import (masked_headers, offsets_s, prompts_mode, role_of, script_text, write_json,
+                                    write_scenario, write_script)
 
 REQUIRED_SHARE = 0.8  # 4 of 5 confirmations
 MAX_CANDIDATES = 4  # failing sets confirmed at most, smallest first
@@ -64,6 +66,7 @@ class ShrinkResult:
     bodies: Bodies  # repro.py's request bodies (none: it falls back to generated words, ``bodies.why`` says why)
     reproduced: bool  # confirmed (>= 80 % of the runs), or with no confirmations asked: the replay reproduced
     doc: dict[str, Any]
+    scenario: Scenario | None = None  # the run's (run.json's: masked headers), for the authentication hint
 
     @property
     def exit_code(self) -> int:
@@ -83,6 +86,10 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     started = clock()
     deadline = started + opts.timeout_s
     run = read_run(run_dir)
+    missing = [f"{v} (target.headers.{k})" for k, v in masked_headers(run.scenario).items() if not os.environ.get(v)]
+    if opts.confirmations and missing:  # the confirmations would all fail with 401 (or unexpanded ${VAR})
+        raise ShrinkError(f"the run's target authenticates with headers run.json masked: set {', '.join(missing)} "
+                          "to their values (the written scenario.yaml refers to them), or --confirmations 0")
     event = select_event(run, opts.stall, opts.request)
     seeds = seed_set(run, event)
     model = model_of(run)
@@ -128,7 +135,7 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     doc["script_prompts"] = {"mode": prompts_mode(bodies), "counter": bodies.counter, "why": bodies.why or None,
                              "counted_tokens": bodies.counted, "asked_tokens": bodies.asked}
     write_json(out, doc)
-    return ShrinkResult(out, event, items, replay_gap, found, conf, bodies, reproduced, doc)
+    return ShrinkResult(out, event, items, replay_gap, found, conf, bodies, reproduced, doc, run.scenario)
 
 
 def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, needed: int, threshold_ms: float,

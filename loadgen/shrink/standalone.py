@@ -38,6 +38,9 @@ METRIC = "chunk_gap_ms"  # chunk_gap_ms: the victim's worst chunk gap; ttft_ms: 
 ORIGINAL_GAP_MS = 1000.0  # the victim's gap (or TTFT) in the original run
 SHARE = 0.5  # reproduced: the victim's worst gap (or TTFT) >= SHARE x ORIGINAL_GAP_MS
 VICTIM = 1  # index in REQUESTS
+API_KEY_ENV = None  # the scenario's target.api_key_env: sent as Authorization: Bearer $API_KEY_ENV
+HEADERS: dict[str, str] = {}  # the scenario's target.headers that hold no secret
+HEADER_ENVS: dict[str, str] = {}  # header → the environment variable holding its (secret) value
 TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
 PROMPTS = "words"  # exact: BODIES, each prompt of its exact length on this target; approximate: BODIES, lengths
 # from a fit to the server's usage (it has no tokenizer loadgen could use); words: no BODIES, generated words
@@ -87,14 +90,31 @@ def chunk_text(event: dict[str, Any]) -> str:
     return (first.get("delta") or {}).get("content") or first.get("text") or ""
 
 
-def stream(url: str, key: str | None, body: dict[str, Any], t_send: float, out: dict[str, Any]) -> None:
+def request_headers(given: list[str], key_env: str | None) -> dict[str, str] | str:
+    """The headers every request sends: the scenario's, the secret ones from their variables (or --header
+    'Name: value'), the API key from ``key_env``; a str: what is missing (one line)."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **HEADERS}
+    flags = dict((n.strip(), v.strip()) for n, _, v in (h.partition(":") for h in given))
+    for name, env in HEADER_ENVS.items():
+        value = flags.get(name) or os.environ.get(env)
+        if not value:
+            return f"header {name} holds a secret: set {env}, or pass --header '{name}: <value>'"
+        headers[name] = value
+    headers.update(flags)
+    key = os.environ.get(key_env) if key_env else None
+    given_auth = any(n.lower() == "authorization" for n in flags)
+    if key_env and not key and API_KEY_ENV and not given_auth:
+        return f"the target needs an API key: set {key_env} (or pass --header 'Authorization: Bearer <key>')"
+    if key and not given_auth:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def stream(url: str, headers: dict[str, str], body: dict[str, Any], t_send: float, out: dict[str, Any]) -> None:
     """Send at ``t_send`` (time.monotonic), then the time of every content chunk into ``out["chunks"]``."""
     parts = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     path = parts.path.rstrip("/") + ("/chat/completions" if API == "chat" else "/completions")
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
     time.sleep(max(0.0, t_send - time.monotonic()))
     out["t_sent"] = time.monotonic()
     try:
@@ -142,12 +162,20 @@ def main() -> int:
     ap.add_argument("--model", default=MODEL, help=f"the model to ask for (default {MODEL})")
     ap.add_argument("--share", type=float, default=SHARE, help=f"reproduced: the victim's worst gap >= this share "
                     f"of {ORIGINAL_GAP_MS:.0f} ms (default {SHARE})")
-    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", help="the environment variable holding the key")
+    ap.add_argument("--api-key-env", default=API_KEY_ENV or "OPENAI_API_KEY",
+                    help=f"the environment variable holding the API key (default {API_KEY_ENV or 'OPENAI_API_KEY'})")
+    ap.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                    help="a header to send (repeatable): a secret header's value instead of its variable "
+                         + (", ".join(f"{n}: ${v}" for n, v in HEADER_ENVS.items()) or "(none)"))
     args = ap.parse_args()
+    headers = request_headers(args.header, args.api_key_env)
+    if isinstance(headers, str):
+        print(f"error: {headers}", file=sys.stderr)
+        return 2
     t0 = time.monotonic() + LEAD_S
     results: list[dict[str, Any]] = [{"chunks": []} for _ in REQUESTS]
     bodies = loadgen_bodies()
-    threads = [threading.Thread(target=stream, args=(args.url, os.environ.get(args.api_key_env),
+    threads = [threading.Thread(target=stream, args=(args.url, headers,
                                                      body_of(i, r, args.model, bodies), t0 + r["offset_s"],
                                                      results[i]))
                for i, r in enumerate(REQUESTS)]

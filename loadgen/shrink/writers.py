@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from loadgen.core.secrets import write_text
+from loadgen.core.secrets import MASK, write_text
 from loadgen.plan.scenario import Scenario
 from loadgen.shrink.bodies import Bodies
 from loadgen.shrink.event import Event, Item
@@ -46,11 +46,32 @@ def trace_csv(items: Sequence[Item]) -> str:
     return "timestamp_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n"
 
 
+def header_env(name: str) -> str:
+    """The environment variable a masked header's value is read from (scenario.yaml and repro.py)."""
+    return "LOADGEN_HEADER_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
+
+
+def masked_headers(scenario: Scenario) -> dict[str, str]:
+    """The headers run.json masked (a key, a token: ``core.secrets.redact_headers``) → the variable each is read
+    from now; run.json keeps neither the secret nor the original ``${VAR}``, so the name is ``header_env``'s."""
+    return {k: header_env(k) for k, v in scenario.target.headers.items() if v == MASK}
+
+
+def scenario_headers(scenario: Scenario) -> dict[str, str]:
+    """target.headers for scenario.yaml: as the run sent them, each masked one a ``${VAR}`` reference (loadgen
+    expands it when the scenario is loaded; no secret is written to disk)."""
+    envs = masked_headers(scenario)
+    return {k: "${" + envs[k] + "}" if k in envs else v for k, v in scenario.target.headers.items()}
+
+
 def scenario_dict(scenario: Scenario, info: dict[str, Any], event: Event, run_dir: Path) -> dict[str, Any]:
-    """The run's target, the trace as the load, one class forcing the trace's lengths."""
+    """The run's target (its headers, the masked ones as ``${VAR}`` references), the trace as the load, one
+    class forcing the trace's lengths."""
     target = scenario.target.model_dump(mode="json", exclude_defaults=True, exclude={"headers", "base_url"})
     embedded = bool((info.get("target") or {}).get("simulator"))
-    target = {"base_url": "embedded" if embedded else scenario.target.base_url, **target}
+    headers = scenario_headers(scenario)
+    target = {"base_url": "embedded" if embedded else scenario.target.base_url, **target,
+              **({"headers": headers} if headers else {})}
     if not embedded:
         target.pop("simulator", None)
     load = scenario.load
@@ -96,6 +117,9 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
         f"ORIGINAL_GAP_MS = {event.gap_ms!r}  # the victim's gap (or TTFT) in the original run ({event.label})",
         f"SHARE = {share!r}  # reproduced: the victim's worst gap >= SHARE x ORIGINAL_GAP_MS",
         f"VICTIM = {items.index(event.victim)}  # index in REQUESTS",
+        f"API_KEY_ENV = {scenario.target.api_key_env!r}  # the scenario's target.api_key_env: Bearer $API_KEY_ENV",
+        f"HEADERS = {_plain_headers(scenario)!r}  # the scenario's target.headers that hold no secret",
+        f"HEADER_ENVS = {masked_headers(scenario)!r}  # header → the variable holding its (secret) value",
         f"TEMPLATE_TOKENS = {6 if api == 'chat' else 0}  # what the chat template adds to one user message",
         f"PROMPTS = {prompts_mode(bodies)!r}  # exact: BODIES, each prompt of its exact length on this target; "
         "approximate:",
@@ -110,6 +134,22 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
     template = (Path(__file__).parent / "standalone.py").read_text(encoding="utf-8")
     template = PROMPTS_DOC.sub(lambda _: prompts_doc(bodies), template, count=1)
     return DATA_BLOCK.sub(lambda _: data, template, count=1)
+
+
+def _plain_headers(scenario: Scenario) -> dict[str, str]:
+    envs = masked_headers(scenario)
+    return {k: v for k, v in scenario.target.headers.items() if k not in envs}
+
+
+def auth_line(scenario: Scenario) -> str | None:
+    """One line for shrink's output naming the variables scenario.yaml and repro.py read a secret from."""
+    names = [f"{v} (header {k})" for k, v in masked_headers(scenario).items()]
+    if scenario.target.api_key_env:
+        names.append(f"{scenario.target.api_key_env} (the API key)")
+    if not names:
+        return None
+    return ("the target authenticates: scenario.yaml and repro.py read " + ", ".join(names) + " from the "
+            "environment (repro.py also takes --header 'Name: value'); no secret is written")
 
 
 def prompts_mode(bodies: Bodies) -> str:
