@@ -446,3 +446,17 @@ def test_confirming_a_masked_header_without_its_variable_is_one_line_and_exit_2(
     monkeypatch.delenv("LOADGEN_HEADER_AUTHORIZATION", raising=False)
     res = CliRunner().invoke(app, ["shrink", str(run_dir), "--no-png"])
     assert res.exit_code == 2 and "set LOADGEN_HEADER_AUTHORIZATION (target.headers.Authorization)" in res.output
+
+
+def test_a_ttft_miss_blamed_on_loadgen_itself_is_refused_with_its_reason(
+        made_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("requests.parquet", "chunks.parquet", "stalls.parquet", "run.json"):
+        (run_dir / name).write_bytes((made_run[0] / name).read_bytes())
+    seq = int(made_run[1]["requests"]["seq"][3])
+    pl.DataFrame({"worker": [0], "seq": [seq], "metric": ["ttft_ms"], "cause": ["client_lag"],
+                  "culprits": [[]], "evidence": ["loadgen sent it 404 ms late"]},
+                 schema_overrides={"culprits": pl.List(pl.Int64)}).write_parquet(run_dir / "misses.parquet")
+    res = CliRunner().invoke(app, ["shrink", str(run_dir), "--request", str(seq), "--no-png"])
+    assert res.exit_code == 2 and "loadgen's own lag" in res.output and "404 ms late" in res.output

@@ -141,9 +141,15 @@ def _ttft_miss(run: RunRecords, worker: int, seq: int) -> dict[str, Any] | None:
 
 
 def _ttft_event(seq: int, row: dict[str, Any], miss: dict[str, Any] | None) -> Event:
+    """The TTFT from the send (not from the intended send, as the ledger measures): the send lag is loadgen's,
+    which a reproduction does not replay, so a TTFT miss the ledger blames on the client is refused."""
     t_end = row["t_first_token_ns"] or row["t_done_ns"]
     if t_end is None or row["t_sent_ns"] is None:
         raise ShrinkError(f"--request {seq}: it was never sent or never ended, so it has no TTFT to shrink")
+    if (miss or {}).get("cause") == "client_lag":  # measured from the send, the event would not be the miss
+        raise ShrinkError(f"--request {seq}: its TTFT miss is loadgen's own lag (client_lag: "
+                          f"{str((miss or {}).get('evidence') or 'sent or read late')[:160]}), not the target's: "
+                          "nothing on the target to reproduce")
     culprits = tuple(int(c) for c in (miss or {}).get("culprits") or [])
     return Event(f"request-{seq}-ttft", item_of(row), int(row["t_sent_ns"]), int(t_end),
                  (t_end - row["t_sent_ns"]) / NS_PER_MS, culprits, (miss or {}).get("cause"), "ttft_ms")
