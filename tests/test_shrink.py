@@ -373,7 +373,7 @@ def hand_made_shrink(run_dir: Path, label: str, seqs: list[int], spec: bool) -> 
 
 def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
         made_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    from loadgen.run.reporting import add_shrink_section, rebuild_reports
+    from loadgen.run.reporting import add_shrink_section
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in ("requests.parquet", "chunks.parquet"):
@@ -381,12 +381,12 @@ def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
     info = json.loads((made_run[0] / "run.json").read_text())
     info["target"]["simulator"].update(kv_cache_tokens=65536, time_scale=1.0)  # what the report's header reads
     (run_dir / "run.json").write_text(json.dumps(info))
-    rebuild_reports(run_dir, png=False)  # the run's own report (summary.json) first, as loadgen run leaves it
     hand_made_shrink(run_dir, "stall-89", [301, 302], spec=True)
     hand_made_shrink(run_dir, "request-7", [7], spec=False)
     (run_dir / "shrink-broken").mkdir()
     (run_dir / "shrink-broken" / "shrink.json").write_text("{not json")
-    add_shrink_section(run_dir, png=False)
+    add_shrink_section(run_dir, png=False)  # no summary.json yet: the report is made, then the section added
+    assert (run_dir / "summary.json").exists()
     page = (run_dir / "report.html").read_text()
     section = page[page.index("<h2>Smallest reproduction</h2>"):]
     assert "stall-89: reproduced" in section and "request-7: reproduced" in section and "broken" not in section
@@ -398,6 +398,11 @@ def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
     assert "1,662 ms" in section  # the replay's value
     spec_json = section.split('data-chart="shrink-shrink-stall-89-1">')[1].split("</script>")[0]
     assert json.loads(spec_json)["title"] == "figure of stall-89"  # the figure embedded as the page's charts are
+    hand_made_shrink(run_dir, "stall-3", [3], spec=False)
+    (run_dir / "shrink-stall-3" / "figure.png").write_bytes(b"\x89PNG")
+    add_shrink_section(run_dir, png=False)  # a later shrink: the page from the stored summary, every shrink kept
+    page = (run_dir / "report.html").read_text()
+    assert "stall-89: reproduced" in page and '<img src="shrink-stall-3/figure.png"' in page
 
 
 # ---- a target that authenticates ---------------------------------------------------------------------------

@@ -198,17 +198,20 @@ def load_shrinks(run_dir: Path) -> list[ShrinkEntry]:
 
 def add_shrink_section(run_dir: Path, png: bool) -> None:
     """report.html again, with the "Smallest reproduction" section (every RUN/shrink-*/) and advice.json's, from
-    the summary on disk (as ``add_advice_section``; the whole report is rebuilt only where none is stored)."""
+    the summary on disk (as ``add_advice_section``; where none is stored, or one this loadgen cannot read back,
+    the whole report is rebuilt first, then the page with the section)."""
     stored = stored_summary(run_dir)
-    if stored is None:
+    try:
+        result = None if stored is None else RunResult.from_dict(stored[0], run_dir)
+    except ValueError:  # not a summary this loadgen reads back
+        result = None
+    if stored is None or result is None:
         rebuild_reports(run_dir, png=png)
-        return
-    summary, stalls = stored
+        stored = stored_summary(run_dir)
+        if stored is None:  # the disk refused the summary: the rebuilt page stands
+            return
+        result = RunResult.from_dict(stored[0], run_dir)
     _, scenario = read_run_info(run_dir)
     requests, chunks = scan_records(run_dir, [], merge=False)
-    try:
-        write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
-                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir),
-                          load_shrinks(run_dir))
-    except ValueError:  # not a summary this loadgen reads back
-        rebuild_reports(run_dir, png=png)
+    write_report_page(run_dir, result, scenario.name, stored[1], requests, chunks, png, load_server_metrics(run_dir),
+                      load_advice(run_dir), stored_misses(run_dir), load_shrinks(run_dir))
