@@ -373,7 +373,7 @@ def hand_made_shrink(run_dir: Path, label: str, seqs: list[int], spec: bool) -> 
 
 def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
         made_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    from loadgen.run.reporting import add_shrink_section
+    from loadgen.run.reporting import add_shrink_section, rebuild_reports
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in ("requests.parquet", "chunks.parquet"):
@@ -403,6 +403,8 @@ def test_the_report_lists_every_shrink_with_its_set_rate_links_and_figure(
     add_shrink_section(run_dir, png=False)  # a later shrink: the page from the stored summary, every shrink kept
     page = (run_dir / "report.html").read_text()
     assert "stall-89: reproduced" in page and '<img src="shrink-stall-3/figure.png"' in page
+    rebuild_reports(run_dir, png=False)  # loadgen report RUN rebuilds the page: the shrinks stay on it
+    assert "<h2>Smallest reproduction</h2>" in (run_dir / "report.html").read_text()
 
 
 # ---- a target that authenticates ---------------------------------------------------------------------------

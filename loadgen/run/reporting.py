@@ -117,7 +117,7 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
-                      load_advice(run_dir), run)
+                      load_advice(run_dir), run, shrinks=load_shrinks(run_dir))
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
@@ -168,7 +168,8 @@ def add_advice_section(run_dir: Path, png: bool) -> None:
     requests, chunks = scan_records(run_dir, [], merge=False)
     try:
         write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
-                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir))
+                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir),
+                          shrinks=load_shrinks(run_dir))
     except ValueError:  # not a summary this loadgen reads back
         rebuild_reports(run_dir, png=png)
 
