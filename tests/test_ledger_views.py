@@ -99,6 +99,13 @@ def test_the_console_names_the_top_causes_after_the_verdict() -> None:
     assert "  aggressor: 8 of 200 requests — queueing 5 (goodput lost 4), own_prompt 3; unexplained 0" in text
 
 
+def test_the_console_says_goodput_lost_only_where_some_was() -> None:
+    """A run without slo.goodput loses goodput only to errors: a stalled stream that finished is still good, and
+    '(goodput lost 0)' beside its cause would read as a figure that means something."""
+    (line,) = console_lines(result_of(summary(block({"prefill": (113, 0), "prefill_burst": (4, 0)}, 441))))
+    assert line == "misses: 117 of 441 requests — prefill 113, prefill_burst 4; unexplained 0"
+
+
 def test_unexplained_misses_are_counted_and_a_long_tail_of_causes_is_summed() -> None:
     many = {"queueing": (10, 10), "prefill": (8, 8), "network": (5, 5), "client_lag": (4, 4), "load": (2, 2),
             "unknown": (1, 1)}

@@ -52,8 +52,8 @@ def headline(block: dict[str, Any], most: int = 4) -> str:
     if n == 0:
         return f"misses: none of {of:,} requests missed a limit"
     causes = causes_in_order(block)
-    parts = [f"{c} {f['requests']:,}" + (f" (goodput lost {f.get('goodput_lost', 0):,})" if i == 0 else "")
-             for i, (c, f) in enumerate(causes[:most])]
+    parts = [f"{c} {f['requests']:,}" + (f" (goodput lost {lost:,})" if i == 0 and lost else "")  # none lost: said
+             for i, (c, f) in enumerate(causes[:most]) for lost in [int(f.get("goodput_lost", 0))]]  # by silence
     rest = causes[most:]
     if rest:
         parts.append(f"{len(rest)} more cause(s) {sum(int(f['requests']) for _, f in rest):,}")
