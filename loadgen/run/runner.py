@@ -35,12 +35,13 @@ from loadgen.core.secrets import redact_headers, redact_url, write_text
 from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.drivers.scrape import Scraper
 from loadgen.records.client_metrics import client_metrics_frame, write_client_metrics
+from loadgen.run.client_faults import ClientBlocks, client_blocks, refuse_client_blocks
 from loadgen.run.guards import Captures, FailFast
 from loadgen.run.reporting import rebuild_reports, report_records
 from loadgen.run.session import RunSession, generator_figures
 from loadgen.run.until import DecidedWatch
 from loadgen.plan.until_spec import horizon
-from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
+from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, sim_trace_path, start_embedded
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
 
 
@@ -59,6 +60,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     """Run and report; returns the result (its run directory set). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
+    refuse_client_blocks(scenario, "asyncio")  # faults.client_block_ms on a URL target: exit 2
     plan = build_plan(horizon(scenario))  # until: decided: planned for its maximum
     session = RunSession(scenario.name, opts, console)
     run_dir = session.run_dir
@@ -79,6 +81,8 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     finally:
         if sim is not None:
             sim.stop()
+            if run.blocks is not None:  # the slow client's blocks into the (closed) trace: ground truth
+                run.blocks.add_to_trace(sim_trace_path(scenario, run_dir))
     session.phase("writing the reports")
     result = run.summarize(target)
     print_summary(console, result, str(run_dir))
@@ -135,6 +139,7 @@ class Run:
         self.captures = Captures(self.run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.until = DecidedWatch(scenario, session) if scenario.load.until == "decided" else None
+        self.blocks = ClientBlocks.of(scenario)  # faults.client_block_ms: loadgen's loop blocked on purpose
 
     @property
     def disk_error(self) -> str | None:
@@ -175,7 +180,8 @@ class Run:
             self.stopper = engine.stop
             self.session.phase("running")
             async with self._server_metrics(target), self._client_metrics(target):
-                await self._drive(engine)
+                with client_blocks(self.blocks, target.notes):
+                    await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
