@@ -3,8 +3,8 @@ records: the faults injected on purpose (all off by default), the server's ``/me
 ``scrape_interval_s`` from the engine's state exactly as the simulator exposes it (``local_target/sim/metrics.py``
 rendered, read by ``core/prom_text.py``: the engine's own series, so llama.cpp and TGI show no KV usage or
 preemptions, as for real), loadgen's own loop lag (client_metrics.parquet's ``loop_lag_ms`` and
-``cpu_busy_share``), and the simulator's trace (``local_target/sim/trace.py``'s request, step and finish events,
-on the records' clock) as the ground truth. Pure: no clock, no sockets.
+``cpu_busy_share``), and the simulator's trace (``local_target/sim/trace.py``'s engine, request, step and finish
+events, on the records' clock) as the ground truth. Pure: no clock, no sockets.
 
 Faults, each a seeded draw of its own per request (``"<seed>:<worker>:<seq>"``):
 - ``error_rate``: the share answered HTTP 500 at arrival (no tokens), as the simulator's ``faults.error_rate``;
@@ -22,6 +22,7 @@ from typing import Any
 
 from local_target.sim.engine import Engine, SimRequest, Step
 from local_target.sim.metrics import EngineMetrics, render
+from local_target.sim.trace import engine_event
 from loadgen.core.prom_text import parse
 
 NS_PER_MS = 1_000_000
@@ -72,6 +73,10 @@ class Observer:
     server: list[Row] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     _next_scrape_ns: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tracing:  # the trace's first line, as the simulator writes it: whose scheduler, KV reserved or not
+            self.trace.append(engine_event(self.engine.cfg))
 
     def arrived(self, sim: SimRequest, t_arrival_ns: int, delay_ms: float, error: bool) -> None:
         if not self.tracing:

@@ -21,7 +21,7 @@ from .config import EngineConfig
 from .engine import Engine, SimRequest, Step
 from .metrics import EngineMetrics
 from .reasoning import PhasePlan
-from .trace import TraceWriter
+from .trace import TraceWriter, engine_event
 
 RESYNC_MS = 5.0
 NO_PLAN = PhasePlan()
@@ -41,6 +41,8 @@ class EngineRuntime:
         self._step_no = 0
         self._next_stall_ns: int | None = None
         self._writes: list[list[object]] = []  # token writes reported by the server since the last step
+        if trace:
+            trace.write(engine_event(cfg))
 
     # ---- requests -------------------------------------------------------------------------------------
     def natural_output_tokens(self) -> int:

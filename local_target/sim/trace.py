@@ -1,6 +1,9 @@
 """Ground truth: every engine step and every emitted token, as JSON lines.
 
 Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this machine read):
+- ``{"type": "engine", "engine", "reserves_kv"}`` first, once: whose scheduler ran (``EngineConfig.engine``) and
+  whether it holds a request's whole context from admission and never preempts (``reserves_kv``: llamacpp, tgi;
+  on those a wait on a full KV cache is the admission queue, engine.py's docstring);
 - ``{"type": "request", "id", "t_arrival_ns", "prompt_tokens", "max_tokens", "stop_after", "effort",
   "reasoning_tokens", "tool_tokens", "network_delay_ms"}`` on arrival (``effort``: the reasoning effort it was
   served with, null: no reasoning; the planned reasoning and tool-call tokens, ``reasoning.py``;
@@ -11,7 +14,8 @@ Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this 
   "preempted": [id, ...], "stall_ms", "kv_usage", "tokens": [[id, index, t_write_ns], ...]}`` — ``t_end_ns`` is
   the modelled emission time of every token the step generated, ``t_write_ns`` when its bytes actually went to
   the socket (later than ``t_end_ns`` for tokens held back by ``max_chunk_tokens`` coalescing); ``kv_usage``:
-  KV tokens held / ``kv_cache_tokens`` after the step (finished requests' KV freed), 4 decimals;
+  KV tokens held / ``kv_cache_tokens`` after the step (finished requests' KV freed; what llamacpp and tgi
+  reserved at admission counts as held), 4 decimals;
 - ``{"type": "finish", "id", "t_ns", "reason", "output_tokens", "preemptions", "cached_tokens",
   "reasoning_tokens", "answer_tokens", "tool_tokens", "tool_calls", "first_answer_index"}`` (``reason``:
   ``length`` or ``stop``; ``error`` with ``status`` (500, 429) for an injected refusal, answered at arrival
@@ -31,6 +35,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import IO, Any
+
+from .config import EngineConfig
+
+
+def engine_event(cfg: EngineConfig) -> dict[str, Any]:
+    """The trace's first line: the engine's scheduler and whether it reserves KV at admission."""
+    return {"type": "engine", "engine": cfg.engine, "reserves_kv": cfg.reserves_kv}
 
 
 class TraceWriter:

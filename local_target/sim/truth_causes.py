@@ -15,7 +15,9 @@ The facts, per request (``id``: the engine's request id):
   since its last preemption (a step's duration × its chunk's tokens / the step's tokens);
 - **wait** (``queueing``): the time from its arrival to its first token at the engine beyond its own prefill;
   **preemption** when it was preempted before its first token or any step while it waited to be admitted left
-  the KV cache at least ``KV_FULL`` full;
+  the KV cache at least ``KV_FULL`` full — but not on an engine that reserves a request's KV at admission (the
+  trace's engine line ``reserves_kv``: llama.cpp, TGI): there nothing is preempted and a full cache is the
+  admission queue, so such a wait is queueing;
 - a gap between two of its tokens: **client_lag** when the loop's blocking makes up the excess over the limit;
   **preemption** when it was preempted in the gap; **prefill** when another request's long prompt
   (>= ``long_prompt_tokens``) was prefilled in the gap's steps for more than ``min_gap_ms`` (the rule of
@@ -112,6 +114,7 @@ class _World:
         self.sends: list[int] = []
         self.dones: list[int] = []
         self.facts: dict[str, _Facts] = {}
+        self.reserves_kv = any(e["type"] == "engine" and e.get("reserves_kv") for e in events)
         self.steps = sorted((e for e in events if e["type"] == "step"), key=lambda e: e["t_end_ns"])
         self.ends = [s["t_end_ns"] for s in self.steps]
         for e in events:
@@ -203,10 +206,13 @@ class _World:
         return TrueMiss("ttft_ms", "unknown", why)
 
     def _waited(self, f: _Facts) -> str:
-        """preemption when it was evicted before its first token or waited while the KV cache was full."""
+        """preemption when it was evicted before its first token or waited while the KV cache was full (on an
+        engine that preempts: one that reserves KV at admission queues instead)."""
         first_write = f.writes.get(0)
         if any(first_write is None or t <= first_write for t in f.preempted_ns):
             return "preemption"
+        if self.reserves_kv:
+            return "queueing"
         admitted = min((a for a, _, _ in f.prefills), default=first_write or 0)
         full = any(s.get("kv_usage") is not None and s["kv_usage"] >= KV_FULL and s["t_start_ns"] < admitted
                    for s in self._steps_in(f.arrival_ns, max(admitted, f.arrival_ns) + 1))
