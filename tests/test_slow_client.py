@@ -57,11 +57,10 @@ def test_validate_exits_2_on_a_bad_value(tmp_path: Path) -> None:
 
 
 def test_a_target_other_than_the_embedded_simulator_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    scenario = _load(tmp_path, "target.base_url=http://127.0.0.1:9/v1")
-    out = tmp_path / "run"
     with pytest.raises(ScenarioError, match="a slow client is a fault of the embedded simulator's runs"):
-        api.run(scenario, out=out)
-    assert not out.exists()  # refused before the run directory or the target
+        _load(tmp_path, "target.base_url=http://127.0.0.1:9/v1")  # refused as the scenario loads
+    bad = CliRunner().invoke(app, ["validate", str(scenario_file(tmp_path, BASE, "url.yaml")), "--set", "target.base_url=http://127.0.0.1:9/v1"])
+    assert bad.exit_code == 2 and "embedded" in " ".join(bad.output.split())
     with pytest.raises(ScenarioError, match="not locust's"):
         refuse_client_blocks(_load(tmp_path), "locust")
     refuse_client_blocks(_load(tmp_path), "asyncio")  # the embedded simulator on the asyncio engine: allowed
