@@ -8,6 +8,8 @@ import pytest
 from local_target.sim import build_config
 from local_target.sim.dialects import render_template, template_tokens
 from local_target.sim.engine import Engine, SimRequest
+from local_target.sim.runtime import EngineRuntime
+from local_target.sim.trace import TraceWriter
 from local_target.sim import tokenizer
 
 
@@ -119,6 +121,14 @@ def test_a_reservation_is_held_whole_until_the_request_ends_or_is_aborted() -> N
     assert engine.running == [waiter] and engine.kv_used == 700
     engine.abort(waiter)
     assert engine.kv_used == 0 and waiter.kv_tokens == waiter.reserved == 0
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "llamacpp", "tgi"])
+def test_the_trace_opens_with_the_engine_and_whether_it_reserves_kv(name: str) -> None:
+    """The truth (truth_causes.py) reads a wait on a full cache as queueing where KV is reserved: the trace says."""
+    trace = TraceWriter(keep_in_memory=True)
+    EngineRuntime(build_config(overrides={"engine": name}), trace)
+    assert trace.events == [{"type": "engine", "engine": name, "reserves_kv": name in ("llamacpp", "tgi")}]
 
 
 @pytest.mark.parametrize("messages", [[{"role": "user", "content": "Hello, world!"}],
