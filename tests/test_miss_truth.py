@@ -106,7 +106,8 @@ def case(engine: str, cause: str, extra: tuple[str, ...] = ()) -> CaseScore:
 @pytest.mark.parametrize(("engine", "cause"), [(e, c) for c in CAUSES for e in ENGINES])
 def test_the_ledger_names_the_injected_cause(engine: str, cause: str) -> None:
     sc = case(engine, cause)  # scored on scored(engine, cause): preemption is queueing on llama.cpp and TGI
-    print(f"{engine:9s} {cause:12s} as {scored(engine, cause):10s} truth {sc.truth:4d} precision {sc.precision:.3f} recall {sc.recall:.3f} "
+    print(f"{engine:9s} {cause:12s} as {scored(engine, cause):10s} truth {sc.truth:4d} "
+          f"precision {sc.precision:.3f} recall {sc.recall:.3f} "
           f"agree {sc.agree}/{sc.misses} unexplained {sc.unexplained_share:.3f}  {dict(sc.pairs)}")
     assert sc.truth >= MIN_MISSES, sc.pairs  # the fault really made misses of its cause
     assert sc.precision >= BAR and sc.recall >= BAR, sc.pairs

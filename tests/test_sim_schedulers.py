@@ -85,7 +85,8 @@ def _drain(engine: Engine) -> tuple[int, int]:
             break
         step = engine.plan_step()
         most = max(most, len(engine.running))
-        assert engine.kv_used == sum(r.kv_tokens + r.reserved for r in engine.running) <= engine.cfg.kv_cache_tokens
+        held = sum(r.kv_tokens + r.reserved for r in engine.running)
+        assert engine.kv_used == held <= engine.cfg.kv_cache_tokens
         engine.finish_step(step, t)
     assert not engine.has_work() and engine.kv_used == 0  # everyone finished and freed all they held
     return engine.num_preemptions, most
@@ -98,7 +99,8 @@ def test_kv_shortage_preempts_on_vllm_and_sglang_and_queues_on_llamacpp_and_tgi(
     """Five 300 + 200-token requests in a 1,000-token KV cache: vLLM and SGLang admit what the prompts need and
     preempt as the outputs grow; llama.cpp (a slot's context is its own) and TGI (the router admits only what the
     block allocator can hold: prompt + max_new_tokens) admit two, whose 500 tokens each fit, and never preempt."""
-    engine = Engine(build_config(overrides={"engine": name, "kv_cache_tokens": 1000, "max_num_batched_tokens": 4096}))
+    engine = Engine(build_config(overrides={"engine": name, "kv_cache_tokens": 1000,
+                                            "max_num_batched_tokens": 4096}))
     assert engine.cfg.reserves_kv == (name in ("llamacpp", "tgi"))
     for i in range(5):
         engine.add(SimRequest(f"r{i}", 300, 200, 200))
@@ -125,7 +127,8 @@ def test_a_reservation_is_held_whole_until_the_request_ends_or_is_aborted() -> N
 
 @pytest.mark.parametrize("name", ["vllm", "sglang", "llamacpp", "tgi"])
 def test_the_trace_opens_with_the_engine_and_whether_it_reserves_kv(name: str) -> None:
-    """The truth (truth_causes.py) reads a wait on a full cache as queueing where KV is reserved: the trace says."""
+    """The truth (truth_causes.py) reads a wait on a full cache as queueing where KV is reserved: the trace
+    says which engine ran."""
     trace = TraceWriter(keep_in_memory=True)
     EngineRuntime(build_config(overrides={"engine": name}), trace)
     assert trace.events == [{"type": "engine", "engine": name, "reserves_kv": name in ("llamacpp", "tgi")}]

@@ -22,15 +22,17 @@ the way the configured ``engine``'s scheduler does (each read from its source):
 
 KV: vllm and sglang write a request's KV as it grows and preempt when it runs out (above). llamacpp and tgi
 never preempt: they hold a request's whole context from its admission (``EngineConfig.reserves_kv``). llama.cpp's
-``server_context`` gives each request a slot whose context is its own until the request ends (no recompute
-preemption); TGI's router (``queue.rs`` ``next_batch``) takes a queued request into a batch only when the block
-allocator can hold its prompt + ``max_new_tokens``, and puts it back otherwise. So here the head of the queue is
-admitted only when the free KV holds its rest of prompt (the prefix cache's hit included) + ``max_tokens``; all
-of it counts as used at once (``SimRequest.reserved``: held beyond what is written), and its later chunks and
-decodes draw on that. On these two a small KV cache is an admission queue, not preemption.
+server (``tools/server/server.cpp``, ``server_context``'s slots) gives each request a slot whose context is its
+own until the request ends (no recompute preemption); TGI's router (``backends/v3/src/queue.rs``
+``State::next_batch``) takes a queued request into a batch only when ``block_allocator.allocate(input_length +
+max_new_tokens + speculate - 1)`` succeeds, and otherwise puts it back at the queue's front. So here the head
+of the queue is admitted only when the free KV holds its rest of prompt (the prefix cache's hit included) +
+``max_tokens``; all of it counts as used at once (``SimRequest.reserved``: held beyond what is written), and its
+later chunks and decodes draw on that. On these two a small KV cache is an admission queue, not preemption.
 
 ``finish_step()`` applies the step at its end: prefills that completed and all decodes each emit one token,
-finished requests leave and free their KV (reservation included). Time never enters here; ``runtime.py`` owns the clock.
+finished requests leave and free their KV (reservation included). Time never enters here; ``runtime.py`` owns
+the clock.
 """
 
 from __future__ import annotations
