@@ -5,6 +5,7 @@ prefill with culprits and little is left unexplained."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import polars as pl
@@ -16,6 +17,7 @@ from loadgen.analysis import server_frames, spikes
 from loadgen.analysis.ledger_evidence import loop_blocks
 from loadgen.drivers import loop_sampler
 from loadgen.analysis.ledger import MISS_SCHEMA, Ledger, miss_ledger
+from loadgen.analysis.objective_samples import ObjectiveSamples
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen import api
 from loadgen.analysis.summary import prefilled, summarize
@@ -318,3 +320,67 @@ def test_on_a_replay_of_long_prefills_the_misses_are_prefill_with_their_culprits
     prefill = rows.filter(pl.col("cause") == "prefill")
     assert all(c and set(c) <= longs for c in prefill["culprits"].to_list())  # each names long prompts
     assert sum(summary["classes"][c]["misses"]["requests"] for c in summary["classes"]) == misses["requests"]
+
+
+def _reasoned(seq: int, sent: float, tokens: int, thought: int, answer_at: float | None, finish: str | None = None,
+              **kw: Any) -> tuple[RequestRecord, list[ChunkRecord]]:
+    record, chunks = _steady(seq, sent, 20, tokens=tokens, **kw)
+    first = None if answer_at is None else int((sent + answer_at) * MS)
+    return replace(record, reasoning_tokens=thought, t_first_answer_ns=first, finish_reason=finish), chunks
+
+
+def test_a_request_that_reasoned_and_never_answered_misses_ttft_answer_as_its_objective_counts() -> None:
+    """No answer token is a miss of ttft_answer_ms whatever the limit (objective_samples.py): the ledger counts
+    the requests its objective does; max_tokens spent reasoning is the request's own budget (own_prompt), any
+    other end is unexplained, an error stays the error's."""
+    slo = SLO | {"ttft_answer_ms": {"p99": 1000}}
+    items = [_reasoned(1, LATE, 200, 100, 1500), _reasoned(2, LATE + 10, 20, 20, None, "length"),
+             _reasoned(3, LATE + 20, 10, 10, None, "stop"), _reasoned(4, LATE + 30, 200, 40, 500),
+             _reasoned(5, LATE + 40, 0, 0, None, error="http_5xx", status=500)]
+    ledger = _ledger(*items, slo=slo)
+    every = _background() + items
+    run = RunAnalysis(requests_frame([r for r, _ in every]), chunks_frame([c for _, cs in every for c in cs]),
+                      "declared")
+    samples = ObjectiveSamples(run.measured.filter(pl.col("ok")), run, 0.95)
+    objective = int((samples.values("ttft_answer_ms") > 1000).sum())
+    judged = ledger.misses.filter(pl.col("missed").list.contains("ttft_answer_ms"))
+    assert judged.height == objective == 3 and samples.misses("ttft_answer_ms") == 2
+    spent, ended = _row(ledger, 2), _row(ledger, 3)
+    assert (spent["metric"], spent["value_ms"], spent["limit_ms"], spent["cause"]) == (
+        "ttft_answer_ms", None, 1000.0, "own_prompt")
+    assert "no answer token: it reasoned 20 of its 20 output tokens (finish_reason length)" in spent["evidence"]
+    assert ended["cause"] == "unknown" and "(finish_reason stop)" in ended["evidence"]
+    assert _row(ledger, 1)["metric"] == "ttft_answer_ms" and _row(ledger, 1)["value_ms"] == pytest.approx(1500)
+    assert _row(ledger, 5)["cause"] == "server_error" and 4 not in ledger.misses["seq"].to_list()
+    assert _ledger(*items).misses.filter(pl.col("missed").list.contains("ttft_answer_ms")).is_empty()  # no limit
+
+
+def _busy(client: pl.DataFrame, shares: dict[float, float], span_s: int = 20) -> pl.DataFrame:
+    """``client`` with loadgen's CPU busy share once a second (ms from the start → share; 0.2 otherwise), each
+    over the second before it, as loop_sampler.py stores it."""
+    rows = {1000.0 * k + 3: 0.2 for k in range(1, span_s)} | shares
+    cpu = pl.DataFrame({"t_ns": [int(t * MS) for t in sorted(rows)], "name": ["cpu_busy_share"] * len(rows),
+                        "value": [rows[t] for t in sorted(rows)]})
+    return pl.concat([client, cpu]).sort("t_ns")
+
+
+def test_loadgens_cpu_busy_share_is_named_in_client_lag_evidence_and_decides_nothing_alone() -> None:
+    """A block over a saturated second reads "CPU saturated" in its client_lag evidence, over a second not
+    saturated the share at most; a gap nothing explains over a saturated second stays unknown (saturation
+    without loop lag adds no time loadgen lost), named so; requests elsewhere carry no CPU words."""
+    written = [LATE + 100 + 10 * i for i in range(120)]
+    read = [max(w, LATE + 1001 + 0.01 * i) for i, w in enumerate(written)]
+    lag = _lags({LATE + 1001: 950.0})  # blocked over [LATE + 51, LATE + 1001]
+    saturated = _busy(lag, {LATE + 1003: 0.99})
+    row = _row(_ledger(_req(1, LATE, read), client=saturated), 1)
+    assert row["cause"] == "client_lag" and "CPU saturated (loadgen's process busy 99% ≥ 95%" in row["evidence"]
+    calm = _row(_ledger(_req(1, LATE, read), client=_busy(lag, {})), 1)
+    assert calm["cause"] == "client_lag" and "loadgen's process busy 20% of a CPU at most" in calm["evidence"]
+    gap = _row(_ledger(_req(3, QUIET, GAPPED), client=_busy(_lags({}), {QUIET + 603: 1.0})), 3)
+    assert gap["cause"] == "unknown" and "saturated (100%)" in gap["evidence"]
+    assert "not called client_lag" in gap["evidence"]
+    queued = _row(_ledger(_steady(2, LATE, 1500), client=saturated), 2)
+    assert queued["cause"] == "queueing" and "CPU" not in queued["evidence"]
+    windows = ev.cpu_windows(saturated)
+    assert windows["c0_ns"][0] == windows["c1_ns"][0] - 1000 * MS
+    assert (windows["c0_ns"][1:] == windows["c1_ns"][:-1]).all()  # each over the time since the previous one

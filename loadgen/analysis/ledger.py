@@ -5,12 +5,13 @@ applies it, ``analysis/ledger_evidence.py`` gathers what it weighs).
 **Limits**, per metric: the smallest of the scenario's goodput limit on it and its tail-most objective's
 limit (max > p999 > p99 > p95 > p90 > p50 > mean). For a percentile objective (TTFT p99 ≤ L) a request
 *missed* it when its own value is above L: those are the requests that make the percentile fail. Judged:
-ttft_ms, e2e_ms, tpot_ms, ttft_answer_ms, itl_ms and chunk_gap_ms (a request missed when one of its gaps is
-over: per token for itl_ms) and errors (any ``error_kind`` but ``cancelled`` at the run's end) always.
-Session metrics and per-prompt-length TTFT limits are not judged here.
+ttft_ms, e2e_ms, tpot_ms, ttft_answer_ms (a request that reasoned and never answered missed it whatever
+the limit, as its objective counts it: analysis/objective_samples.py), itl_ms and chunk_gap_ms (a request
+missed when one of its gaps is over: per token for itl_ms) and errors (any ``error_kind`` but ``cancelled``
+at the run's end) always. Session metrics and per-prompt-length TTFT limits are not judged here.
 
 **The decisive metric** of a request that missed several: an error always, else the largest excess relative
-to its limit. Its cause decides the request's (ledger_rules.py).
+to its limit (no answer token: an infinite excess). Its cause decides the request's (ledger_rules.py).
 
 ``Ledger.misses`` (misses.parquet) has one row per missed request (``MISS_SCHEMA``); ``Ledger.summary`` is
 summary.json's ``misses``: how many missed of how many, the limits, per cause the requests, their share and the
@@ -29,6 +30,7 @@ from loadgen.analysis import ledger_evidence as ev
 from loadgen.analysis import ledger_rules as rules
 from loadgen.analysis import metrics as m
 from loadgen.analysis.prefill import NS_PER_MS, PrefillFit
+from loadgen.analysis.reasoning import never_answered
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.spikes import SpikeAnalysis, attribute
 
@@ -114,10 +116,12 @@ def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) 
     failure) and their worst gap (ledger_evidence.worst_gaps)."""
     gaps = ev.worst_gaps(run, limits.get("itl_ms"), limits.get("chunk_gap_ms"))
     rows = measured.join(gaps, on=KEY, how="left", maintain_order="left")
+    rows = rows.with_columns(no_answer=pl.lit(never_answered(rows)) & pl.col("ok") & pl.lit("ttft_answer_ms" in limits))
     flags = [pl.when(pl.col("error_kind").is_not_null() & (pl.col("error_kind") != "cancelled"))
              .then(pl.lit("error"))]
     flags += [pl.when(pl.col("ok") & (pl.col(k) > limits[k])).then(pl.lit(k))
               for k in REQUEST_JUDGED if k in limits and k in rows.columns]
+    flags += [pl.when(pl.col("no_answer")).then(pl.lit("ttft_answer_ms"))]  # never answered: a miss at any limit
     flags += [pl.when(pl.col(flag).fill_null(False)).then(pl.lit(k))
               for k, flag in (("itl_ms", "itl_over"), ("chunk_gap_ms", "gap_over"))]
     return (rows.with_columns(missed=pl.concat_list(flags).list.drop_nulls())
@@ -131,7 +135,7 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
     gap; server pressure before the first token and in the gap; the transport; the
     class's baseline ITL; the gap's attribution and whether it was the stream's alone; the stalls; the median
     ITL."""
-    blocks, pressure = ev.loop_blocks(client), ev.pressure_windows(server)
+    blocks, pressure, cpu = ev.loop_blocks(client), ev.pressure_windows(server), ev.cpu_windows(client)
     base = dict(spike.summary.get("baseline_itl_ms") or {}) if spike is not None else {
         name: float(run.token_stats(name)["itl_ms"]["p50"] or 0.0) for name in run.classes}  # as spikes.py's
     end_first = pl.coalesce("t_first_token_ns", "t_done_ns")
@@ -155,6 +159,8 @@ def _with_evidence(rows: pl.DataFrame, run: RunAnalysis, spike: SpikeAnalysis | 
         if name == "first":
             rows = rows.with_columns(ev.pressure_during(iv, pressure)["pressure"].alias("pressure_first"))
     rows = rows.with_columns(read_first_ms=pl.min_horizontal("read_first_ms", _held_first(rows, run, base, blocks)))
+    whole = rows.select(KEY, a_ns="t_intended_ns", b_ns=pl.coalesce("t_done_ns", "t_sent_ns", "t_intended_ns"))
+    rows = rows.with_columns(cpu_busy=ev.busy_during(whole.cast(ev.INTERVAL), cpu))  # type: ignore[arg-type]
     left: dict[str, Any] = {"on": KEY, "how": "left", "maintain_order": "left"}  # rows keep their order
     rows = rows.join(_gap_evidence(rows, run, spike, base, blocks, pressure), **left)
     theirs = (spike.stalls.join(rows.select(KEY), on=KEY, how="semi", maintain_order="left") if spike is not None
@@ -245,6 +251,8 @@ def _decisive(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float
     """The decisive metric of a missed row, its value and limit (an error always decides)."""
     if "error" in row["missed"]:
         return "error", None, None
+    if row["no_answer"]:  # no answer token: over any limit (an infinite excess), no value
+        return "ttft_answer_ms", None, limits["ttft_answer_ms"]
     best: tuple[float, str, float, float] | None = None
     for metric in row["missed"]:
         value, limit = ((row["gap_value_ms"], row["gap_limit_ms"]) if metric == row["gap_metric"]
@@ -265,6 +273,8 @@ def _decide(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float |
     own = row["own_prefill_ms"] or 0.0
     if metric == "error":
         verdict = rules.error(row)
+    elif metric == "ttft_answer_ms" and value is None:
+        verdict = rules.no_answer(row, limit)  # type: ignore[arg-type]
     elif metric == "ttft_ms":
         verdict = rules.ttft(row, value, limit, own)  # type: ignore[arg-type]
     elif metric in ("itl_ms", "chunk_gap_ms"):
@@ -276,7 +286,7 @@ def _decide(row: dict[str, Any], limits: dict[str, float]) -> tuple[str, float |
     else:  # ttft_answer_ms: its reasoning tokens are decoded before it
         verdict = rules.e2e(row, value, limit, own, "answer",  # type: ignore[arg-type]
                             (row.get("reasoning_tokens") or 0) + 1)
-    return metric, value, limit, verdict
+    return metric, value, limit, rules.with_cpu(verdict, row)
 
 
 def _frame(rows: pl.DataFrame, decided: list[tuple[str, float | None, float | None, rules.Verdict]],

@@ -1,8 +1,8 @@
 """The evidence the SLO-miss ledger (analysis/ledger.py) weighs, per missed request, as frames: when loadgen's
 own event loop was blocked (client_metrics.parquet's ``loop_lag_ms``), when the server was under pressure
-(server_metrics.parquet: its preemption counter rose, its KV cache was full), how late the response headers
-came beyond the run's usual, each request's worst chunk gap over the limits, whether a gap was the request's
-alone, and the stalls' excess per cause. Pure polars, no I/O.
+(server_metrics.parquet: its preemption counter rose, its KV cache was full), how busy loadgen's process
+was (``cpu_busy_share``), how late the response headers came beyond the run's usual, each request's worst chunk
+gap over the limits, whether a gap was the request's alone, and the stalls' excess per cause. Pure polars, no I/O.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ HEADERS_FIRST = 0.25  # headers count as transport only where they usually come 
 BUSY_LAG_MS = 5.0  # a timer this late says the loop was busy (jitter below it is no block)
 SAMPLER_PERIOD_MS = 50.0  # the loop-lag timer's period (drivers/loop_sampler.py PERIOD_NS; a test holds them equal)
 SAMPLER_GRAIN_MS = 2.0  # its timer's grain (uvloop rounds to 1 ms; loop_sampler.py KEEP_LAG_MS)
+CPU_PERIOD_MS = 1000.0  # the CPU busy share's period (loop_sampler.py HEARTBEAT_NS)
 READ_TOL_MS = 25.0  # a block ending this close before a read delayed it (the loop ran the read right after)
 ALONE_FACTOR = 2.0  # another stream's gap this many baselines long shares the pause
 BURST_FIRSTS = 3  # other requests' first tokens inside a gap that make it a burst (spikes.py's 3)
@@ -69,6 +70,29 @@ def blocked_ms(intervals: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
            .agg(blocked_ms=((pl.min_horizontal("b_ns", "b1_ns") - pl.max_horizontal("a_ns", "b0_ns")) / 1e6).sum()))
     return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left", maintain_order="left")
             .with_columns(pl.col("blocked_ms").fill_null(0.0)))
+
+
+def cpu_windows(client: pl.DataFrame | None) -> pl.DataFrame:
+    """loadgen's CPU busy share (c0_ns, c1_ns, share): each ``cpu_busy_share`` sample covers the wall time since
+    the previous one (the first: ``CPU_PERIOD_MS`` before it), drivers/loop_sampler.py's ``_cpu_sample``."""
+    schema = {"c0_ns": pl.Int64, "c1_ns": pl.Int64, "share": pl.Float64}
+    if client is None or client.is_empty():
+        return pl.DataFrame(schema=schema)
+    cpu = client.filter(pl.col("name") == "cpu_busy_share").sort("t_ns")
+    first_ns = pl.col("t_ns") - int(CPU_PERIOD_MS * NS_PER_MS)
+    return cpu.select(c0_ns=pl.col("t_ns").shift(1).fill_null(first_ns).cast(pl.Int64),
+                      c1_ns=pl.col("t_ns").cast(pl.Int64), share=pl.col("value").cast(pl.Float64))
+
+
+def busy_during(intervals: pl.DataFrame, windows: pl.DataFrame) -> pl.Series:
+    """Per (worker, seq, a_ns, b_ns): the largest CPU busy share of the windows (``cpu_windows``) overlapping it
+    (null: none measured)."""
+    if intervals.is_empty() or windows.is_empty():
+        return pl.Series("cpu_busy", [None] * intervals.height, dtype=pl.Float64)
+    keys = KEY + ["a_ns", "b_ns"]
+    hit = (intervals.join_where(windows, pl.col("c0_ns") < pl.col("b_ns"), pl.col("c1_ns") > pl.col("a_ns"))
+           .group_by(keys).agg(cpu_busy=pl.col("share").max()))
+    return intervals.join(hit, on=keys, how="left", maintain_order="left")["cpu_busy"]
 
 
 def pressure_windows(server: pl.DataFrame | None) -> pl.DataFrame:

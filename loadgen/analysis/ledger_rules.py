@@ -14,6 +14,7 @@ from loadgen.core.secrets import clip
 from loadgen.core.vocabulary import CAUSES
 
 HALF = 0.5  # the largest part decides when it is at least this share of the excess
+CPU_SATURATED = 0.95  # loadgen's process busy this share of a CPU (a second's mean) or more: saturated
 Row = dict[str, Any]
 
 
@@ -48,6 +49,39 @@ def error(row: Row) -> Verdict:
         return Verdict("unknown", "loadgen's own failure (error_kind internal: a bug in loadgen, exit 4)"
                        + (f": {message}" if message else ""))
     return Verdict("network" if kind == "connect" else "server_error", said + (f": {message}" if message else ""))
+
+
+def no_answer(row: Row, limit: float) -> Verdict:
+    """A request that reasoned and never answered (no answer token: a miss of ``ttft_answer_ms`` whatever the
+    limit): stopped by its own ``max_tokens`` while reasoning (finish_reason ``length``) → own_prompt, its own
+    budget spent before an answer, no wait of the server's; any other end → unknown (the evidence names it)."""
+    reason, thought = row.get("finish_reason"), row.get("reasoning_tokens") or 0
+    said = (f"no answer token: it reasoned {thought:,} of its {row['output_tokens'] or 0:,} output tokens "
+            f"(finish_reason {reason or 'not given'})")
+    if reason == "length":
+        return Verdict("own_prompt", f"{said}: its own max_tokens ran out before an answer, over the {ms(limit)} "
+                       "limit whatever the server's speed")
+    return Verdict("unknown", f"{said}: a miss of the {ms(limit)} limit that no latency explains")
+
+
+def with_cpu(verdict: Verdict, row: Row) -> Verdict:
+    """loadgen's CPU busy share over the request (``cpu_busy``: the largest 1-s mean from its intended send to
+    its end) added to a client_lag verdict's evidence, and to an unexplained one's where it was saturated. It
+    decides nothing: the time loadgen lost is its send lag and its loop's lag (a share is a second's mean, and
+    the embedded simulator's CPU counts in it)."""
+    share = row.get("cpu_busy")
+    if share is None or verdict.cause not in ("client_lag", "unknown"):
+        return verdict
+    saturated = share >= CPU_SATURATED
+    if verdict.cause == "client_lag":
+        said = (f"CPU saturated (loadgen's process busy {share:.0%} ≥ {CPU_SATURATED:.0%} of a CPU over it)"
+                if saturated else f"loadgen's process busy {share:.0%} of a CPU at most over it")
+    elif saturated:
+        said = (f"loadgen's CPU was saturated ({share:.0%}) over it, but its send and loop lag do not explain the "
+                "excess: not called client_lag")
+    else:
+        return verdict
+    return Verdict(verdict.cause, f"{verdict.evidence}; {said}", verdict.culprits, verdict.parts)
 
 
 def _wait_cause(row: Row) -> str:
