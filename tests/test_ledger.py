@@ -336,7 +336,7 @@ def test_a_request_that_reasoned_and_never_answered_misses_ttft_answer_as_its_ob
     slo = SLO | {"ttft_answer_ms": {"p99": 1000}}
     items = [_reasoned(1, LATE, 200, 100, 1500), _reasoned(2, LATE + 10, 20, 20, None, "length"),
              _reasoned(3, LATE + 20, 10, 10, None, "stop"), _reasoned(4, LATE + 30, 200, 40, 500),
-             _reasoned(5, LATE + 40, 0, 0, None, error="http_5xx", status=500)]
+             _reasoned(5, LATE + 40, 0, 5, None, error="http_5xx", status=500)]
     ledger = _ledger(*items, slo=slo)
     every = _background() + items
     run = RunAnalysis(requests_frame([r for r, _ in every]), chunks_frame([c for _, cs in every for c in cs]),
@@ -382,5 +382,5 @@ def test_loadgens_cpu_busy_share_is_named_in_client_lag_evidence_and_decides_not
     queued = _row(_ledger(_steady(2, LATE, 1500), client=saturated), 2)
     assert queued["cause"] == "queueing" and "CPU" not in queued["evidence"]
     windows = ev.cpu_windows(saturated)
-    assert windows["c0_ns"][0] == windows["c1_ns"][0] - 1000 * MS
+    assert windows["c0_ns"][0] == windows["c1_ns"][0] - 1000 * MS and ev.CPU_PERIOD_MS * MS == loop_sampler.HEARTBEAT_NS
     assert (windows["c0_ns"][1:] == windows["c1_ns"][:-1]).all()  # each over the time since the previous one

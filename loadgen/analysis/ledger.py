@@ -116,7 +116,8 @@ def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) 
     failure) and their worst gap (ledger_evidence.worst_gaps)."""
     gaps = ev.worst_gaps(run, limits.get("itl_ms"), limits.get("chunk_gap_ms"))
     rows = measured.join(gaps, on=KEY, how="left", maintain_order="left")
-    rows = rows.with_columns(no_answer=pl.lit(never_answered(rows)) & pl.col("ok") & pl.lit("ttft_answer_ms" in limits))
+    answer_judged = pl.lit("ttft_answer_ms" in limits)
+    rows = rows.with_columns(no_answer=pl.lit(never_answered(rows)) & pl.col("ok") & answer_judged)
     flags = [pl.when(pl.col("error_kind").is_not_null() & (pl.col("error_kind") != "cancelled"))
              .then(pl.lit("error"))]
     flags += [pl.when(pl.col("ok") & (pl.col(k) > limits[k])).then(pl.lit(k))
