@@ -24,7 +24,10 @@ Lines (all instants are ``time.monotonic_ns()``, the same clock clients on this 
   prompt tokens the prefix cache held at the request's first admission, 0 with caching off; ``answer_tokens`` =
   ``output_tokens - reasoning_tokens``, tool-call tokens included; ``first_answer_index``: the index of the
   first token after the reasoning, null when none was generated: the step event's ``tokens`` entry for
-  ``[id, first_answer_index, t_write_ns]`` is when the first answer token was written).
+  ``[id, first_answer_index, t_write_ns]`` is when the first answer token was written);
+- ``{"type": "client_block", "t_start_ns", "t_end_ns"}``: not the simulator's own: loadgen appends one per block
+  of its own event loop (``target.simulator.faults.client_block_ms``, loadgen/run/client_faults.py) after the
+  simulator stopped; the window the client read nothing and sent nothing (``truth_causes``' ``hogs_ns``).
 
 A 400 (a request the server cannot take) is not traced. A preempted request's wait is in the steps: it is in
 ``preempted`` of the step that evicted it and in ``prefill`` again (``start`` 0) when it is readmitted.
