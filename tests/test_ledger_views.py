@@ -242,3 +242,11 @@ def doc_with(misses: dict[str, Any] | None) -> dict[str, Any]:
     return copy.deepcopy({"verdict_change": change, "base": "a", "new": "b", "verdict": "ok", "regressed": [],
                           "exit_code": 0, "confidence": 0.95, "replicates": 1000, "paired": True, "warnings": [],
                           "misses": misses, "metrics": []})
+
+
+def test_a_miss_row_says_error_no_answer_or_the_value() -> None:
+    from loadgen.report.misses_report import miss_row
+    base = {"seq": 7, "class_name": "c", "t_intended_ns": T0 + 2 * S, "limit_ms": 500.0, "cause": "own_prompt"}
+    cells = {m: miss_row({**base, "metric": m, "value_ms": v}, T0)[4]
+             for m, v in (("error", None), ("ttft_answer_ms", None), ("ttft_ms", 812.0))}
+    assert cells["error"] == "error" and cells["ttft_answer_ms"] == "no answer" and "812" in cells["ttft_ms"]

@@ -134,7 +134,8 @@ CAUSES: dict[str, str] = {
     "burst": "sends during the gap ran at four times the run's mean rate or more (three sends at least)",
     "queueing": "the request waited at the server beyond its own prefill (admission wait)",
     "own_prompt": "its own work: its own prefill alone (TTFT), or its own prefill and decode at the run's usual "
-                  "pace (E2E), exceeds the limit",
+                  "pace (E2E), exceeds the limit; or it spent its own max_tokens reasoning and never answered "
+                  "(ttft_answer_ms)",
     "load": "the server's batch was slow: every decode step of the request (a large running batch), no single "
             "stall; or a gap in which most streams paused, with no culprit, burst or preemption",
     "unknown": "nothing loadgen can see coincides with the gap; for a request's miss, the evidence does not decide: "

@@ -161,7 +161,8 @@ def culprit_text(culprits: Any) -> str:
 def miss_row(row: dict[str, Any], t0_ns: int) -> tuple[str, ...]:
     """One worst miss as table cells: seq, class, its intended send (s since the run's start), metric, value, limit, cause, evidence, culprits."""
     at_s = (row["t_intended_ns"] - t0_ns) / 1e9 if row.get("t_intended_ns") is not None else None
-    value = "error" if row.get("value_ms") is None else _num(row["value_ms"])
+    value = ("error" if row.get("metric") == "error"
+             else "no answer" if row.get("value_ms") is None else _num(row["value_ms"]))
     return (f"#{row['seq']}", str(row.get("class_name") or ""), "–" if at_s is None else f"{at_s:.1f}",
             str(row.get("metric") or ""), value, _num(row.get("limit_ms")), str(row["cause"]),
             str(row.get("evidence") or ""), culprit_text(row.get("culprits")))
