@@ -467,3 +467,18 @@ def test_a_ttft_miss_blamed_on_loadgen_itself_is_refused_with_its_reason(
                  schema_overrides={"culprits": pl.List(pl.Int64)}).write_parquet(run_dir / "misses.parquet")
     res = CliRunner().invoke(app, ["shrink", str(run_dir), "--request", str(seq), "--no-png"])
     assert res.exit_code == 2 and "loadgen's own lag" in res.output and "404 ms late" in res.output
+
+
+def test_a_slow_client_run_shrinks_to_a_scenario_that_sends_on_time(
+        made_run: tuple[Path, dict[str, Any]], shrunk: Any, tmp_path: Path) -> None:
+    from loadgen.plan.scenario import Scenario
+    from loadgen.shrink.writers import write_scenario
+    info = json.loads((made_run[0] / "run.json").read_text())
+    raw = info["scenario"]
+    faults = raw["target"].setdefault("simulator", {}).setdefault("faults", {})
+    faults.update(client_block_ms=400, client_block_every_s=2, error_rate=0.01)
+    path = write_scenario(tmp_path, Scenario.model_validate(raw), info, shrunk.event, shrunk.items, made_run[0])
+    loaded = load_scenario(path)
+    kept = loaded.target.simulator.faults
+    assert kept is not None and kept.error_rate == 0.01  # the server's faults stay
+    assert not kept.client_block_ms and not kept.client_block_every_s  # loadgen's own blocks are not the event

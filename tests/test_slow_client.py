@@ -85,6 +85,7 @@ def test_unset_it_changes_nothing_and_the_simulator_never_sees_it(tmp_path: Path
     assert build_config(overrides=mixed.target.simulator.overrides()).faults.error_rate == 0.1
 
 
+@pytest.mark.timing  # real busy-waits against the loop's clock: on a quiet machine, in the timing tier
 def test_blocks_come_every_period_from_the_start_and_stop_with_the_run(tmp_path: Path) -> None:
     blocks, notes = ClientBlocks(block_ms=30.0, every_s=0.1), list[str]()
 

@@ -67,8 +67,9 @@ def no_answer(row: Row, limit: float) -> Verdict:
 def with_cpu(verdict: Verdict, row: Row) -> Verdict:
     """loadgen's CPU busy share over the request (``cpu_busy``: the largest 1-s mean from its intended send to
     its end) added to a client_lag verdict's evidence, and to an unexplained one's where it was saturated. It
-    decides nothing: the time loadgen lost is its send lag and its loop's lag (a share is a second's mean, and
-    the embedded simulator's CPU counts in it)."""
+    decides nothing: the time loadgen lost is its send lag and its loop's lag, which are measured; a share is a
+    second's mean (a 600 ms block in an idle second reads ~60 %), and a saturated second adds no lateness that
+    was measured."""
     share = row.get("cpu_busy")
     if share is None or verdict.cause not in ("client_lag", "unknown"):
         return verdict

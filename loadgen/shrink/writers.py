@@ -24,6 +24,7 @@ import yaml
 
 from loadgen.core.secrets import MASK, write_text
 from loadgen.plan.scenario import Scenario
+from loadgen.plan.simulator_spec import CLIENT_FAULTS
 from loadgen.shrink.bodies import Bodies
 from loadgen.shrink.event import Event, Item
 
@@ -74,6 +75,9 @@ def scenario_dict(scenario: Scenario, info: dict[str, Any], event: Event, run_di
               **({"headers": headers} if headers else {})}
     if not embedded:
         target.pop("simulator", None)
+    faults = (target.get("simulator") or {}).get("faults") or {}
+    for name in CLIENT_FAULTS:  # the run's slow-client blocks are not the event: a reproduction sends on time
+        faults.pop(name, None)
     load = scenario.load
     cache_bust = any(c.cache_bust for c in scenario.workload.classes)
     return {"name": f"shrink-{scenario.name}-{event.label}"[:80],
