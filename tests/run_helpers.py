@@ -61,21 +61,25 @@ def records(run_dir: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def read_until(proc: "subprocess.Popen[str]", text: str, timeout_s: float) -> str:
-    """A child's stdout, line by line, until a line holds ``text`` (returns what was read); AssertionError with
-    the last lines if it exits or ``timeout_s`` passes first."""
+    """A child's stdout until a line holds ``text`` (returns what was read); AssertionError with the last lines
+    if it exits or ``timeout_s`` passes first. Reads the pipe's descriptor itself: a buffered ``readline`` after
+    ``select`` can take two lines at once and leave the second in its buffer, where ``select`` never sees it."""
     import selectors
     import time
 
     assert proc.stdout is not None
-    seen: list[str] = []
+    fd = proc.stdout.fileno()
+    got = b""
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(fd, selectors.EVENT_READ)
         while time.monotonic() < deadline and sel.select(max(0.0, deadline - time.monotonic())):
-            line = proc.stdout.readline()
-            if not line:  # exited
+            data = os.read(fd, 65536)
+            if not data:  # exited
                 break
-            seen.append(line)
-            if text in line:
+            got += data
+            seen = got.decode(errors="replace").splitlines(keepends=True)
+            if any(text in line for line in seen):
                 return "".join(seen)
+    seen = got.decode(errors="replace").splitlines(keepends=True)
     raise AssertionError(f"no {text!r} from {proc.args!r}:\n{''.join(seen[-40:])}")

@@ -22,8 +22,10 @@ MAY_IMPORT = {
     "report": {"errors", "core", "records", "plan", "analysis", "report"},
     "advise": {"errors", "core", "records", "plan", "analysis", "report", "advise"},
     "run": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run"},
-    "api": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run", "api"},
-    "cli": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run", "api", "cli"},
+    "shrink": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run", "shrink"},
+    "api": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run", "shrink", "api"},
+    "cli": {"errors", "core", "records", "plan", "drivers", "analysis", "report", "advise", "run", "shrink", "api",
+            "cli"},
 }
 NETWORK = {"httpx", "httpcore", "h11", "httptools", "uvloop", "locust", "gevent", "geventhttpclient", "flask"}
 LOCUST = {"locust", "gevent", "geventhttpclient", "flask"}

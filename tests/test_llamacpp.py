@@ -3,8 +3,9 @@
 `loadgen target llamacpp --build-only` (the build is cached under the user's cache directory; `.ci/run` makes it
 before the tests, about 6 minutes on a fresh 2-core machine), then `loadgen target llamacpp` with 4 slots and
 2048-token slices, `loadgen run scenarios/llamacpp_cpu.yaml` (victim decodes among 1.8k-2.3k-token prompts),
-and again with 256-token slices. Skipped where cmake or the compiler is missing, except under CI.
-Selected alone with `pytest -m llamacpp` (about 2 minutes once built).
+and again with 256-token slices; between the two, a 12-s victims-only run with loadgen's own loop blocked (a
+client-side CPU hog), whose misses the ledger must blame on the client. Skipped where cmake or the compiler is
+missing, except under CI. Selected alone with `pytest -m llamacpp` (about 2.5 minutes once built).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -52,6 +54,7 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     with llama_serving():
         req, chunks, stalls = run_llama_scenario(out)
         checked = assert_check_is_clean(BASE_URL)  # loadgen check: a real llama.cpp can be measured honestly
+        hogged = run_with_loop_blocks(tmp_path / "hogged")
     assert checked["target"]["engine"] == "llamacpp"
     s = summary(out)
 
@@ -73,6 +76,13 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     print(timeline(req, stalls))  # shown by pytest when an assertion below fails
     assert stalls.height >= 4 and share >= 0.8
     assert all(set(c) <= aggressors for c in induced["culprits"].to_list())
+    # the SLO-miss ledger (docs/causes.md): the victims' ITL misses are prefill interference, named by culprit
+    misses = pl.read_parquet(out / "misses.parquet")
+    print(f"ledger: {s['misses']['by_cause']}")
+    assert misses.height >= 4 and s["misses"]["top"][0] == "prefill"
+    named = misses.filter(pl.col("cause") == "prefill")
+    assert named.height >= 0.8 * misses.height
+    assert all(c and set(c) <= aggressors for c in named["culprits"].to_list())
     # the prefill estimate is the server's (a 2k-token prompt takes seconds here), not a decode step
     fit = s["stalls"]["prefill_fit"]
     est_2k_ms = fit["a_ms"] + 2000 * fit["b_ms_per_token"] + 2000 ** 2 * fit["c_ms_per_token2"]
@@ -83,6 +93,8 @@ def test_real_llamacpp_slices_stall_the_running_decodes_and_are_named(built: Non
     assert {"running", "waiting", "prompt_tokens_total", "generation_tokens_total", "steps_total"} <= \
         set(metrics["name"])
     assert metrics.filter(pl.col("name") == "running")["value"].max() >= 2  # type: ignore[operator]
+
+    assert_client_blamed(*hogged)
 
     with llama_serving("--n-batch", "256"):
         req_small, chunks_small, _ = run_llama_scenario(tmp_path / "n256")
@@ -103,3 +115,57 @@ def timeline(requests: pl.DataFrame, stalls: pl.DataFrame) -> str:
                          gap_ms="chunk_gap_ms", tokens="tokens", culprits="culprits", cause="cause")
     with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200):
         return f"long prompts:\n{longs}\nstalls:\n{gaps}"
+
+
+# ---- a client-side CPU hog: loadgen's own loop blocked --------------------------------------------------------
+HOG_AT_S, HOG_MS = (4.0, 7.0, 10.0), 600.0  # seconds after the run's loop started; each blocks it 600 ms
+
+
+def run_with_loop_blocks(out: Path) -> tuple[Path, list[tuple[int, int]]]:
+    """tests/data/llamacpp_victims.yaml (no long prompt) run in this process against llama-server, with a
+    callback that busy-waits HOG_MS on loadgen's event loop at each of HOG_AT_S: a CPU hog in the client."""
+    import asyncio
+    import time
+
+    from loadgen import api
+    from loadgen.run import runner
+
+    windows: list[tuple[int, int]] = []
+
+    def hog() -> None:
+        t0 = time.monotonic_ns()
+        while time.monotonic_ns() - t0 < HOG_MS * 1e6:
+            pass
+        windows.append((t0, time.monotonic_ns()))
+
+    def hogged(run_on_loop: Any) -> Any:
+        def run(coro: Any) -> Any:
+            async def with_hogs() -> Any:
+                handles = [asyncio.get_running_loop().call_later(at_s, hog) for at_s in HOG_AT_S]
+                try:
+                    return await coro
+                finally:
+                    for handle in handles:
+                        handle.cancel()
+            return run_on_loop(with_hogs())
+        return run
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "event_loop_run", hogged(runner.event_loop_run))
+        api.run(Path(__file__).parent / "data" / "llamacpp_victims.yaml", base_url=BASE_URL, out=out)
+    return out, windows
+
+
+def assert_client_blamed(out: Path, windows: list[tuple[int, int]]) -> None:
+    """Every miss of the hogged run is the client's (client_lag), and each was in flight across a block."""
+    assert len(windows) == len(HOG_AT_S)
+    misses = pl.read_parquet(out / "misses.parquet").join(
+        pl.read_parquet(out / "requests.parquet").select("worker", "seq", "t_sent_ns", "t_done_ns"),
+        on=["worker", "seq"])
+    print(f"llama.cpp, loadgen's loop blocked {len(windows)} × {HOG_MS:g} ms: {misses.height} misses, "
+          f"{dict(misses.group_by('cause').len().iter_rows())}")
+    assert misses.height >= 2  # the blocks stalled the streams in flight (ITL over 400 ms; measured: 4)
+    assert (misses["cause"] == "client_lag").all(), misses.select("seq", "cause", "evidence")
+    across = pl.any_horizontal([(pl.col("t_sent_ns") < b) & (pl.col("t_done_ns") > a) for a, b in windows])
+    assert misses.select(across.all()).item()
+

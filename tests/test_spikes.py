@@ -199,3 +199,23 @@ def test_back_to_back_prefills_each_get_their_own_part_of_the_episode():
                for s in (1, 2)]
     ev = _evidence(*victims, _req(8, 10000, 20, [400, 900]), _req(9, 10000, 30, [700, 900]))
     assert ev[8] == pytest.approx(300, abs=1) and ev[9] == pytest.approx(300, abs=1)
+
+
+def test_first_tokens_of_one_step_do_not_collapse_the_fit():
+    """The real-time causes run, 2 in 6: after a block of loadgen's loop a 5000-token and a 200-token prompt went
+    out together while nothing decoded, got their first tokens from one step (read 0.13 ms apart), then both
+    paused for the next prefill. That pause began 0.13 ms before the long prompt's first token and was taken as
+    its prefill: the monotone envelope then put every length at <= 0.13 ms (a = 0.11 ms, b ≈ 0)."""
+    together = [_req(10, 100, 1000, [1302.87, 1371, 1381]), _req(11, 10000, 1000, [1303.0, 1371.1, 1381])]
+    items = [_victim(1, 100, 400), _victim(2, 100, 400), _req(8, 10000, 20, [400, 410]), *together,
+             _req(12, 2000, 1310, [1371.2, 1381])]
+    ev = _evidence(*items)
+    assert ev[11] == pytest.approx(303, abs=1)  # its TTFT: no pause of another stream covers its prefill
+    assert ev[8] == pytest.approx(300, abs=1) and ev[12] == pytest.approx(61.2, abs=1)  # the real evidence stays
+    req = m.with_request_metrics(requests_frame([r for r, _ in items]))
+    gaps = m.chunk_gaps(req, chunks_frame([c for _, cs in items for c in cs]))
+    stalls = spikes.find_stalls(gaps, spikes.baselines(gaps), CFG)
+    fit = prefill.fit_prefill(req, prefill.stall_episodes(req, stalls, 30.0, cuts=req.filter(
+        pl.col("prompt_tokens") >= CFG.long_prompt_tokens)))
+    for tokens, truth_ms in ((10000, 300.0), (2000, 60.0)):  # the engine's 0.03 ms per prompt token
+        assert fit.a + fit.b * tokens + fit.c * tokens**2 == pytest.approx(truth_ms, rel=0.1), (tokens, fit)

@@ -12,11 +12,11 @@ import polars as pl
 import pytest
 
 from loadgen.analysis import compare, metrics, spikes
-from loadgen.analysis.result import StallFigures
+from loadgen.analysis.result import MissFigures, StallFigures
 from loadgen.analysis import sweep_result
 from loadgen.analysis.result import ReasoningFigures, RunResult, SessionFigures
 from loadgen.core.vocabulary import (COMPARABLE_METRICS, FAMILIES, FIGURES, LIMIT_STATS, METRICS, QUANTILES,
-                                     SLO_METRICS, STALL_CAUSES, STATS, ObjectiveId, family_metrics, metric_rows)
+                                     SLO_METRICS, STALL_CAUSES, STATS, CAUSES, ObjectiveId, family_metrics, metric_rows)
 from loadgen.plan.slo_spec import Slo, Thresholds
 from loadgen.report import writers
 from tests.run_helpers import run_cli
@@ -48,6 +48,12 @@ def test_the_tables_rows_and_comparisons_take_their_names_from_the_vocabulary() 
         assert set(names) <= set(compare.METRICS)
     assert set(sweep_result.STEP_METRICS) <= set(METRICS)
     assert spikes.CAUSES == tuple(STALL_CAUSES)
+
+
+def test_a_stalls_cause_and_a_requests_cause_read_the_same() -> None:
+    """One registry of causes (the ledger's decision order), the stall causes its subset with its meanings."""
+    assert all(STALL_CAUSES[c] == CAUSES[c] for c in STALL_CAUSES) and list(CAUSES)[-1] == "unknown"
+    assert list(CAUSES)[:2] == ["server_error", "network"]
 
 
 def test_every_metric_has_a_family_unit_and_basis_and_only_the_families_rows_depend_on_the_run() -> None:
@@ -103,4 +109,7 @@ def test_a_runs_summary_carries_each_objectives_identity_and_every_metrics_stati
     assert all(tuple(table) == STATS for table in summary["metrics"].values())
     causes = set(pl.read_parquet(run_dir / "stalls.parquet")["cause"].to_list())
     assert causes and causes <= set(STALL_CAUSES)
+    misses = pl.read_parquet(run_dir / "misses.parquet")  # the ledger's causes, the one registry's
+    assert set(misses["cause"].to_list()) <= set(CAUSES) and set(summary["misses"]["by_cause"]) <= set(CAUSES)
+    assert set(summary["misses"]) == set(MissFigures.__annotations__)
     assert set(summary["stalls"]) <= set(StallFigures.__annotations__)  # the typed result names every figure

@@ -73,7 +73,7 @@ class AdviseOptions:
 
 def result_of(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,
               server: pl.DataFrame | None = None) -> RunResult:
-    summary, _ = summarize(scenario, requests, chunks, planned, None, server)
+    summary, _ = summarize(scenario, requests, chunks, planned, None, server, ledger=False)
     return RunResult.from_dict(with_headline(summary))
 
 

@@ -95,3 +95,31 @@ def derived_thresholds(scenarios: list[dict[str, Any]], given: dict[str, float |
         else:
             out[metric] = {"value": FALLBACK[metric], "source": f"fallback: no slo.{section}.{key} in either run"}
     return out
+
+
+MISS_FIGURES = ("requests", "share", "goodput_lost")  # per cause, from each run's summary["misses"]["by_cause"]
+
+
+def miss_change(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Per cause, the misses of ``base`` → ``new`` (each a summary.json's dict) from their ledgers
+    (``summary["misses"]``, docs/causes.md): requests missed, share of misses and goodput lost on each side and
+    the change (new − base; a cause one run lacks counts 0 there). ``ledger`` says which runs have one: a run
+    written before the ledger has none, and then no cause is compared."""
+    b, n = base.get("misses"), new.get("misses")
+    ledger = {"base": isinstance(b, dict), "new": isinstance(n, dict)}
+    if not (isinstance(b, dict) and isinstance(n, dict)):
+        return {"ledger": ledger, "causes": []}
+    b_by, n_by = b.get("by_cause") or {}, n.get("by_cause") or {}
+    rows = []
+    for cause in {*b_by, *n_by}:
+        x, y = b_by.get(cause) or {}, n_by.get(cause) or {}
+        row: dict[str, Any] = {"cause": cause}
+        for fig in MISS_FIGURES:
+            row[f"base_{fig}"], row[f"new_{fig}"] = x.get(fig, 0), y.get(fig, 0)
+            row[f"delta_{fig}"] = row[f"new_{fig}"] - row[f"base_{fig}"]
+        rows.append(row)
+    rows.sort(key=lambda r: (-max(r["base_requests"], r["new_requests"]), r["cause"]))
+    totals = {side: {"requests": s.get("requests", 0), "of": s.get("of", 0), "share": s.get("share")}
+              for side, s in (("base", b), ("new", n))}
+    return {"ledger": ledger, **totals, "delta_requests": totals["new"]["requests"] - totals["base"]["requests"],
+            "causes": rows}

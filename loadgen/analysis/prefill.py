@@ -58,7 +58,8 @@ def stall_episodes(requests: pl.DataFrame, stalls: pl.DataFrame, tol_ms: float,
     """(worker, seq, episode_ms): the merged stalls of other streams that began after the request was sent and
     reached its first token, each within ``tol_ms``. An episode holding several prefills back to back is cut at
     the last first token of another request in ``cuts`` (the long prompts) before this one's: the engine's
-    work for this request began no earlier than the previous prefill's end."""
+    work for this request began no earlier than the previous prefill's end. An episode no longer than
+    ``tol_ms`` shows nothing: it began with this request's own first token (within one step), not before it."""
     tol_ns = int(tol_ms * NS_PER_MS)
     r = requests.filter(pl.col("t_first_token_ns").is_not_null()).select(
         pl.col("worker").alias("r_worker"), pl.col("seq").alias("r_seq"), "t_sent_ns", "t_first_token_ns")
@@ -78,8 +79,10 @@ def stall_episodes(requests: pl.DataFrame, stalls: pl.DataFrame, tol_ms: float,
     own = _cut(merged.filter((pl.col("t_start_ns") >= pl.col("t_sent_ns") - tol_ns)
                              & (pl.col("t_end_ns") >= pl.col("t_first_token_ns") - tol_ns)), cuts, tol_ns)
     ms = (pl.min_horizontal("t_end_ns", "t_first_token_ns") - pl.col("t_start_ns")) / NS_PER_MS
-    return (own.group_by("r_worker", "r_seq").agg(episode_ms=ms.min())
-            .filter(pl.col("episode_ms") > 0)
+    # no longer than one step (tol_ms): a stall that began with this first token's step (the streams whose first
+    # tokens the same step wrote, pausing for the next prefill), not one the engine spent on this prompt
+    return (own.with_columns(episode_ms=ms).filter(pl.col("episode_ms") > tol_ms)
+            .group_by("r_worker", "r_seq").agg(pl.col("episode_ms").min())
             .select(pl.col("r_worker").alias("worker").cast(pl.Int64), pl.col("r_seq").alias("seq").cast(pl.Int64),
                     "episode_ms"))
 

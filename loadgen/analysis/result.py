@@ -98,11 +98,31 @@ class StallFigures(TypedDict, total=False):
     sensitivity: dict[str, Any]  # band, near_threshold, low_edge, high_edge (counts), dispersion (docs/verdicts.md)
 
 
+class CauseFigures(TypedDict):
+    """One cause's share of the SLO misses (analysis/ledger.py; the causes: core/vocabulary.py CAUSES)."""
+    requests: int  # requests whose primary cause it is
+    share: float  # of the requests that missed
+    goodput_lost: int  # of those, requests not good by the goodput limits
+    goodput_lost_per_s: float
+
+
+class MissFigures(TypedDict):
+    """The SLO-miss ledger's figures (summary["misses"]; one row per missed request in misses.parquet)."""
+    requests: int  # measured requests that missed a limit
+    of: int  # measured requests
+    share: float
+    limits: dict[str, float]  # per metric: the limit a request is judged against (ms)
+    by_cause: dict[str, CauseFigures]  # causes that occurred, most requests first
+    unexplained_share: float  # of the misses, the share whose cause is unknown
+    top: list[str]  # the leading causes, most requests first
+
+
 class ClassResult(TypedDict):
     requests: RequestCounts
     metrics: dict[str, Percentiles]
     throughput: Throughput
     stalls: StallFigures
+    misses: NotRequired[MissFigures]
 
 
 class GeneratorFigures(TypedDict, total=False):
@@ -201,6 +221,7 @@ class RunResult:
     reasoning: Optional[ReasoningFigures] = None  # a run where some request reasoned (analysis/reasoning.py)
     sessions: Optional[SessionFigures] = None  # a run of agentic sessions (analysis/sessions.py)
     tools: Optional[ToolFigures] = None  # a run where some request called a tool (analysis/reasoning.py)
+    misses: Optional[MissFigures] = None  # the SLO-miss ledger: why requests missed (analysis/ledger.py)
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
     steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)
@@ -220,7 +241,7 @@ class RunResult:
         if self.run_dir is None:
             return {}
         names = ("summary.json", "summary.md", "report.html", "junit.xml", "run.json", "requests.parquet",
-                 "chunks.parquet", "stalls.parquet", "sessions.parquet", "session_steps.parquet",
+                 "chunks.parquet", "stalls.parquet", "misses.parquet", "sessions.parquet", "session_steps.parquet",
                  "server_metrics.parquet", "sim_trace.jsonl")
         return {n: self.run_dir / n for n in names if (self.run_dir / n).exists()}
 

@@ -34,7 +34,7 @@ import polars as pl
 
 from loadgen.core.vocabulary import STALL_CAUSES
 from loadgen.analysis import metrics as m
-from loadgen.analysis.prefill import NS_PER_MS, fit_prefill, prefill_windows, stall_episodes
+from loadgen.analysis.prefill import NS_PER_MS, PrefillFit, fit_prefill, prefill_windows, stall_episodes
 from loadgen.analysis.objective_intervals import batch_dispersion
 from loadgen.analysis.lift import covered, culprit_pairs, lift, lift_narrow
 from loadgen.analysis.run_analysis import ITL_MS, RunAnalysis, gap_ms
@@ -199,6 +199,11 @@ class SpikeAnalysis:
     events: pl.DataFrame
     summary: dict[str, Any]
     per_class: dict[str, dict[str, Any]]
+    # what the SLO-miss ledger reuses (analysis/ledger.py): the long prompts' prefill windows, the prefill fit
+    # and the configuration with its engine step filled in
+    windows: pl.DataFrame | None = None
+    fit: PrefillFit | None = None
+    cfg: SpikeConfig | None = None
 
 
 def config_from(slo: Any, max_in_flight: int | None) -> SpikeConfig:
@@ -256,7 +261,7 @@ def analyze(all_requests: pl.DataFrame, measured: pl.DataFrame, run: RunAnalysis
         c_gaps = run.class_gaps(name)
         per_class[name] = figures(c_stalls, group_events(c_stalls, cfg.group_ms), run.wide(c_gaps), c_ok, windows,
                                   cfg, run, c_gaps)
-    return SpikeAnalysis(stalls, events, summary, per_class)
+    return SpikeAnalysis(stalls, events, summary, per_class, windows, fit, cfg)
 
 
 def sensitivity(run: RunAnalysis, baseline: dict[str, float], cfg: SpikeConfig, windows: pl.DataFrame,

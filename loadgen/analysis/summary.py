@@ -10,6 +10,7 @@ from loadgen.analysis import server_frames
 from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
+from loadgen.analysis.ledger import Ledger, miss_ledger
 from loadgen.analysis.conversations import conversation_figures
 from loadgen.analysis.reasoning import reasoning_figures, tool_figures
 from loadgen.analysis.sessions import SessionFrames
@@ -22,10 +23,14 @@ from loadgen.analysis.slo_stalls import stall_objectives
 
 def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, planned: int | None,
               extra: dict[str, Any] | None = None, server: pl.DataFrame | None = None,
-              run: RunAnalysis | None = None) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
-    """The summary (summary.json) and the derived tables written beside it (``stalls``). ``server``: the
-    scraped server metrics (server_metrics.parquet), whose preemptions confirm stall causes. ``run``: these
-    records' analysis, when the caller keeps it for the report's views (else made here)."""
+              run: RunAnalysis | None = None, client: pl.DataFrame | None = None, ledger: bool = True,
+              ) -> tuple[dict[str, Any], dict[str, pl.DataFrame]]:
+    """The summary (summary.json) and the derived tables written beside it (``stalls``, ``misses``: the
+    SLO-miss ledger, analysis/ledger.py). ``server``: the scraped server metrics (server_metrics.parquet), whose
+    preemptions confirm stall causes and miss causes. ``run``: these records' analysis, when the caller keeps
+    it for the report's views (else made here). ``client``: loadgen's own metrics (client_metrics.parquet: its
+    loop lag), None where the run has none. ``ledger``: False where only the verdict and figures are judged (a
+    candidate replay of advise, size, until): no miss ledger (no ``misses``, no table), at no cost."""
     run = run or RunAnalysis(requests, chunks, scenario.load.steady_state)
     req, measured = run.req, run.measured
     good = _good(measured, scenario)
@@ -38,6 +43,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
+    misses = miss_ledger(run, scenario.slo, spike, server, client, scenario.load.max_in_flight) if ledger else None
     samples = ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence,
                                frames.sessions if frames else None, frames.steps if frames else None)
     sessions = frames.figures() if frames else None
@@ -62,7 +68,8 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "slo": [o.as_dict() for o in objectives],
         "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
-        "classes": _per_class(measured, run, scenario, spike.per_class, unfinished),
+        **({"misses": misses.summary} if misses else {}),
+        "classes": _per_class(measured, run, scenario, spike.per_class, unfinished, misses),
         "lengths": _lengths(measured, [c.name for c in scenario.workload.classes if c.dataset is not None]),
         "window_s": m.window_s(measured),
         "server": server_frames.summary_of(server),
@@ -72,7 +79,8 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "sessions": sessions,
         "findings": run_findings(requests, run.chunks),  # what limits the measurement (loadgen check's signs)
         **(extra or {}),
-    }, {"stalls": spike.stalls, **(frames.tables() if frames else {})}
+    }, {"stalls": spike.stalls, **({"misses": misses.misses} if misses else {}),
+        **(frames.tables() if frames else {})}
 
 
 def _session_frames(measured: pl.DataFrame, scenario: Scenario,
@@ -98,9 +106,9 @@ def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:
 
 
 def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario, stalls: dict[str, dict[str, Any]],
-               not_finished: list[int]) -> dict[str, Any]:
-    """Each class's counts and metric rows; its session rows leave out the sessions the run's end cut short
-    (``not_finished``), as the run's own do."""
+               not_finished: list[int], ledger: Ledger | None) -> dict[str, Any]:
+    """Each class's counts, metric rows and misses; its session rows leave out the sessions the run's end cut
+    short (``not_finished``), as the run's own do."""
     out = {}
     for cls in scenario.workload.classes:
         req = measured.filter(pl.col("class_name") == cls.name)
@@ -109,7 +117,8 @@ def _per_class(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario, sta
         out[cls.name] = {"requests": m.request_counts(req),
                          "metrics": m.metric_table(req, token_stats=run.token_stats(cls.name), kinds=run.families,
                                                    session_stats=frames.stats() if frames else None),
-                         "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {})}
+                         "throughput": m.throughput(req, good), "stalls": stalls.get(cls.name, {}),
+                         **({"misses": ledger.of_class(cls.name, req.height)} if ledger else {})}
     return out
 
 

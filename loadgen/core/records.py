@@ -51,6 +51,9 @@ class RequestRecord:
     t_ready_ns: int | None = None  # when its last parent ended (roots: the session's start)
     wait_ns: int | None = None  # tool wait / think time applied: t_intended_ns = t_ready_ns + wait_ns
     wait_kind: str | None = None  # "tool" | "think" | "none"
+    # the transport (issue 39; None: not measured, or nothing came back)
+    connect_ns: int | None = None  # opening the connection it went out on: TCP + proxy tunnel + TLS; 0: reused
+    t_headers_ns: int | None = None  # the final response's status line and headers read (RFC 9112 §2.1, §6)
 
 
 @dataclass(slots=True)

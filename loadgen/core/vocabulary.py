@@ -1,14 +1,14 @@
 """loadgen's vocabulary, declared once: the metrics (unit, what one sample is, whether an SLO may limit it, which
 way is better, their family: latency always; reasoning and session in a run that has them), the run-level
 figures (``FIGURES``: one value per run, not a distribution), the statistics every metric table carries, the
-stall causes, and an objective's identity as ``(metric, stat)`` rather than a string built in one module and
-parsed in others.
+causes (of a request's miss, of a stall), and an objective's identity as ``(metric, stat)`` rather than a string
+built in one module and parsed in others.
 
 The scenario's SLO fields (``plan/slo_spec.py``), the summary's metric tables (``analysis/metrics.py``), the SLO
 objectives (``analysis/slo.py``), the report's rows (``report/writers.py``), compare's and the capacity
-search's statistics (``analysis/compare.py``, ``analysis/capacity.py``) and the stall analysis
-(``analysis/spikes.py``) take their names from here; ``tests/test_vocabulary.py`` holds each of them to it.
-Standard library only, like the rest of the core.
+search's statistics (``analysis/compare.py``, ``analysis/capacity.py``), the stall analysis
+(``analysis/spikes.py``) and the SLO-miss ledger (``analysis/ledger.py``) take their names from here;
+``tests/test_vocabulary.py`` holds each of them to it. Standard library only, like the rest of the core.
 """
 
 from __future__ import annotations
@@ -116,17 +116,35 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
 )}
 
 
-# Why a stall happened (analysis/spikes.py's attribution), in the order the report lists them.
-STALL_CAUSES: dict[str, str] = {
+# Why a request missed its limits (analysis/ledger.py) or a stall happened (analysis/spikes.py), one registry in
+# the ledger's decision order (docs/causes.md): a stall's cause and a request's cause read the same. ``unknown``
+# is the issue's "unexplained": the evidence does not decide, and the ledger never guesses.
+CAUSES: dict[str, str] = {
+    "server_error": "the request failed at the server: an HTTP error status (429, 5xx, 4xx), an in-band error or "
+                    "a timeout",
+    "network": "the transport: a connect error, or the connect and TLS handshake time, or response headers late "
+               "beyond the run's usual",
+    "client_lag": "a send due during the gap left more than half the gap late, not held by the in-flight cap, or "
+                  "loadgen's event loop was blocked while it should have read: loadgen itself was late",
+    "preemption": "the server's /metrics counted a preemption then, or its KV cache was full (>= 0.95) while the "
+                  "request waited (overrides the other stall causes)",
     "prefill": "long prompts' prefill windows (the culprits) cover the gap: prefill-induced",
     "prefill_burst": "three or more requests got their first token as the gap ended: a batch of prefills admitted "
                      "together, none long enough to be a culprit alone",
     "burst": "sends during the gap ran at four times the run's mean rate or more (three sends at least)",
-    "preemption": "the server's /metrics counted a preemption then (overrides the other causes)",
-    "client_lag": "a send due during the gap left more than half the gap late, not held by the in-flight cap: "
-                  "loadgen's own loop was behind, and read the streams late too",
-    "unknown": "nothing loadgen can see coincides with the gap",
+    "queueing": "the request waited at the server beyond its own prefill (admission wait)",
+    "own_prompt": "its own work: its own prefill alone (TTFT), or its own prefill and decode at the run's usual "
+                  "pace (E2E), exceeds the limit; or it spent its own max_tokens reasoning and never answered "
+                  "(ttft_answer_ms)",
+    "load": "the server's batch was slow: every decode step of the request (a large running batch), no single "
+            "stall; or a gap in which most streams paused, with no culprit, burst or preemption",
+    "unknown": "nothing loadgen can see coincides with the gap; for a request's miss, the evidence does not decide: "
+               "unexplained (never a guess)",
 }
+# Why a stall happened (analysis/spikes.py's attribution), in the order the report lists them: the stall subset
+# of CAUSES, with the same meanings.
+STALL_ORDER = ("prefill", "prefill_burst", "burst", "preemption", "client_lag", "unknown")
+STALL_CAUSES: dict[str, str] = {name: CAUSES[name] for name in STALL_ORDER}
 
 
 @dataclass(frozen=True, order=True)

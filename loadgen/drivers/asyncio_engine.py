@@ -206,16 +206,17 @@ class AsyncioEngine:
         finally:
             self.stats.in_flight.pop(req.seq, None)
             tracker.t_sent_ns = ctx.t_sent_ns or tracker.t_sent_ns
-        record = self._record(tracker, status or 200, kind, message)
+        record = self._record(tracker, status or 200, kind, message, ctx)
         if ctx.raw is not None and record.error_kind not in (None, "cancelled") and self.capture is not None:
             self.capture(record, bytes(ctx.raw))
 
-    def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None) -> RequestRecord:
-        """Finish the tracker's records and hand them on (``status`` 0: nothing came back)."""
+    def _record(self, tracker: StreamTracker, status: int, kind: str | None, message: str | None,
+                ctx: StreamContext | None = None) -> RequestRecord:
+        """Finish the tracker's records, with what the transport measured (``ctx``), and hand them on."""
         now = time.monotonic_ns()
         if tracker.t_sent_ns == 0:  # stopped while waiting for the in-flight cap: never sent
             tracker.t_sent_ns = now
-        record, chunks = finish_tracker(tracker, now, status, kind, message)
+        record, chunks = finish_tracker(tracker, now, status, kind, message, ctx)  # status 0: nothing came back
         self.stats.count(record)
         self.on_record(record, chunks, tracker.answer if tracker.meta.keep_text else "")
         return record

@@ -9,7 +9,9 @@ when it ends: the caller must hand the result back to its own world thread-safel
 
 This module imports neither locust nor gevent; the thread is started with a function the caller supplies
 (under gevent, the original ``_thread.start_new_thread``). What to send is prepared by the run stage's
-``Preparation`` (run/prepare.py), the same path as ``loadgen run``'s, handed in by the caller.
+``Preparation`` (run/prepare.py), the same path as ``loadgen run``'s, handed in by the caller. Its records carry
+the transport's ``connect_ns`` and ``t_headers_ns`` as ``loadgen run``'s do; it runs no loop sampler
+(``loadgen run``'s runner does), so a Locust run has no client_metrics.parquet.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Connection(asyncio.Protocol):
         self.ctx: StreamContext | None = None
         self._feed: Callable[[bytes, int], None] | None = None
         self._pending: list[bytes] = []  # body bytes of the read being parsed (one feed per read, not per chunk)
-        self._t_ns = 0
+        self._t_ns, self.connect_ns = 0, 0  # the read's arrival; how long opening it took (set by lean_transport.py)
         self._interim = False  # the response being parsed is a 1xx (skipped)
         self._until_close = False  # its body ends when the connection closes (RFC 9112 §6.3 rule 8)
         self._discard = False  # its body is not the answer (a redirect's)
@@ -136,7 +136,7 @@ class Connection(asyncio.Protocol):
         self._until_close = (b"content-length" not in names and b"transfer-encoding" not in names
                              and status not in (204, 304))
         if self.ctx is not None:
-            self.ctx.http_version = self.parser.get_http_version()
+            self.ctx.http_version, self.ctx.t_headers_ns = self.parser.get_http_version(), self._t_ns
             self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
             self._discard = status in REDIRECTS
         try:
@@ -208,7 +208,8 @@ class Connection(asyncio.Protocol):
         self._decode, self._capture = None, (ctx.raw if ctx is not None else None)
         self._wire, self._head_end = self._capture is not None, len(self._capture or b"")
         self.body.clear()
-        if ctx is not None:
+        if ctx is not None:  # a fresh connection's opening time goes with its first request only
+            ctx.connect_ns, ctx.t_headers_ns, self.connect_ns = self.connect_ns, None, 0
             await sleep_until(ctx.not_before_ns)  # other streams keep being read while this one waits
             ctx.t_sent_ns = time.monotonic_ns()
         if self.transport is None:  # closed while the request waited for its send time

@@ -183,13 +183,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 return conn
             conn.close()
         scheme, host, port = origin
+        t0_ns = time.monotonic_ns()
         try:
-            return await asyncio.wait_for(self._connect(origin), self.connect_timeout_s)
+            conn = await asyncio.wait_for(self._connect(origin), self.connect_timeout_s)
         except ssl.SSLError as exc:
             raise httpx.ConnectError(f"{host}:{port}: TLS: {exc.reason or exc}") from None
         except (OSError, asyncio.TimeoutError, ProxyError) as exc:
             reason = exc or f"no connection within {self.connect_timeout_s:g} s"
             raise httpx.ConnectError(f"{host}:{port}: {reason}") from None
+        conn.connect_ns = time.monotonic_ns() - t0_ns  # name lookup, TCP, proxy tunnel, TLS handshake
+        return conn
 
     async def _connect(self, origin: Origin) -> Connection:
         """A new connection to ``origin``: direct, to the proxy (http), or through its tunnel (https)."""

@@ -11,6 +11,7 @@ from typing import Protocol
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.tracker import RequestMeta, StreamTracker, bare_record
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
+from loadgen.drivers.stream_context import StreamContext
 from loadgen.drivers.timing import RateCeiling
 from loadgen.plan.schedule import Plan, PlannedRequest
 
@@ -62,12 +63,16 @@ def request_meta(req: PlannedRequest, t_intended_ns: int, after_call: int | None
     return meta
 
 
-def finish_tracker(tracker: StreamTracker, now_ns: int, status: int, kind: str | None,
-                   message: str | None) -> tuple[RequestRecord, list[ChunkRecord]]:
-    """The tracker's records; a bug in the core still leaves the request its record (``internal``)."""
+def finish_tracker(tracker: StreamTracker, now_ns: int, status: int, kind: str | None, message: str | None,
+                   ctx: StreamContext | None = None) -> tuple[RequestRecord, list[ChunkRecord]]:
+    """The tracker's records, with what the transport measured of the request (``ctx``: its connection's
+    opening time, its response head); a bug in the core still leaves the request its record (``internal``)."""
     try:
-        return tracker.finish(now_ns, status, kind, message)
+        record, chunks = tracker.finish(now_ns, status, kind, message)
     except Exception as exc:  # noqa: BLE001 - a bug in the core: the request still has its record
-        return bare_record(tracker.meta, tracker.t_sent_ns, now_ns, status, "internal",
-                           f"loadgen failed on this response (a bug; please report it): "
-                           f"{type(exc).__name__}: {exc}"), []
+        record, chunks = bare_record(tracker.meta, tracker.t_sent_ns, now_ns, status, "internal",
+                                     f"loadgen failed on this response (a bug; please report it): "
+                                     f"{type(exc).__name__}: {exc}"), []
+    if ctx is not None:
+        record.connect_ns, record.t_headers_ns = ctx.connect_ns, ctx.t_headers_ns
+    return record, chunks

@@ -51,8 +51,10 @@ async def _post_once(client: httpx.AsyncClient, direct: tuple[LeanTransport, Pre
                      headers: dict[str, str], body: bytes, ctx: StreamContext) -> int:
     if direct is not None:
         return await direct[0].post(direct[1], body, ctx)
-    feed = ctx.feed
+    feed, ctx.t_headers_ns = ctx.feed, None
     async with client.stream("POST", url, content=body, headers=headers, extensions={CONTEXT_KEY: ctx}) as resp:
+        if ctx.t_headers_ns is None:  # another transport: when it handed the head over
+            ctx.t_headers_ns = time.monotonic_ns()
         status = resp.status_code
         ctx.location = resp.headers.get("location") if status in REDIRECTS else None
         async for data in resp.aiter_raw():  # empty with the lean transport

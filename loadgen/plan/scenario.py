@@ -96,6 +96,13 @@ class Target(_Strict):
                 raise ValueError("the port must be a number from 1 to 65535") from None
         return value.rstrip("/")
 
+    @model_validator(mode="after")
+    def _client_blocks_embedded(self) -> "Target":
+        why = self.simulator.client_blocks_refusal(self.embedded)  # a slow client is the embedded sim's fault
+        if why is not None:
+            raise ValueError(why)
+        return self
+
 
 class Stage(_Strict):
     duration_s: float = Field(gt=0, le=MAX_DURATION_S, description="seconds this stage lasts, after the one before")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 PRESET_NAMES = ("t4-phi3-mini", "a100-llama-7b", "h100-llama-8b")
 DEFAULT_PRESET = "a100-llama-7b"
-LOADGEN_ONLY = ("preset", "trace")  # fields loadgen acts on, not engine settings
+# faults loadgen injects in its own process, beside the embedded simulator (run/client_faults.py)
+CLIENT_FAULTS = ("client_block_ms", "client_block_every_s")
+LOADGEN_ONLY = ("preset", "trace", *CLIENT_FAULTS)  # fields loadgen acts on, not engine settings
 
 
 class _Sparse(BaseModel):
@@ -24,7 +26,10 @@ class _Sparse(BaseModel):
 
 
 class SimulatorFaults(_Sparse):
-    """Faults the simulator injects on demand; every one is off unless set."""
+    """Faults the simulator injects on demand; every one is off unless set. client_block_ms is loadgen's own:
+    a slow client beside the embedded simulator, to see the SLO-miss ledger's client_lag on purpose
+    (docs/causes.md); each block's window is a client_block line in sim_trace.jsonl (trace: true) and a note
+    in run.json."""
 
     error_rate: float | None = Field(None, ge=0, le=1, description="share of requests answered with HTTP 500")
     queue_429_over: int | None = Field(None, ge=0, description="answer 429 when more requests than this are "
@@ -34,6 +39,35 @@ class SimulatorFaults(_Sparse):
     stall_ms: float | None = Field(None, ge=0, description="ms: an engine-wide stall injected into one step "
                                   "every stall_every_s")
     stall_every_s: float | None = Field(None, ge=0, description="seconds between injected stalls (0: never)")
+    network_delay_ms: float | None = Field(None, ge=0, description="ms: requests in network_delay_rate are held "
+                                          "this long before the server reads them (response headers included)")
+    network_delay_rate: float | None = Field(None, ge=0, le=1, description="share of requests held "
+                                             "network_delay_ms")
+    client_block_ms: float | None = Field(None, ge=0, description="ms: a slow client: loadgen keeps its own "
+                                          "event loop busy this long (a CPU hog in its process, not the "
+                                          "server's) every client_block_every_s; embedded target, asyncio "
+                                          "engine only")
+    client_block_every_s: float | None = Field(None, ge=0, description="seconds from the first send to the "
+                                               "first client block, and between blocks")
+
+    @model_validator(mode="after")
+    def _client_blocks_fit(self) -> "SimulatorFaults":
+        block_ms, every_s = self.client_block_ms or 0.0, self.client_block_every_s or 0.0
+        if block_ms and not every_s:
+            raise ValueError("client_block_ms needs client_block_every_s (seconds between blocks, > 0)")
+        if every_s and not block_ms:
+            raise ValueError("client_block_every_s needs client_block_ms (how long each block is, > 0)")
+        if block_ms and every_s * 1e3 <= block_ms:
+            raise ValueError(f"client_block_every_s ({every_s:g} s) must be longer than client_block_ms "
+                             f"({block_ms:g} ms): the loop must run between blocks")
+        return self
+
+    @property
+    def client_blocks(self) -> tuple[float, float] | None:
+        """(client_block_ms, client_block_every_s) when loadgen is to block its own loop; None: off."""
+        if self.client_block_ms and self.client_block_every_s:
+            return self.client_block_ms, self.client_block_every_s
+        return None
 
 
 class SimulatorEffortMedians(_Sparse):
@@ -116,8 +150,20 @@ class SimulatorSpec(_Sparse):
     faults: SimulatorFaults | None = Field(None, description="faults to inject (off by default)")
 
     def overrides(self) -> dict[str, Any]:
-        """The engine fields given (the preset's values stand for the rest), as the simulator takes them."""
-        return {k: v for k, v in self.model_dump().items() if k not in LOADGEN_ONLY}
+        """The engine fields given (the preset's values stand for the rest), as the simulator takes them: the
+        faults loadgen injects itself (CLIENT_FAULTS) left out."""
+        out = {k: v for k, v in self.model_dump().items() if k not in LOADGEN_ONLY}
+        faults = {k: v for k, v in out.pop("faults", {}).items() if k not in CLIENT_FAULTS}
+        return {**out, "faults": faults} if faults else out
+
+    def client_blocks_refusal(self, embedded: bool) -> str | None:
+        """Why these client blocks cannot run against this target (one line), None when they can: they slow
+        loadgen beside its own simulator, whose trace records them; against a URL they would only slow the
+        measurement of someone else's server."""
+        if self.faults is None or self.faults.client_blocks is None or embedded:
+            return None
+        return ("target.simulator.faults.client_block_ms: a slow client is a fault of the embedded simulator's "
+                "runs (target.base_url: embedded); drop it for this target")
 
     @property
     def preset_name(self) -> str:

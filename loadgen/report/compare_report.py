@@ -73,6 +73,38 @@ def _objective_rows(doc: dict[str, Any]) -> list[list[str]]:
 OBJECTIVE_HEAD = ["objective", "base decision", "new decision", "base value", "new value", "limit"]
 
 
+MISS_HEAD = ["cause", "missed", "change", "share of misses", "goodput lost"]  # each base → new
+
+
+def miss_rows(doc: dict[str, Any]) -> list[list[str]]:
+    """Per cause (compare_basis.miss_change): requests missed, share of misses and goodput lost, base → new."""
+    rows = []
+    for r in (doc.get("misses") or {}).get("causes", []):
+        share = " → ".join("–" if x is None else f"{100 * x:.0f}%" for x in (r["base_share"], r["new_share"]))
+        rows.append([r["cause"], f"{r['base_requests']:,} → {r['new_requests']:,}", f"{r['delta_requests']:+,}",
+                     share, f"{r['base_goodput_lost']:,} → {r['new_goodput_lost']:,}"])
+    return rows
+
+
+def miss_line(doc: dict[str, Any]) -> str:
+    """'misses: 42 of 1,200 → 12 of 1,180 (−30)', or which run has no ledger (written before it; no cause is
+    compared); empty for a compare.json written before the ledger."""
+    m = doc.get("misses")
+    if not m:
+        return ""
+    lacking = [side for side in ("base", "new") if not m["ledger"][side]]
+    if lacking:
+        return (f"misses by cause: no ledger in the {' and '.join(lacking)} run's summary (written before it, or a "
+                "repeat's): no cause compared")
+    b, n = m["base"], m["new"]
+    return (f"misses: {b['requests']:,} of {b['of']:,}{_share(b)} → {n['requests']:,} of {n['of']:,}{_share(n)} "
+            f"({m['delta_requests']:+,}); by cause, base → new (docs/causes.md):")
+
+
+def _share(side: dict[str, Any]) -> str:
+    return "" if side.get("share") is None else f" ({100 * side['share']:.1f}%)"
+
+
 def _code(text: str) -> str:
     """A Markdown code span: nothing inside is interpreted, so only backticks need care."""
     return "`" + text.replace("`", "'") + "`"
@@ -98,6 +130,11 @@ def compare_markdown(doc: dict[str, Any], results: list[MetricComparison]) -> st
         status = f"**{c.status}**" if c.status == "regressed" else c.status
         lines.append(f"| `{c.metric}` | {fmt(c.base)} | {fmt(c.new)} | {change_text(c, c.worsening)} | {ci_text(c)} "
                      f"| CI beyond {threshold_text(c)} | {status} |")
+    if miss_line(doc):
+        lines += ["", "### Why requests missed", "", md_escape(miss_line(doc)), ""]
+        if miss_rows(doc):
+            lines += ["| " + " | ".join(MISS_HEAD) + " |", "| --- |" + " ---: |" * (len(MISS_HEAD) - 1)]
+            lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in miss_rows(doc)]
     return "\n".join(lines) + "\n"
 
 
@@ -112,11 +149,27 @@ def print_comparison(console: Console, doc: dict[str, Any], results: list[Metric
         table.add_row(c.metric, compact(c.base), compact(c.new), change_text(c, c.worsening), ci_text(c),
                       f"[{STATUS_STYLE[c.status]}]{c.status}[/]" if STATUS_STYLE[c.status] else c.status)
     console.print(table)
+    print_misses(console, doc)
     for w in doc.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
     verdict = (f"[bold red]REGRESSED[/]: {', '.join(doc['regressed'])}" if doc["regressed"]
                else "[bold green]no regression[/]")
     console.print(f"metrics: {verdict}; exit {doc['exit_code']}", highlight=False)
+
+
+def print_misses(console: Console, doc: dict[str, Any]) -> None:
+    """Per cause, the misses base → new (nothing for a compare.json written before the ledger)."""
+    if not miss_line(doc):
+        return
+    console.print(miss_line(doc), highlight=False, markup=False)
+    if not miss_rows(doc):
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in MISS_HEAD:
+        table.add_column(name, justify="left" if name == "cause" else "right", no_wrap=True)
+    for row in miss_rows(doc):
+        table.add_row(*row)
+    console.print(table)
 
 
 def write_comparison(out_dir: Path, doc: dict[str, Any], results: list[MetricComparison]) -> None:
@@ -141,8 +194,19 @@ def compare_html(doc: dict[str, Any], results: list[MetricComparison]) -> str:
             f"{doc['confidence'] * 100:g}% bootstrap intervals</p>" + objectives
             + "<h2>Metrics</h2><table id=\"metrics\"><tr><th>metric</th><th>base</th><th>new</th><th>change</th>"
             "<th>CI</th><th>regression if beyond</th><th>status</th></tr>" + metrics + "</table>"
+            + misses_html(doc)
             + "".join(f"<p class=\"meta\">warning: {e(w)}</p>" for w in doc.get("warnings", [])))
     return page("loadgen compare", body)
+
+
+def misses_html(doc: dict[str, Any]) -> str:
+    """compare.html's "Why requests missed": the totals, then per cause base → new."""
+    if not miss_line(doc):
+        return ""
+    rows = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in miss_rows(doc))
+    table = (f"<table id=\"misses\"><tr>{''.join(f'<th>{h}</th>' for h in MISS_HEAD)}</tr>{rows}</table>"
+             if rows else "")
+    return f"<h2>Why requests missed</h2><p>{e(miss_line(doc))}</p>{table}"
 
 
 def compare_junit(doc: dict[str, Any], results: list[MetricComparison]) -> bytes:

@@ -14,6 +14,7 @@ from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
+from loadgen.report.misses_report import console_lines as miss_lines
 from loadgen.report.session_report import print_sessions
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
@@ -71,6 +72,8 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in result.reasons:
         console.print(f"  - {reason}", highlight=False, markup=False)
+    for line in miss_lines(result):  # why requests missed: the ledger's top causes (docs/causes.md)
+        console.print(line, highlight=False, markup=False)
     if stall_objective_failed(result):
         console.print(f"hint: a stall objective failed: `loadgen advise {run_dir}` replays this run under other "
                       "server settings (chunked prefill, token budget) and says which would meet it",

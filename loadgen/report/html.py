@@ -15,8 +15,11 @@ import re
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from loadgen.report.charts import Chart
 from loadgen.report.conversation_report import conversations_html
+from loadgen.report.misses_report import misses_html
 from loadgen.report.session_report import sessions_html
 from loadgen.report.writers import COLS, culprit_words, fmt, rows_of, target_line
 from loadgen.core.vocabulary import METRICS
@@ -130,9 +133,9 @@ def header(result: RunResult, name: str, run_name: str) -> str:
               f"req/s over {result.window_s:.1f} s.</p>")
 
 
-def chart_section(chart: Chart) -> str:
+def chart_section(chart: Chart, level: int = 2) -> str:
     note = f"<p class=\"note\">{e(chart.note)}</p>" if chart.note else ""
-    return (f"<section><h2>{e(chart.title)}</h2>{note}<div id=\"{chart.key}\" class=\"chart\"></div>"
+    return (f"<section><h{level}>{e(chart.title)}</h{level}>{note}<div id=\"{chart.key}\" class=\"chart\"></div>"
             f"<script type=\"application/json\" data-chart=\"{chart.key}\">{json_for_script(chart.spec())}</script>"
             "</section>")
 
@@ -144,12 +147,16 @@ def page(title: str, body: str) -> str:
             f"{body}<script>{RENDER_JS}</script></body></html>")
 
 
-def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart], advice_html: str = "") -> str:
-    """The run's page; ``advice_html``: the advice section (``loadgen advise`` wrote advice.json)."""
+def render_page(result: RunResult, name: str, run_name: str, charts: list[Chart], advice_html: str = "",
+                misses: pl.DataFrame | None = None, t0_ns: int = 0, miss_lane: Chart | None = None) -> str:
+    """The run's page; ``advice_html``: the advice section (``loadgen advise`` wrote advice.json); ``misses``:
+    misses.parquet's rows (the worst misses), ``t0_ns`` the run's time origin, ``miss_lane`` their lane chart
+    (report/miss_lane.py), all in the "Why requests missed" section."""
+    lane_html = chart_section(miss_lane, 3) if miss_lane is not None else ""
     return page(f"loadgen: {name} — {result.verdict}",
                 header(result, name, run_name) + "<h2>SLOs</h2>" + slo_table(result)
                 + "<h2>Latency</h2>" + metrics_table(result) + conversations_html(result) + sessions_html(result)
-                + stalls_section(result)
+                + stalls_section(result) + misses_html(result, misses, t0_ns, lane_html)
                 + advice_html
                 + "".join(chart_section(c) for c in charts))
 

@@ -22,7 +22,7 @@ def live_rows(scenario: Scenario, records: list[Any], planned: int | None) -> li
 
     requests = requests_frame([r for r, _ in records])
     chunks = chunks_frame([c for _, cs in records for c in cs])
-    summary, _ = summarize(scenario, requests, chunks, planned)
+    summary, _ = summarize(scenario, requests, chunks, planned, ledger=False)  # the tab shows no causes
     result = RunResult.from_dict(summary)
     rows = []  # Locust's table sorts rows by name: the prefixes keep latency, SLOs and stalls together
     classes = list(result.classes.items())

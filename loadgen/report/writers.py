@@ -12,6 +12,7 @@ from loadgen.core.engines import ENGINES
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import conversations_markdown
+from loadgen.report.misses_report import misses_markdown, misses_of
 from loadgen.report.session_report import sessions_markdown
 from loadgen.report.wording import decision_words, fmt, interval_words, margin_words
 
@@ -62,6 +63,7 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
     lines += conversations_markdown(result)
     lines += sessions_markdown(result, md_escape)
     lines += stalls_markdown(result)
+    lines += misses_markdown(result, md_escape)
     if images:
         lines += ["### Charts", "", "Interactive versions in `report.html`.", ""]
         lines += [f"![{md_escape(title)}]({path})" for title, path in images] + [""]
@@ -154,6 +156,9 @@ def _junit_properties(result: RunResult) -> dict[str, Any]:
              "seed": result.seed, "loadgen.version": result.loadgen_version,
              "decision.rule": (result.decision or {}).get("rule"),
              "decision.confidence": (result.decision or {}).get("confidence")}
+    misses = misses_of(result) or {}
+    props["misses.requests"] = misses.get("requests")
+    props["misses.top_causes"] = ", ".join(misses["top"]) if misses.get("top") else None
     return {k: v for k, v in props.items() if v is not None}
 
 

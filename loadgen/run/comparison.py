@@ -19,7 +19,7 @@ import polars as pl
 
 from loadgen.analysis.compare import (DEFAULT_METRICS, METRICS, MetricComparison, RunSamples, compare, point_figures,
                                       pool_samples, run_samples)
-from loadgen.analysis.compare_basis import derived_thresholds, verdict_change
+from loadgen.analysis.compare_basis import derived_thresholds, miss_change, verdict_change
 from loadgen.analysis.repeat_result import summary_view
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
@@ -166,6 +166,6 @@ def compare_runs(base_dir: Path, new_dir: Path, opts: CompareOptions) -> tuple[d
                       opts.seed, paired)
     meta = {"confidence": opts.confidence, "replicates": opts.replicates, "paired": paired,
             "threshold_pct": opts.threshold_pct, "thresholds": derived, "runs": {"base": base.runs, "new": new.runs},
-            "warnings": _warnings(base, new) + opts.warnings}
+            "warnings": _warnings(base, new) + opts.warnings, "misses": miss_change(base.summary, new.summary)}
     change = verdict_change(base.summary, new.summary)
     return comparison_dict(change, results, str(base_dir), str(new_dir), meta), results

@@ -41,6 +41,7 @@ from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.run import exits  # noqa: E402
 from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
 from loadgen.run.runner import Run, RunOptions  # noqa: E402
+from loadgen.run.client_faults import refuse_client_blocks  # noqa: E402
 from loadgen.run.until import refuse_engine  # noqa: E402
 from loadgen.run.session import RunSession, generator_figures  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
@@ -97,6 +98,7 @@ class LocustRun:
                  launch: WorkerLaunch | None) -> None:
         self.scenario, self.opts, self.console, self.workers, self.launch = scenario, opts, console, workers, launch
         refuse_engine(scenario, "locust")  # load.until: decided is the asyncio engine's (exit 2)
+        refuse_client_blocks(scenario, "locust")  # its users are not on the asyncio loop
         self.plan = build_plan(scenario)
         self.done_workers: set[str] = set()
         self.left_workers: list[str] = []

@@ -20,6 +20,7 @@ from loadgen.drivers.scrape import Scraper  # noqa: E402
 from loadgen.drivers.locust_messages import DONE_MESSAGE, RECORDS_MESSAGE, unpack  # noqa: E402
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.run.client_faults import refuse_client_blocks  # noqa: E402
 from loadgen.run.until import refuse_engine  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.report.llm_tab import LLM_TAB, LLM_TABLE, live_rows  # noqa: E402
@@ -40,6 +41,7 @@ class UiSession:
                  web_login: bool, master: bool, master_bind: tuple[str, int]) -> None:
         self.scenario, self.opts, self.console = scenario, opts, console
         refuse_engine(scenario, "locust (the web UI)")  # load.until: decided is the asyncio engine's
+        refuse_client_blocks(scenario, "locust")  # its users are not on the asyncio loop
         self.plan = build_plan(scenario)
         self.master, (self.master_host, self.master_port) = master, master_bind
         auth_headers(scenario)

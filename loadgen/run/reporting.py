@@ -17,7 +17,9 @@ from loadgen.analysis.summary import summarize
 from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
+from loadgen.report.shrink_report import ShrinkEntry
 from loadgen.report.wording import with_headline
+from loadgen.records.client_metrics import read_client_metrics
 from loadgen.records.scan import as_os_error, load_records, load_server_metrics, merged_pair_damaged, scan_records
 from loadgen.errors import RunDirError as RunDirError
 
@@ -110,14 +112,23 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
              "sessions_not_finished": info.get("sessions_not_finished", [])}
     server = load_server_metrics(run_dir)
     run = RunAnalysis(requests, chunks, scenario.load.steady_state)  # one analysis: the summary and the views read it
-    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run)
+    summary, tables = summarize(scenario, requests, chunks, info.get("planned"), extra, server, run,
+                                client=read_client_metrics(run_dir))
     result = RunResult.from_dict(with_headline(summary), run_dir)
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
-                      load_advice(run_dir), run)
+                      load_advice(run_dir), run, shrinks=load_shrinks(run_dir))
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
+
+
+def stored_misses(run_dir: Path) -> pl.DataFrame | None:
+    """misses.parquet as the run (or its last ``loadgen report``) wrote it; None where there is none."""
+    try:
+        return pl.read_parquet(run_dir / "misses.parquet")
+    except (OSError, pl.exceptions.PolarsError):
+        return None
 
 
 def load_advice(run_dir: Path) -> Advice | None:
@@ -157,7 +168,51 @@ def add_advice_section(run_dir: Path, png: bool) -> None:
     requests, chunks = scan_records(run_dir, [], merge=False)
     try:
         write_report_page(run_dir, RunResult.from_dict(summary, run_dir), scenario.name, stalls, requests, chunks,
-                          png, load_server_metrics(run_dir), load_advice(run_dir))
+                          png, load_server_metrics(run_dir), load_advice(run_dir), stored_misses(run_dir),
+                          shrinks=load_shrinks(run_dir))
     except ValueError:  # not a summary this loadgen reads back
         rebuild_reports(run_dir, png=png)
 
+
+
+def load_shrinks(run_dir: Path) -> list[ShrinkEntry]:
+    """Every ``loadgen shrink`` of the run in its default place (RUN/shrink-*/shrink.json, in name order), with
+    its figure's spec where readable, for report.html's "Smallest reproduction" section; an unreadable or
+    foreign shrink.json is left out."""
+    out = []
+    for path in sorted(run_dir.glob("shrink-*/shrink.json")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("event"), dict):
+            continue
+        spec: dict[str, Any] | None = None
+        try:
+            loaded = json.loads((path.parent / "figure.vl.json").read_text(encoding="utf-8"))
+            spec = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError):
+            pass
+        out.append(ShrinkEntry(path.parent.name, doc, spec, (path.parent / "figure.png").exists()))
+    return out
+
+
+def add_shrink_section(run_dir: Path, png: bool) -> None:
+    """report.html again, with the "Smallest reproduction" section (every RUN/shrink-*/) and advice.json's, from
+    the summary on disk (as ``add_advice_section``; where none is stored, or one this loadgen cannot read back,
+    the whole report is rebuilt first, then the page with the section)."""
+    stored = stored_summary(run_dir)
+    try:
+        result = None if stored is None else RunResult.from_dict(stored[0], run_dir)
+    except ValueError:  # not a summary this loadgen reads back
+        result = None
+    if stored is None or result is None:
+        rebuild_reports(run_dir, png=png)
+        stored = stored_summary(run_dir)
+        if stored is None:  # the disk refused the summary: the rebuilt page stands
+            return
+        result = RunResult.from_dict(stored[0], run_dir)
+    _, scenario = read_run_info(run_dir)
+    requests, chunks = scan_records(run_dir, [], merge=False)
+    write_report_page(run_dir, result, scenario.name, stored[1], requests, chunks, png, load_server_metrics(run_dir),
+                      load_advice(run_dir), stored_misses(run_dir), load_shrinks(run_dir))

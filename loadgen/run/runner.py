@@ -32,13 +32,16 @@ from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.plan.workload import ServerFault
 from loadgen.core.secrets import redact_headers, redact_url, write_text
+from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.drivers.scrape import Scraper
+from loadgen.records.client_metrics import client_metrics_frame, write_client_metrics
+from loadgen.run.client_faults import ClientBlocks, client_blocks, refuse_client_blocks
 from loadgen.run.guards import Captures, FailFast
 from loadgen.run.reporting import rebuild_reports, report_records
 from loadgen.run.session import RunSession, generator_figures
 from loadgen.run.until import DecidedWatch
 from loadgen.plan.until_spec import horizon
-from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, start_embedded
+from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, sim_trace_path, start_embedded
 from loadgen.plan.workload import Prompt, PromptFactory, build_prompts
 
 
@@ -57,6 +60,7 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     """Run and report; returns the result (its run directory set). TargetError → exit 2 before anything is sent;
     SIGINT/SIGTERM before sending → exits.Interrupted."""
     auth_headers(scenario)  # an API key's variable not set: TargetError before anything is created
+    refuse_client_blocks(scenario, "asyncio")  # faults.client_block_ms on a URL target: exit 2
     plan = build_plan(horizon(scenario))  # until: decided: planned for its maximum
     session = RunSession(scenario.name, opts, console)
     run_dir = session.run_dir
@@ -77,6 +81,8 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     finally:
         if sim is not None:
             sim.stop()
+            if run.blocks is not None:  # the slow client's blocks into the (closed) trace: ground truth
+                run.blocks.add_to_trace(sim_trace_path(scenario, run_dir))
     session.phase("writing the reports")
     result = run.summarize(target)
     print_summary(console, result, str(run_dir))
@@ -133,6 +139,7 @@ class Run:
         self.captures = Captures(self.run_dir, opts.capture) if opts.capture else None
         self.started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.until = DecidedWatch(scenario, session) if scenario.load.until == "decided" else None
+        self.blocks = ClientBlocks.of(scenario)  # faults.client_block_ms: loadgen's loop blocked on purpose
 
     @property
     def disk_error(self) -> str | None:
@@ -172,8 +179,9 @@ class Run:
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
             self.session.phase("running")
-            async with self._server_metrics(target):
-                await self._drive(engine)
+            async with self._server_metrics(target), self._client_metrics(target):
+                with client_blocks(self.blocks, target.notes):
+                    await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
@@ -246,6 +254,21 @@ class Run:
         if scraper.warning:
             target.notes.append(scraper.warning)
             self.console.print(f"[yellow]warning:[/] {scraper.warning}", highlight=False)
+
+    @contextlib.asynccontextmanager
+    async def _client_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
+        """Sample loadgen's own loop lag and CPU share while the block runs, on the engine's loop: written as
+        client_metrics.parquet however the block ends (stopped, interrupted, failed), as the records are."""
+        s = LoopSampler()
+        task = asyncio.create_task(s.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its last CPU share taken
+            why = write_client_metrics(self.run_dir, client_metrics_frame(s.t_ns, s.names(), s.values))
+            if why is not None:
+                target.notes.append(why)
 
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:

@@ -56,7 +56,7 @@ def size_from_run(run_dir: Path, opts: SizeOptions, scenario: Scenario | None = 
     run = RunAnalysis(requests, chunks, (scenario or own).load.steady_state)  # the summary's own window
     stored = stored_summary(run_dir) if scenario is None else None
     summary: dict[str, Any] = stored[0] if stored is not None else \
-        summarize(scenario or own, requests, chunks, info.get("planned"), run=run)[0]
+        summarize(scenario or own, requests, chunks, info.get("planned"), run=run, ledger=False)[0]
     if not summary["requests"].get("completed"):
         raise RunDirError(f"{run_dir}: no measured request completed: nothing to size from")
     return size_run(str(run_dir), summary, run, opts)

@@ -24,6 +24,11 @@ class FaultConfig(BaseModel):
     malformed_rate: float = Field(0.0, ge=0, le=1, description="share of streams that get one malformed chunk")
     stall_ms: float = Field(0.0, ge=0, description="an engine-wide stall of this many ms ...")
     stall_every_s: float = Field(0.0, ge=0, description="... injected into one step this often (0 = never)")
+    network_delay_ms: float = Field(0.0, ge=0, description="a slow path in front of the server: requests in "
+                                    "network_delay_rate are held this long (real ms, not time_scale'd) before "
+                                    "the server reads them, so their response headers come that much later")
+    network_delay_rate: float = Field(0.0, ge=0, le=1, description="share of generation requests held "
+                                      "network_delay_ms (a seeded draw of their own)")
 
 
 class EffortMedians(BaseModel):
@@ -81,7 +86,7 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(8192, gt=0)
     max_num_seqs: int = Field(256, gt=0)
     chunked_prefill: bool = False
-    kv_cache_tokens: int = Field(400_000, gt=0)
+    kv_cache_tokens: int = Field(400_000, gt=0)  # vllm, sglang: preempt when short; llamacpp, tgi: reserve
     # automatic prefix caching (prefix_cache.py): reuse the KV of full blocks whose whole prefix matches
     prefix_caching: bool = False
     block_size_tokens: int = Field(16, ge=1, le=1024)
@@ -122,6 +127,12 @@ class EngineConfig(BaseModel):
     def prefill_only_batches(self) -> bool:
         """SGLang and TGI run a prefill as a batch of its own: the running decodes wait for it."""
         return self.engine in ("sglang", "tgi")
+
+    @property
+    def reserves_kv(self) -> bool:
+        """llama.cpp and TGI hold a request's whole context (prompt + max_tokens) from its admission and never
+        preempt (engine.py's docstring): a request waits in the queue until the free KV holds all of it."""
+        return self.engine in ("llamacpp", "tgi")
 
     @model_validator(mode="after")
     def _budget_holds_a_prompt(self) -> "EngineConfig":

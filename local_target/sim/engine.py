@@ -20,8 +20,19 @@ the way the configured ``engine``'s scheduler does (each read from its source):
   the queue holds ``waiting_served_ratio`` × the running batch, or after ``max_waiting_tokens`` decode steps,
   or when nothing is running.
 
+KV: vllm and sglang write a request's KV as it grows and preempt when it runs out (above). llamacpp and tgi
+never preempt: they hold a request's whole context from its admission (``EngineConfig.reserves_kv``). llama.cpp's
+server (``tools/server/server.cpp``, ``server_context``'s slots) gives each request a slot whose context is its
+own until the request ends (no recompute preemption); TGI's router (``backends/v3/src/queue.rs``
+``State::next_batch``) takes a queued request into a batch only when ``block_allocator.allocate(input_length +
+max_new_tokens + speculate - 1)`` succeeds, and otherwise puts it back at the queue's front. So here the head
+of the queue is admitted only when the free KV holds its rest of prompt (the prefix cache's hit included) +
+``max_tokens``; all of it counts as used at once (``SimRequest.reserved``: held beyond what is written), and its
+later chunks and decodes draw on that. On these two a small KV cache is an admission queue, not preemption.
+
 ``finish_step()`` applies the step at its end: prefills that completed and all decodes each emit one token,
-finished requests leave and free their KV. Time never enters here; ``runtime.py`` owns the clock.
+finished requests leave and free their KV (reservation included). Time never enters here; ``runtime.py`` owns
+the clock.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class SimRequest:
     on_finish: Callable[["SimRequest", str], None] = lambda req, reason: None
     generated: int = 0
     kv_tokens: int = 0
+    reserved: int = 0  # KV tokens held beyond kv_tokens: the rest of its context (engines that reserve_kv)
     prefilled: int = 0
     prefill_target: int = 0
     preemptions: int = 0
@@ -107,8 +119,7 @@ class Engine:
         """Drop a request (client went away) wherever it is, freeing its KV."""
         if req in self.running:
             self.running.remove(req)
-            self.kv_used -= req.kv_tokens
-            req.kv_tokens = 0
+            self._release(req)
         elif req in self.waiting:
             self.waiting.remove(req)
 
@@ -164,7 +175,15 @@ class Engine:
         return budget
 
     def _reserve_kv(self, req: SimRequest, need: int, step: Step) -> bool:
-        """Make room for ``need`` more tokens of ``req``, preempting the newest running requests."""
+        """Make room for ``need`` more tokens of ``req``: from its reservation (llama.cpp, TGI), else by
+        preempting the newest running requests."""
+        if self.cfg.reserves_kv:
+            # Its admission reserved prompt + max(max_tokens, stop_after); it writes at most its prompt and
+            # stop_after - 1 decode tokens (the first token comes with the prefill), so this never runs short.
+            assert need <= req.reserved, f"{req.id}: {need} KV tokens beyond its reservation {req.reserved}"
+            req.reserved -= need
+            req.kv_tokens += need
+            return True
         while self.kv_free < need:
             victim = self.running[-1]
             self._preempt(victim, step)
@@ -176,14 +195,18 @@ class Engine:
 
     def _preempt(self, victim: SimRequest, step: Step) -> None:
         self.running.remove(victim)
-        self.kv_used -= victim.kv_tokens
-        victim.kv_tokens = 0
+        self._release(victim)
         victim.prefilled = 0
         victim.prefill_target = victim.prompt_tokens + victim.generated
         victim.preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
         step.preempted.append(victim)
+
+    def _release(self, req: SimRequest) -> None:
+        """Free the KV ``req`` holds: what it wrote and what it still had reserved."""
+        self.kv_used -= req.kv_tokens + req.reserved
+        req.kv_tokens = req.reserved = 0
 
     def _admit_waiting(self, step: Step, budget: int) -> None:
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
@@ -196,16 +219,25 @@ class Engine:
                 need = remaining
             else:
                 break
-            if need <= 0 or self.kv_free < need + hit:
+            held = self._held_at_admission(req, need + hit)
+            if need <= 0 or self.kv_free < held:
                 break
             self.waiting.popleft()
             self.running.append(req)
             if self.prefix_cache is not None and not req.prefilled:
                 self._use_cache(req)
-            self.kv_used += need + hit
+            self.kv_used += held
             req.kv_tokens += need + hit
+            req.reserved = held - need - hit
             step.prefills.append((req, PrefillChunk(need, req.prefilled)))
             budget -= need
+
+    def _held_at_admission(self, req: SimRequest, written: int) -> int:
+        """KV tokens admitting ``req`` takes: those it writes now, or (llama.cpp, TGI) its whole remaining
+        context: the rest of its prompt (the prefix cache's hit included) and its output up to max_tokens."""
+        if not self.cfg.reserves_kv:
+            return written
+        return req.prefill_target - req.prefilled + max(req.max_tokens, req.stop_after) - req.generated
 
     def _cached(self, req: SimRequest) -> int:
         """Prompt tokens of ``req`` the prefix cache holds, when it is admitted from scratch."""
@@ -260,6 +292,5 @@ class Engine:
             self.prefix_cache.insert(block_hashes(req.tokens + generated_tokens(req.generated, req.plan),
                                                   self.cfg.block_size_tokens, parent, full))
         self.running.remove(req)
-        self.kv_used -= req.kv_tokens
-        req.kv_tokens = 0
+        self._release(req)
         req.finish_reason = "length" if req.generated >= req.max_tokens else "stop"

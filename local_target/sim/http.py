@@ -32,6 +32,7 @@ class Connection(asyncio.Protocol):
         self.busy = False  # a request is being answered; further events wait
         self.active: "SimRequest | None" = None  # the engine request this connection is answering
         self.t_received_ns = 0  # when the current request's first bytes arrived (its arrival time)
+        self.network_delay_ms = 0.0  # how long faults.network_delay_ms held it before that (server.py)
 
     # ---- asyncio callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -42,7 +43,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.busy and self.h11.their_state is h11.IDLE:
-            self.t_received_ns = time.monotonic_ns()
+            self.t_received_ns, self.network_delay_ms = time.monotonic_ns(), 0.0
         try:
             self.h11.receive_data(data)
         except h11.RemoteProtocolError:

@@ -21,7 +21,7 @@ from .config import EngineConfig
 from .engine import Engine, SimRequest, Step
 from .metrics import EngineMetrics
 from .reasoning import PhasePlan
-from .trace import TraceWriter
+from .trace import TraceWriter, engine_event
 
 RESYNC_MS = 5.0
 NO_PLAN = PhasePlan()
@@ -41,6 +41,8 @@ class EngineRuntime:
         self._step_no = 0
         self._next_stall_ns: int | None = None
         self._writes: list[list[object]] = []  # token writes reported by the server since the last step
+        if trace:
+            trace.write(engine_event(cfg))
 
     # ---- requests -------------------------------------------------------------------------------------
     def natural_output_tokens(self) -> int:
@@ -48,8 +50,9 @@ class EngineRuntime:
         return max(1, round(self.rng.lognormvariate(0.0, self.cfg.natural_output_sigma)
                             * self.cfg.natural_output_median))
 
-    def submit(self, req: SimRequest, t_arrival_ns: int | None = None) -> None:
-        """Queue ``req``; ``t_arrival_ns`` is when its first byte reached the server (default: now)."""
+    def submit(self, req: SimRequest, t_arrival_ns: int | None = None, network_delay_ms: float = 0.0) -> None:
+        """Queue ``req``; ``t_arrival_ns`` is when its first byte reached the server (default: now), after
+        ``network_delay_ms`` held in front of it (``faults.network_delay_ms``)."""
         req.t_arrival_ns = t_arrival_ns or self.clock()
         self.engine.add(req)
         self.metrics.prompt_tokens_total += req.prompt_tokens
@@ -59,11 +62,30 @@ class EngineRuntime:
                               "prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens,
                               "stop_after": req.stop_after, "effort": plan.effort if plan else None,
                               "reasoning_tokens": plan.reasoning_tokens if plan else 0,
-                              "tool_tokens": plan.tool.tokens if plan and plan.tool else 0})
+                              "tool_tokens": plan.tool.tokens if plan and plan.tool else 0,
+                              "network_delay_ms": round(network_delay_ms, 3)})
         self._wake.set()
 
-    def abort(self, req: SimRequest) -> None:
+    def refused(self, request_id: str, prompt_tokens: int, max_tokens: int, t_arrival_ns: int,
+                network_delay_ms: float, status: int) -> None:
+        """An injected refusal (500, 429) answered at arrival: its request and its finish (reason ``error``)."""
+        if self.trace:
+            self.trace.write({"type": "request", "id": request_id, "t_arrival_ns": t_arrival_ns,
+                              "prompt_tokens": prompt_tokens, "max_tokens": max_tokens, "stop_after": 0,
+                              "effort": None, "reasoning_tokens": 0, "tool_tokens": 0,
+                              "network_delay_ms": round(network_delay_ms, 3)})
+            self.trace.write({"type": "finish", "id": request_id, "t_ns": self.clock(), "reason": "error",
+                              "status": status, "output_tokens": 0, "preemptions": 0, "cached_tokens": 0,
+                              **NO_PLAN.counts(0)})
+
+    def abort(self, req: SimRequest, reason: str | None = None) -> None:
+        """Drop ``req`` (its client went away); ``reason`` (an injected cut: ``disconnect``) is traced as its
+        finish."""
         self.engine.abort(req)
+        if reason is not None and self.trace:
+            self.trace.write({"type": "finish", "id": req.id, "t_ns": self.clock(), "reason": reason,
+                              "output_tokens": req.generated, "preemptions": req.preemptions,
+                              "cached_tokens": req.cached_tokens, **(req.plan or NO_PLAN).counts(req.generated)})
 
     # ---- loop -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +179,7 @@ class EngineRuntime:
             "decode": [r.id for r in step.decodes],
             "preempted": [r.id for r in step.preempted],
             "stall_ms": stall_ms,
+            "kv_usage": round(self.engine.kv_used / self.cfg.kv_cache_tokens, 4),
             "tokens": self._writes,
         })
         self._writes = []

@@ -25,6 +25,10 @@ from .tokenizer import output_token
 from .trace import TraceWriter
 
 
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                              "/v1/embeddings"})
+
+
 @dataclass
 class StreamFaults:
     cut_at: int | None = None  # token index after which the connection is dropped
@@ -120,7 +124,7 @@ class StreamSink:
         if last:
             self.conn.end_stream()
         elif cut:
-            self.app.runtime.abort(req)
+            self.app.runtime.abort(req, reason="disconnect")
             self.conn.abort()
 
 
@@ -130,6 +134,7 @@ class SimApp:
         self.cfg = runtime.cfg
         self.rng = random.Random(self.cfg.seed + 1)
         self.phase_rng = random.Random(self.cfg.seed + 2)  # reasoning lengths and tool calls (reasoning.py)
+        self.net_rng = random.Random(self.cfg.seed + 3)  # faults.network_delay_rate: which requests are held
         self._ids = itertools.count(1)
         self.created = int(time.time())
         self.routes: dict[tuple[str, str], Callable[[Connection, h11.Request, bytes], None]] = {
@@ -147,6 +152,33 @@ class SimApp:
         self.paths = {path for _, path in self.routes}
 
     def dispatch(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        """Answer ``request``; a generation request drawn for ``faults.network_delay_rate`` is held
+        ``network_delay_ms`` first (a slow path in front of the server: nothing, headers included, happens
+        before it is through, and its arrival is when it got through)."""
+        delay_ms = self._network_delay_ms(request)
+        if delay_ms:
+            asyncio.get_running_loop().call_later(delay_ms / 1e3, self._through, conn, request, body)
+        else:
+            self._dispatch(conn, request, body)
+
+    def _network_delay_ms(self, request: h11.Request) -> float:
+        faults = self.cfg.faults
+        if not (faults.network_delay_ms and faults.network_delay_rate) or request.method != b"POST":
+            return 0.0
+        if request.target.decode().split("?", 1)[0] not in GENERATION_PATHS:
+            return 0.0
+        return faults.network_delay_ms if self.net_rng.random() < faults.network_delay_rate else 0.0
+
+    def _through(self, conn: Connection, request: h11.Request, body: bytes) -> None:
+        if conn.transport is None:  # the client left while it was held
+            return
+        due_ns = conn.t_received_ns + int(self.cfg.faults.network_delay_ms * 1e6)
+        while (now := time.monotonic_ns()) < due_ns:  # the loop's timer fires up to a millisecond early
+            pass
+        conn.network_delay_ms, conn.t_received_ns = (now - conn.t_received_ns) / 1e6, now
+        self._dispatch(conn, request, body)
+
+    def _dispatch(self, conn: Connection, request: h11.Request, body: bytes) -> None:
         method, path = request.method.decode(), request.target.decode().split("?", 1)[0]
         try:
             handler = self.routes.get((method, path))
@@ -175,8 +207,8 @@ class SimApp:
         parsed = api.parse_body(body)
         prep = (more_apis.PREPARE[kind](parsed, self.cfg) if kind in more_apis.PREPARE
                 else api.prepare(kind, parsed, self.cfg))  # type: ignore[arg-type]
-        self._inject_refusals()
         request_id = self._request_id(kind, request)
+        self._inject_refusals(conn, request_id, prep)
         plan = self._plan(prep, request_id)
         req = SimRequest(request_id, prep.prompt_tokens, prep.max_tokens, self._stop_after(prep, plan),
                          tokens=prep.tokens if self.cfg.prefix_caching else None, plan=plan)
@@ -194,7 +226,7 @@ class SimApp:
                 r.cached_tokens if self.cfg.prefix_caching else None,
                 self.cfg.reasoning.field_for(self.cfg.engine), self.cfg.engine))
         conn.active = req
-        self.runtime.submit(req, conn.t_received_ns)
+        self.runtime.submit(req, conn.t_received_ns, conn.network_delay_ms)
 
     def _request_id(self, kind: str, request: h11.Request) -> str:
         given = dict(request.headers).get(b"x-request-id")
@@ -218,12 +250,17 @@ class SimApp:
         reasoning = plan.reasoning_tokens if plan is not None else 0
         return min(prep.max_tokens, max(prep.min_tokens, reasoning + self.runtime.natural_output_tokens()))
 
-    def _inject_refusals(self) -> None:
-        faults = self.cfg.faults
+    def _inject_refusals(self, conn: Connection, request_id: str, prep: api.Prepared) -> None:
+        """Raise the injected 500 or 429, if any, after writing it to the trace (``runtime.refused``)."""
+        faults, error = self.cfg.faults, None
         if faults.error_rate and self.rng.random() < faults.error_rate:
-            raise api.ApiError(500, "injected server error", "InternalServerError")
-        if faults.queue_429_over is not None and len(self.runtime.engine.waiting) > faults.queue_429_over:
-            raise api.ApiError(429, "too many requests waiting", "RateLimitError", code="rate_limit_exceeded")
+            error = api.ApiError(500, "injected server error", "InternalServerError")
+        elif faults.queue_429_over is not None and len(self.runtime.engine.waiting) > faults.queue_429_over:
+            error = api.ApiError(429, "too many requests waiting", "RateLimitError", code="rate_limit_exceeded")
+        if error is not None:
+            self.runtime.refused(request_id, prep.prompt_tokens, prep.max_tokens, conn.t_received_ns,
+                                 conn.network_delay_ms, error.status)
+            raise error
 
     def _stream_faults(self, stop_after: int) -> StreamFaults:
         faults, out = self.cfg.faults, StreamFaults()
