@@ -83,3 +83,33 @@ def read_until(proc: "subprocess.Popen[str]", text: str, timeout_s: float) -> st
                 return "".join(seen)
     seen = got.decode(errors="replace").splitlines(keepends=True)
     raise AssertionError(f"no {text!r} from {proc.args!r}:\n{''.join(seen[-40:])}")
+
+
+def _busy_wait(ms: float, windows: list[tuple[int, int]]) -> None:
+    """Block the calling loop for ``ms`` (a CPU hog in loadgen's process); note the window it really took."""
+    import time
+
+    t0 = time.monotonic_ns()
+    while time.monotonic_ns() - t0 < ms * 1e6:
+        pass
+    windows.append((t0, time.monotonic_ns()))
+
+
+def with_loop_blocks(run_on_loop: Any, at_s: tuple[float, ...], ms: float,
+                     windows: list[tuple[int, int]]) -> Any:
+    """``run/runner.event_loop_run`` with busy-waits of ``ms`` scheduled on the run's own loop ``at_s`` seconds
+    after it starts (each block's real window appended to ``windows``), cancelled when the run ends: a client
+    hog for targets the scenario's ``client_block_ms`` does not serve (a URL target; irregular times)."""
+    import asyncio
+
+    def hogged(coro: Any) -> Any:
+        async def with_blocks() -> Any:
+            loop = asyncio.get_running_loop()
+            handles = [loop.call_later(t, _busy_wait, ms, windows) for t in at_s]
+            try:
+                return await coro
+            finally:
+                for handle in handles:
+                    handle.cancel()
+        return run_on_loop(with_blocks())
+    return hogged

@@ -13,14 +13,13 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pytest
 
 from local_target.llamacpp.build import cached_binary, missing_tools
 from tests.real_targets import assert_check_is_clean, run_scenario, serving, worst_victim_gap_ms
-from tests.run_helpers import run_cli, summary
+from tests.run_helpers import run_cli, summary, with_loop_blocks
 
 pytestmark = pytest.mark.llamacpp
 
@@ -124,34 +123,12 @@ HOG_AT_S, HOG_MS = (4.0, 7.0, 10.0), 600.0  # seconds after the run's loop start
 def run_with_loop_blocks(out: Path) -> tuple[Path, list[tuple[int, int]]]:
     """tests/data/llamacpp_victims.yaml (no long prompt) run in this process against llama-server, with a
     callback that busy-waits HOG_MS on loadgen's event loop at each of HOG_AT_S: a CPU hog in the client."""
-    import asyncio
-    import time
-
     from loadgen import api
     from loadgen.run import runner
 
     windows: list[tuple[int, int]] = []
-
-    def hog() -> None:
-        t0 = time.monotonic_ns()
-        while time.monotonic_ns() - t0 < HOG_MS * 1e6:
-            pass
-        windows.append((t0, time.monotonic_ns()))
-
-    def hogged(run_on_loop: Any) -> Any:
-        def run(coro: Any) -> Any:
-            async def with_hogs() -> Any:
-                handles = [asyncio.get_running_loop().call_later(at_s, hog) for at_s in HOG_AT_S]
-                try:
-                    return await coro
-                finally:
-                    for handle in handles:
-                        handle.cancel()
-            return run_on_loop(with_hogs())
-        return run
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "event_loop_run", hogged(runner.event_loop_run))
+        mp.setattr(runner, "event_loop_run", with_loop_blocks(runner.event_loop_run, HOG_AT_S, HOG_MS, windows))
         api.run(Path(__file__).parent / "data" / "llamacpp_victims.yaml", base_url=BASE_URL, out=out)
     return out, windows
 

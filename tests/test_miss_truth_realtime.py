@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import polars as pl
@@ -23,6 +23,7 @@ import pytest
 
 from local_target.sim import build_config
 from local_target.sim.server import serve
+from tests.run_helpers import with_loop_blocks
 from tests.sim_client import chat_body
 
 MODEL = "llama-2-7b"
@@ -117,29 +118,6 @@ NETWORK_DELAY_MS = 1000.0  # the scenario's faults.network_delay_ms
 HOG_AT_S, HOG_MS = (2.0, 6.5, 9.5, 12.5), 500.0
 
 
-def _hog(ms: float, windows: list[tuple[int, int]]) -> None:
-    """Block the calling loop for ``ms`` (a CPU hog in loadgen's process); note the window it really took."""
-    t0 = time.monotonic_ns()
-    while time.monotonic_ns() - t0 < ms * 1e6:
-        pass
-    windows.append((t0, time.monotonic_ns()))
-
-
-def _with_hogs(run_on_loop: Callable[[Any], Any], windows: list[tuple[int, int]]) -> Callable[[Any], Any]:
-    """``run/runner.event_loop_run`` with the hogs scheduled on the run's own loop before the run starts."""
-    def hogged(coro: Any) -> Any:
-        async def with_hogs() -> Any:
-            loop = asyncio.get_running_loop()
-            handles = [loop.call_later(at_s, _hog, HOG_MS, windows) for at_s in HOG_AT_S]
-            try:
-                return await coro
-            finally:
-                for handle in handles:
-                    handle.cancel()
-        return run_on_loop(with_hogs())
-    return hogged
-
-
 @dataclass
 class CausesRun:
     run_dir: Path
@@ -159,7 +137,7 @@ def causes_run(tmp_path_factory: pytest.TempPathFactory) -> CausesRun:
     windows: list[tuple[int, int]] = []
     t0 = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "event_loop_run", _with_hogs(runner.event_loop_run, windows))
+        mp.setattr(runner, "event_loop_run", with_loop_blocks(runner.event_loop_run, HOG_AT_S, HOG_MS, windows))
         result = api.run(SCENARIO, out=tmp_path_factory.mktemp("causes") / "run")
     wall_s = time.monotonic() - t0
     assert result.run_dir is not None
