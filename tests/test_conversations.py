@@ -184,9 +184,11 @@ def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_p
     assert proc.returncode in (0, 1, 3), proc.stderr
     by_turn = _ttft_by_turn(out)
     assert by_turn["turn"].to_list() == [0, 1, 2, 3, 4] and min(by_turn["n"]) >= 4
-    # 1 ms of loopback and parsing, plus the client's own lateness in this run: a loop late by X ms at its sends
-    # (queue_delay_ms p99, measured) reads up to X ms late too (a shared 2-core machine measured 1.32 ms once)
-    tolerance_ms = 1.0 + summary(out)["metrics"]["queue_delay_ms"]["p99"]
+    # 1.5 ms of loopback, HTTP and SSE parsing beside the embedded simulator on 2 cores (measured: 0.6-1.06 ms
+    # over the truth at the median, CI at ab2bfe9 read 1.06 against a 1.05 ms bound), plus the client's own
+    # lateness in this run: a loop late by X ms at its sends (queue_delay_ms p99, measured) reads up to X ms late
+    # too (a shared 2-core machine measured 1.32 ms once)
+    tolerance_ms = 1.5 + summary(out)["metrics"]["queue_delay_ms"]["p99"]
     for turn, measured, truth in by_turn.select("turn", "measured_ms", "truth_ms").iter_rows():
         assert measured == pytest.approx(truth, abs=tolerance_ms), f"turn {turn}"
     first, later = by_turn["truth_ms"][0], by_turn["truth_ms"][1:]

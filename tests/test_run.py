@@ -18,7 +18,7 @@ SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
 # 10-20 s of process start, run, analysis and report); test_every_scenario_is_run_somewhere keeps this honest.
 RUN_ELSEWHERE = {
     "aggressor_victim": "tests/test_spike_truth.py",  # 30 s, attribution scored against the trace
-    "chat": "tests/conftest.py",  # preemption_heavy_run: test_spike_truth (stalls not blamed on prefill), test_server_metrics
+    "chat": "tests/conftest.py",  # preemption_heavy_run: test_spike_truth and test_server_metrics
     "smoke": "tests/test_api.py",  # and in most CLI tests
     "multi_turn": "tests/test_conversations.py",  # TTFT by turn against the truth
     "nightly": "tests/test_ci_outputs.py",  # the workflow's own steps
