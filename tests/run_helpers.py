@@ -85,16 +85,6 @@ def read_until(proc: "subprocess.Popen[str]", text: str, timeout_s: float) -> st
     raise AssertionError(f"no {text!r} from {proc.args!r}:\n{''.join(seen[-40:])}")
 
 
-def _busy_wait(ms: float, windows: list[tuple[int, int]]) -> None:
-    """Block the calling loop for ``ms`` (a CPU hog in loadgen's process); note the window it really took."""
-    import time
-
-    t0 = time.monotonic_ns()
-    while time.monotonic_ns() - t0 < ms * 1e6:
-        pass
-    windows.append((t0, time.monotonic_ns()))
-
-
 def with_loop_blocks(run_on_loop: Any, at_s: tuple[float, ...], ms: float,
                      windows: list[tuple[int, int]]) -> Any:
     """``run/runner.event_loop_run`` with busy-waits of ``ms`` scheduled on the run's own loop ``at_s`` seconds
@@ -102,10 +92,14 @@ def with_loop_blocks(run_on_loop: Any, at_s: tuple[float, ...], ms: float,
     hog for targets the scenario's ``client_block_ms`` does not serve (a URL target; irregular times)."""
     import asyncio
 
+    from loadgen.run.client_faults import ClientBlocks
+
+    blocks = ClientBlocks(block_ms=ms, every_s=0.0, windows_ns=windows)  # its busy-wait, at these times instead
+
     def hogged(coro: Any) -> Any:
         async def with_blocks() -> Any:
             loop = asyncio.get_running_loop()
-            handles = [loop.call_later(t, _busy_wait, ms, windows) for t in at_s]
+            handles = [loop.call_later(t, blocks.block_now) for t in at_s]
             try:
                 return await coro
             finally:

@@ -47,7 +47,7 @@ class SimulatorFaults(_Sparse):
                                           "event loop busy this long (a CPU hog in its process, not the "
                                           "server's) every client_block_every_s; embedded target, asyncio "
                                           "engine only")
-    client_block_every_s: float | None = Field(None, ge=0, description="seconds from the first send to the "
+    client_block_every_s: float | None = Field(None, ge=0, description="seconds from the start of sending to the "
                                                "first client block, and between blocks")
 
     @model_validator(mode="after")
