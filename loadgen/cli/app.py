@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import typer
 
-from loadgen.cli import advise, commands, dataset, shrink, size, sweep, target
+from loadgen.cli import advise, commands, dataset, run, shrink, size, sweep, target
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
 
-for command in (commands.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
+for command in (run.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
                 commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size,
                 shrink.shrink):
     app.command()(command)
