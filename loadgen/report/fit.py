@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from typing import Iterable, Sequence
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -60,6 +60,17 @@ def fit(console: Console, table: Table, keys: Sequence[str] = ()) -> RenderableT
     if needed_width(table) <= console.width:
         return table
     return stacked(table, keys)
+
+
+class Fitted:
+    """A table fitted where it is printed (``fit`` at the width rich offers it): for code that returns tables
+    for others to print (``advice_report.console_tables``)."""
+
+    def __init__(self, table: Table, keys: Sequence[str] = ()) -> None:
+        self.table, self.keys = table, keys
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.table if needed_width(self.table) <= options.max_width else stacked(self.table, self.keys)
 
 
 def legend(names: Iterable[str]) -> str | None:
