@@ -6,10 +6,26 @@ from __future__ import annotations
 
 import typer
 
+import loadgen
 from loadgen.cli import advise, commands, dataset, run, shrink, size, sweep, target
+from loadgen.cli.aliases import AliasGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=AliasGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"loadgen {loadgen.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="print loadgen's version and exit")) -> None:
+    """Load generator and SLO tester for OpenAI-compatible LLM endpoints."""
+
 
 for command in (run.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
                 commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size,

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from loadgen import api
-from loadgen.cli.common import console, fail, load, scenario_overrides
+from loadgen.cli.common import LEVEL, console, fail, load, percent_option, points, scenario_overrides
 from loadgen.core.secrets import redact_url, write_text
 from loadgen.plan.scenario import ScenarioError
 
@@ -22,8 +22,9 @@ def ui(
     scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
     host: str = typer.Option("127.0.0.1", "--host", help="the web UI's interface"),
     port: int = typer.Option(8089, "--port", help="the web UI's port"),
-    web_login: bool = typer.Option(False, "--web-login", help="protect the web UI with Locust's login page"),
-    master: bool = typer.Option(False, "--master", help="run as a Locust master; start workers with "
+    web_login: bool = typer.Option(False, "--web-login/--no-web-login", help="protect the web UI with Locust's "
+                                   "login page"),
+    master: bool = typer.Option(False, "--master/--no-master", help="run as a Locust master; start workers with "
                                 "`loadgen worker SCENARIO --master-host HOST`"),
     master_port: int = typer.Option(5557, "--master-bind-port", help="the master's port for workers"),
     master_bind_host: str = typer.Option("127.0.0.1", "--master-bind-host", help="the master's interface for "
@@ -31,9 +32,9 @@ def ui(
                                          "authentication; give 0.0.0.0 or an address only on a trusted network)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
-    no_png: bool = typer.Option(False, "--no-png", help="as in run"),
-    reports_dir: Path = typer.Option(Path("reports"), "--reports-dir", help="each run goes to "
-                                     "REPORTS_DIR/<time>-<name>/"),
+    png: bool = typer.Option(True, "--png/--no-png", help="as in run"),
+    reports_dir: Path = typer.Option(Path("reports"), "--reports", help="each run goes to "
+                                     "REPORTS/<time>-<name>/"),
 ) -> None:
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
@@ -41,7 +42,7 @@ def ui(
     try:
         api.ui(load(scenario, scenario_overrides(set_, base_url)), host=host, port=port, web_login=web_login,
                master=master, master_bind=(master_bind_host, master_port), reports_dir=reports_dir,
-               png=not no_png, console=console)
+               png=png, console=console)
     except (ScenarioError, api.TargetError) as exc:
         raise fail(str(exc)) from None
 
@@ -92,7 +93,7 @@ def validate(
 
 def schema(
     out: Optional[Path] = typer.Option(None, "--out", help="write it to this file (default: print it)"),
-    markdown: bool = typer.Option(False, "--markdown", help="the scenario reference (docs/scenario.md) generated "
+    markdown: bool = typer.Option(False, "--markdown/--no-markdown", help="the scenario reference (docs/scenario.md) generated "
                                   "from the schema, instead of the schema"),
 ) -> None:
     """Print the scenario file's JSON Schema (editors validate and complete scenarios with it:
@@ -117,7 +118,7 @@ def check(
                                            "simulator)"),
     model: Optional[str] = typer.Option(None, "--model", help="as in run"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object (findings, verdict, exit code)"),
+    json_out: bool = typer.Option(False, "--json/--no-json", help="print one JSON object (findings, verdict, exit code)"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
     """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
@@ -148,7 +149,7 @@ def report(
     run_dir: Path = typer.Argument(..., help="a run directory (reports/<run_id>)"),
     window: Optional[str] = typer.Option(None, "--window", help="the request timeline's window, START:END in "
                                          "seconds since the run's start (default: around the worst stall)"),
-    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts"),
+    png: bool = typer.Option(True, "--png/--no-png", help="the PNG copies of the charts"),
 ) -> None:
     """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
     the run's Parquet records."""
@@ -157,7 +158,7 @@ def report(
 
     try:
         span = parse_window(window) if window else None
-        result = api.report(run_dir, window=span, png=not no_png)
+        result = api.report(run_dir, window=span, png=png)
     except (FileNotFoundError, ScenarioError, ValueError) as exc:
         raise fail(str(exc)) from None
     print_summary(console, result, str(run_dir))
@@ -167,17 +168,20 @@ def report(
 def compare(
     base: Path = typer.Argument(..., help="the baseline run directory"),
     new: Path = typer.Argument(..., help="the run directory to judge"),
-    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency or throughput metric "
-                                    "regressed when its whole confidence interval is worse by more"),
-    error_rate_pp: Optional[float] = typer.Option(None, "--error-rate-pp", help="percentage points, the same "
-                                                  "for the error rate (default: half of the scenario's "
-                                                  "slo.error_rate.max; 1 when neither run sets one)"),
+    threshold: float = percent_option("10%", "--threshold", "a latency or throughput metric regressed when its "
+                                      "whole confidence interval is worse by more", legacy="percent",
+                                      check=(lambda x: x >= 0, "give a percentage of 0% or more")),
+    error_rate_delta: Optional[float] = percent_option(None, "--error-rate-delta", "percentage points, the same "
+                                                       "for the error rate, e.g. 1% (default: half of the "
+                                                       "scenario's slo.error_rate.max; 1% when neither run sets "
+                                                       "one)", legacy="percent"),
     stall_rate_delta: Optional[float] = typer.Option(None, "--stall-rate-delta", help="stalls per 1k output "
                                                      "tokens: a stall rate regressed when its interval is above "
                                                      "by more (default: half of the scenario's stall limit, e.g. "
                                                      "max_prefill_induced_per_1k_tokens 0.1 → 0.05; 0.5 when "
                                                      "neither run sets one)"),
-    confidence: float = typer.Option(0.95, "--confidence", help="confidence level of the bootstrap intervals"),
+    confidence: float = percent_option("95%", "--confidence", "confidence level of the bootstrap intervals",
+                                       legacy="fraction", check=LEVEL),
     replicates: int = typer.Option(1000, "--replicates", help="bootstrap replicates (requests resampled)"),
     metric: list[str] = typer.Option([], "--metric", help="compare only these (repeatable), e.g. itl_ms.p99; "
                                      "default: TTFT p50/p99, ITL p50/p99, TPOT p50, E2E p99, tokens/s, error "
@@ -193,8 +197,8 @@ def compare(
     from loadgen.report.compare_report import print_comparison
 
     try:
-        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=threshold,
-                                 error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
+        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=points(threshold),
+                                 error_rate_pp=None if error_rate_delta is None else points(error_rate_delta), stall_rate_delta=stall_rate_delta,
                                  confidence=confidence, replicates=replicates, seed=seed, out=out or new)
     except (api.CompareError, ScenarioError) as exc:
         raise fail(str(exc)) from None
