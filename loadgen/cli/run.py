@@ -1,43 +1,85 @@
-"""``loadgen run``: a scenario file, or a quick start from flags alone, against a target; writes the run
-directory and prints the verdict. Exit codes (run/exits.py): 0 pass, 1 SLO failed, 2 usage/config error (nothing
-sent), 3 inconclusive or interrupted, 4 internal error."""
+"""``loadgen run``: a scenario file (or a bundled scenario by name), or a quick start from flags alone
+(plan/quick.py), against a target; writes the run directory and prints the verdict. Exit codes (run/exits.py):
+0 pass, 1 SLO failed, 2 usage/config error (nothing sent), 3 inconclusive or interrupted, 4 internal error."""
 
 from __future__ import annotations
 
 import importlib
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from loadgen import api
-from loadgen.cli.common import check_out_dir, console, fail, load, scenario_overrides
+from loadgen.cli import vocabulary
+from loadgen.cli.common import FLAGS, Parser, check_out_dir, console, err, fail, percent_option, \
+    scenario_overrides, seconds_option
+from loadgen.plan import bundled, quick
 from loadgen.plan.scenario import ScenarioError
+
+NO_ARGUMENT = """\
+loadgen run needs a target or a scenario. A quick start, no file needed:
+  loadgen run --base-url http://host:8000/v1 --model M --rate 4 --duration 20
+  loadgen run --base-url embedded --rate 4      (the bundled simulator)
+Or a scenario: loadgen scenario list shows the bundled ones, then
+  loadgen run long_context                      (a bundled one, by name)
+  loadgen run my_scenario.yaml                  (a file; run -h: all flags)"""
+
+
+def _one(kind: str, flag: str, plural: str) -> Parser:
+    """A single number; a comma-separated list is a sweep's (exit 2 with the command that takes one)."""
+    def parse(text: str) -> float:
+        values = vocabulary.numbers(str(text), flag)
+        if len(values) > 1:
+            raise vocabulary.FlagError(f"{flag} {text}: a list of {plural} is a sweep: loadgen sweep {flag} {text}")
+        if kind == "count" and values[0] != int(values[0]):
+            raise vocabulary.FlagError(f"{flag} {text}: give a whole number of users")
+        return values[0]
+    return Parser("list", flag, parse)
 
 
 def run(
-    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible base URL (…/v1); "
-                                           "default: the scenario's, 'embedded' starts the bundled simulator"),
+    scenario: Optional[Path] = typer.Argument(None, help="scenario file (YAML), or a bundled scenario's name "
+                                              "(loadgen scenario list); none: the quick start from the flags"),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible base URL (…/v1; without "
+                                           "/v1 it is tried too); default: the scenario's, 'embedded' starts the "
+                                           "bundled simulator"),
     model: Optional[str] = typer.Option(None, "--model", help="model name ('auto' = first of /v1/models)"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
+    rate: Optional[float] = typer.Option(None, "--rate", metavar="REQ/S", parser=_one("number", "--rate", "rates"),
+                                         help="requests per second, Poisson arrivals (quick start: 1)"),
+    concurrency: Optional[float] = typer.Option(None, "--concurrency", metavar="N", help="closed loop: N users, "
+                                                "each sending its next request when the last one ends",
+                                                parser=_one("count", "--concurrency", "concurrencies")),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", "--input-len", min=1,
+                                                help="prompt tokens per request (quick start: 512)"),
+    output_tokens: Optional[int] = typer.Option(None, "--output-tokens", "--output-len", min=1,
+                                                help="output tokens per request (quick start: 128)"),
+    spread: Optional[float] = percent_option(None, "--spread", "token counts drawn uniformly within ±this share "
+                                             "of --prompt-tokens/--output-tokens (vllm bench's --random-range-ratio"
+                                             "), e.g. 10%"),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="prompts from a file (jsonl, csv, parquet, "
+                                           "ShareGPT .json), or sharegpt-sample (shipped)"),
+    slo: list[str] = typer.Option([], "--slo", metavar="METRIC.STAT=LIMIT", help="an objective, e.g. "
+                                  "ttft_ms.p99=2000 or error_rate.max=1% (repeatable; quick start: no failed "
+                                  "request)"),
+    api_: Optional[str] = typer.Option(None, "--api", help="chat or completions (quick start: chat)"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the run here (default reports/<time>-<name>)"),
-    duration: Optional[float] = typer.Option(None, "--duration", help="measured seconds (load.duration_s)"),
-    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="seconds from send to a "
-                                                    "request's last byte, at most (target.request_timeout_s, "
-                                                    "default 600)"),
-    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="seconds in-flight requests get "
-                                                  "after the last send before the run ends (load.drain_timeout_s, "
-                                                  "default 30)"),
+    duration: Optional[float] = seconds_option(None, "--duration", "measured time, e.g. 20, 90s, 2m "
+                                               "(load.duration_s; quick start: 30s)"),
+    request_timeout: Optional[float] = seconds_option(None, "--request-timeout", "from send to a request's last "
+                                                      "byte, at most (target.request_timeout_s, default 600s)"),
+    drain_timeout: Optional[float] = seconds_option(None, "--drain-timeout", "time in-flight requests get after "
+                                                    "the last send (load.drain_timeout_s, default 30s)", zero_ok=True),
     set_: list[str] = typer.Option([], "--set", help="override any field: --set load.rate_per_s=8 (repeatable)"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
-    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
-                                "from summary.md); report.html is written either way"),
-    no_server_metrics: bool = typer.Option(False, "--no-server-metrics", help="do not scrape the target's "
-                                           "/metrics (default: every --server-metrics-period-s into "
-                                           "server_metrics.parquet)"),
-    server_metrics_period_s: float = typer.Option(0.5, "--server-metrics-period-s", min=0.05,
-                                                  help="seconds between two scrapes of /metrics"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="the live progress bar"),
+    png: bool = typer.Option(True, "--png/--no-png", help="the PNG copies of the charts (charts/*.png, linked "
+                             "from summary.md); report.html is written either way"),
+    server_metrics: bool = typer.Option(True, "--server-metrics/--no-server-metrics", help="scrape the target's "
+                                        "/metrics every --server-metrics-period into server_metrics.parquet"),
+    server_metrics_period: float = seconds_option(0.5, "--server-metrics-period", "time between two scrapes of "
+                                                  "/metrics (at least 50ms)"),
     engine: str = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front "
                                "of the same streaming engine; with --workers, Locust's master/worker mode)"),
     workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
@@ -45,41 +87,76 @@ def run(
     capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N failed responses as received "
                                 "(headers as sent, body de-chunked and decoded, redacted) in the run directory's "
                                 "captures/"),
-    no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
-                                      "requests all fail (default: stop after load.fail_fast_requests, 10)"),
+    fail_fast: bool = typer.Option(True, "--fail-fast/--no-fail-fast", help="stop when the first requests all "
+                                   "fail (load.fail_fast_requests, 10); --no-fail-fast: run the whole plan"),
     repeat: int = typer.Option(1, "--repeat", min=1, help="N runs (2-100), seeds seed…seed+N-1, in OUT/run-NN-seedS/, "
                                "and one combined verdict and report (repeat.json, repeat.html; docs/verdicts.md)"),
 ) -> None:
-    """Run a scenario, write the run directory and print the verdict (--repeat N: N runs, one verdict)."""
+    """Run a scenario (a file, a bundled one by name, or a quick start from --base-url and the load flags), write
+    the run directory and print the verdict (--repeat N: N runs, one verdict)."""
+    if scenario is None and base_url is None:
+        err.print(NO_ARGUMENT, highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(2)
     if engine not in ("asyncio", "locust"):
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
     if workers < 0 or (workers and engine != "locust"):
         raise fail("--workers N needs --engine locust and N >= 0")
     if capture and workers:
         raise fail("--capture keeps what this process received: it works without --workers")
+    if server_metrics_period < 0.05:
+        raise fail(f"--server-metrics-period {server_metrics_period:g}s: give 50ms or more")
+    if api_ is not None and api_ not in ("chat", "completions"):
+        raise fail(f"--api {api_!r}: choose chat or completions")
     if out is not None:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
         importlib.import_module("loadgen.run.locust_run")
-
+    q = quick.QuickLoad(rate, None if concurrency is None else int(concurrency), prompt_tokens, output_tokens,
+                        spread, None if dataset is None else bundled.dataset_path(dataset), tuple(slo), api_)
     try:
-        overrides = scenario_overrides(set_, base_url, model, api_key_env, seconds={
+        sets = scenario_overrides(set_, base_url, model, api_key_env, seconds={
             "load.duration_s": duration, "target.request_timeout_s": request_timeout,
-            "load.drain_timeout_s": drain_timeout}) + (["load.fail_fast_requests=0"] if no_fail_fast else [])
-        sc = load(scenario, overrides)
+            "load.drain_timeout_s": drain_timeout}) + ([] if fail_fast else ["load.fail_fast_requests=0"])
+        sc = _scenario(scenario, q, sets)
         if repeat > 1:
-            raise typer.Exit(_repeat(sc, repeat, out, engine, workers, no_progress, no_png, no_server_metrics))
-        result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
-                         png=not no_png, server_metrics=not no_server_metrics,
-                         server_metrics_period_s=server_metrics_period_s, capture=capture, console=console)
+            raise typer.Exit(_repeat(sc, repeat, out, engine, workers, progress, png, server_metrics))
+        result = api.run(sc, out=out, engine=engine, workers=workers, progress=progress,  # type: ignore
+                         png=png, server_metrics=server_metrics,
+                         server_metrics_period_s=server_metrics_period, capture=capture, console=console)
     except (ScenarioError, api.TargetError) as exc:
+        raise fail(str(exc)) from None
+    except quick.QuickError as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)
 
 
-def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, no_progress: bool,
-            no_png: bool, no_server_metrics: bool) -> int:
+def _load(path: Path, items: list[str]) -> api.Scenario:
+    return api.load_scenario(path, items, {**FLAGS, **quick.FLAGS})
+
+
+def _scenario(arg: Optional[Path], q: quick.QuickLoad, sets: list[str]) -> api.Scenario:
+    """The quick start's scenario (``arg`` None), or the file's (a bundled one by name) with the quick flags
+    as overrides of its single class and its load; ``sets`` (--set and the dedicated flags) apply last."""
+    if arg is None:
+        if not q.slo:
+            console.print(quick.DEFAULT_SLO_LINE, highlight=False, markup=False)
+        with tempfile.TemporaryDirectory(prefix="loadgen-quick-") as tmp:
+            path = Path(tmp) / "quick-start-scenario.yaml"
+            path.write_text(quick.QUICK_YAML)
+            return _load(path, quick.overrides(q) + sets)
+    path = bundled.resolve_scenario_arg(arg)
+    if path != arg:
+        console.print(f"note: {arg} is the bundled scenario {path.stem} (loadgen scenario copy {path.stem}: a copy "
+                      "to edit)", highlight=False, markup=False)
+    sc = _load(path, sets)
+    if not q.given() and q.api is None:
+        return sc
+    return _load(path, quick.overrides(q, len(sc.workload.classes), quick=False) + sets)
+
+
+def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, progress: bool,
+            png: bool, server_metrics: bool) -> int:
     """run --repeat N: N runs and their combined verdict's exit code."""
-    many = api.repeat(sc, n, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
-                      png=not no_png, server_metrics=not no_server_metrics, console=console)
+    many = api.repeat(sc, n, out=out, engine=engine, workers=workers, progress=progress,  # type: ignore
+                      png=png, server_metrics=server_metrics, console=console)
     return many.exit_code
