@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 import loadgen
-from loadgen.cli import advise, commands, dataset, run, shrink, size, sweep, target
+from loadgen.cli import advise, commands, dataset, run, scenario, shrink, size, sweep, target
 from loadgen.cli.aliases import AliasGroup
 
 app = typer.Typer(cls=AliasGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -33,5 +33,6 @@ for command in (run.run, commands.ui, commands.worker, commands.validate, comman
     app.command()(command)
 app.add_typer(target.app, name="target")
 app.add_typer(dataset.app, name="dataset")
+app.add_typer(scenario.app, name="scenario")
 
 __all__ = ["app"]
