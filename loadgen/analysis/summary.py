@@ -10,6 +10,7 @@ from loadgen.analysis import server_frames
 from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
+from loadgen.analysis import figures as fig
 from loadgen.analysis.ledger import Ledger, miss_ledger
 from loadgen.analysis.conversations import conversation_figures
 from loadgen.analysis.reasoning import reasoning_figures, tool_figures
@@ -40,6 +41,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
                                   session_stats=frames.stats() if frames else None)
     tput = m.throughput(measured, good)
+    tput["total_tokens_per_s"] = tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"]
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
@@ -65,6 +67,8 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
         "metrics": metric_table,
         "throughput": tput,
+        "figures": quoted_figures(scenario, measured, tput, server),
+        "mlperf": fig.mlperf(metric_table),
         "slo": [o.as_dict() for o in objectives],
         "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
@@ -81,6 +85,20 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         **(extra or {}),
     }, {"stalls": spike.stalls, **({"misses": misses.misses} if misses else {}),
         **(frames.tables() if frames else {})}
+
+
+def quoted_figures(scenario: Scenario, measured: pl.DataFrame, tput: dict[str, float],
+                   server: pl.DataFrame | None) -> dict[str, Any]:
+    """summary.json's ``figures``: cost per million tokens and energy per token over the measured window
+    (analysis/figures.py), each absent with its reason in ``absent`` where its input is missing."""
+    window_s = m.window_s(measured)
+    output = tput["output_tokens_per_s"] * window_s
+    total = tput["total_tokens_per_s"] * window_s
+    edges = None if measured.is_empty() else (int(measured["t_intended_ns"].min()),  # type: ignore[arg-type]
+                                              int(measured["t_done_ns"].max()))  # type: ignore[arg-type]
+    cost = fig.cost_figures(scenario.cost, window_s, output, total)
+    energy = fig.energy_figures(server, edges, bool(scenario.target.power_metrics), output, total)
+    return {**cost, **energy, "absent": {**cost["absent"], **energy["absent"]}}
 
 
 def _session_frames(measured: pl.DataFrame, scenario: Scenario,
