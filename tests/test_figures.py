@@ -1,0 +1,121 @@
+"""The figures people quote (analysis/figures.py, docs/figures.md): cost per million tokens from a declared price,
+energy per token from the GPUs' power metrics (the counter's delta and the power's integral agree), the MLPerf
+Endpoints convention (tokens/s per user = 1000 / TPOT p90), a sweep's Pareto front, and absent inputs giving
+absent figures with their reason, never 0. Pure tests first (milliseconds); then one short embedded-simulator
+run whose energy per token is checked against the simulator's own energy (local_target/sim/power.py)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+from loadgen.analysis import figures as fig
+from loadgen.drivers.scrape import parse_power
+
+NS = 1_000_000_000
+
+
+def test_cost_per_million_tokens_is_the_price_of_the_measured_hours_over_the_tokens() -> None:
+    # 3.60 per hour for 100 s is 0.10; over 100,000 tokens that is 1.00 per million
+    assert fig.cost_per_1m_tokens(3.6, 100.0, 100_000) == pytest.approx(1.0)
+    out = fig.cost_figures(SimpleNamespace(price_per_hour=3.6, currency="EUR"), 100.0, 100_000, 400_000)
+    assert out["cost_per_1m_output_tokens"] == pytest.approx(1.0)
+    assert out["cost_per_1m_total_tokens"] == pytest.approx(0.25)
+    assert out["currency"] == "EUR" and out["absent"] == {}
+
+
+def test_without_a_price_or_tokens_the_cost_is_absent_and_says_why() -> None:
+    out = fig.cost_figures(None, 100.0, 1000, 2000)
+    assert "cost_per_1m_output_tokens" not in out
+    assert out["absent"]["cost_per_1m_output_tokens"] == "no cost.price_per_hour declared in the scenario"
+    none = fig.cost_figures(SimpleNamespace(price_per_hour=2.0, currency="USD"), 10.0, 0, 0)
+    assert none["cost_per_1m_output_tokens"] is None and none["absent"]["cost_per_1m_total_tokens"]
+
+
+def _power_w(t_s: float) -> float:
+    return 300.0 + 100.0 * math.sin(t_s / 3.0)
+
+
+def _energy_j(t_s: float) -> float:  # ∫ of _power_w from 0, plus what the GPUs used before
+    return 5_000.0 + 300.0 * t_s + 300.0 * (1.0 - math.cos(t_s / 3.0))
+
+
+def _scrapes(names: tuple[str, ...] = (fig.POWER_W, fig.ENERGY_J)) -> pl.DataFrame:
+    rows = []
+    for i in range(61):  # every 0.5 s for 30 s
+        t = i * 0.5
+        rows += [(int(t * NS), name, _power_w(t) if name == fig.POWER_W else _energy_j(t)) for name in names]
+    return pl.DataFrame(rows, schema={"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}, orient="row")
+
+
+def test_the_energy_counter_and_the_integral_of_power_agree_over_a_window_between_scrapes() -> None:
+    t0, t1 = int(2.3 * NS), int(27.9 * NS)
+    truth = _energy_j(27.9) - _energy_j(2.3)
+    counter, how = fig.window_energy(_scrapes(), t0, t1)
+    integral, how2 = fig.window_energy(_scrapes((fig.POWER_W,)), t0, t1)
+    assert (how, how2) == ("counter", "integral")
+    assert counter == pytest.approx(truth, rel=1e-3)
+    assert integral == pytest.approx(truth, rel=1e-3)
+    assert integral == pytest.approx(counter, rel=2e-3)
+
+
+def test_energy_figures_divide_the_window_energy_by_tokens_and_the_window() -> None:
+    t0, t1 = 2 * NS, 12 * NS
+    out = fig.energy_figures(_scrapes(), (t0, t1), True, output_tokens=1000, total_tokens=5000)
+    energy = _energy_j(12) - _energy_j(2)
+    assert out["energy_j_per_output_token"] == pytest.approx(energy / 1000, rel=1e-3)
+    assert out["energy_j_per_total_token"] == pytest.approx(energy / 5000, rel=1e-3)
+    assert out["power_w_mean"] == pytest.approx(energy / 10, rel=1e-3)
+    assert out["energy_source"] == "counter" and out["absent"] == {}
+
+
+@pytest.mark.parametrize(("server", "declared", "window", "why"), [
+    (None, False, (0, NS), "no target.power_metrics declared"),
+    (None, True, (0, NS), "no power metrics were scraped"),
+    (_scrapes(), True, None, "no measured requests"),
+    (_scrapes(), True, (40 * NS, 50 * NS), "the power scrapes do not cover the measured window"),
+])
+def test_missing_power_inputs_leave_the_energy_figures_absent_with_the_reason(
+        server: pl.DataFrame | None, declared: bool, window: tuple[int, int] | None, why: str) -> None:
+    out = fig.energy_figures(server, window, declared, 100, 200)
+    assert out == {"absent": dict.fromkeys(("energy_j_per_output_token", "energy_j_per_total_token",
+                                            "power_w_mean"), why)}
+
+
+def test_tokens_per_second_per_user_is_1000_over_tpot_p90() -> None:
+    metrics = {"ttft_ms": {"p90": 120.0, "p99": 300.0}, "tpot_ms": {"p90": 20.0, "p50": 10.0}}
+    assert fig.mlperf(metrics) == {"ttft_p90_ms": 120.0, "tpot_p90_ms": 20.0, "tokens_per_s_per_user": 50.0}
+    assert fig.mlperf({"ttft_ms": {"p90": 5.0}, "tpot_ms": {"p90": None}})["tokens_per_s_per_user"] is None
+
+
+def test_the_pareto_front_keeps_the_steps_no_other_beats_on_both_axes() -> None:
+    # (tokens/s per user, output tokens/s) of five concurrency steps: 1, 2, 4, 8, 16 users
+    points = [(90.0, 90.0), (85.0, 170.0), (60.0, 160.0), (70.0, 560.0), (40.0, 540.0)]
+    assert fig.pareto(points) == [0, 1, 3]  # 4 users is beaten by 2 users, 16 by 8
+    assert fig.pareto([(1.0, 1.0), (None, 5.0), (1.0, 1.0)]) == [0, 2]  # ties both stay; a missing value: none
+
+
+def test_power_exporters_are_read_in_watts_and_joules_summed_over_gpus() -> None:
+    dcgm = ('# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n'
+            'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-a",Hostname="h"} 250.5\n'
+            'DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-b",Hostname="h"} 249.5\n'
+            'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0"} 1.5e+06\n'
+            'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="1"} 500000\n'
+            'DCGM_FI_DEV_GPU_TEMP{gpu="0"} 60\n')
+    assert parse_power(dcgm) == {"gpu_power_w": 500.0, "gpu_energy_j": 2000.0}  # mJ → J
+    smi = 'nvidia_smi_power_draw_watts{uuid="x",name="NVIDIA H100"} 412.25\n'
+    assert parse_power(smi) == {"gpu_power_w": 412.25}
+    assert parse_power('DCGM_FI_DEV_POWER_USAGE{gpu="0"} NaNx\n') is None
+
+
+def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None:
+    summary = {"figures": {"currency": "USD", "cost_per_1m_output_tokens": 0.4213, "cost_per_1m_total_tokens": 0.1,
+                           "absent": {"energy_j_per_output_token": "no target.power_metrics declared"}},
+               "mlperf": {"ttft_p90_ms": 123.4, "tpot_p90_ms": 21.0, "tokens_per_s_per_user": 47.62}}
+    line = fig.console_line(summary)
+    assert line == ("figures: 0.4213 USD / 1M output tok · 0.1 USD / 1M tok · energy: no target.power_metrics "
+                    "declared · MLPerf TTFT p90 123 ms · TPOT p90 21.0 ms · 47.6 tok/s/user")
+    assert fig.console_line({}) is None
