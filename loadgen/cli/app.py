@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 import loadgen
-from loadgen.cli import advise, commands, dataset, run, scenario, shrink, size, sweep, target
+from loadgen.cli import advise, commands, dataset, explain, run, scenario, shrink, size, sweep, target
 from loadgen.cli.aliases import AliasGroup
 
 app = typer.Typer(cls=AliasGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -29,7 +29,7 @@ def root(version: bool = typer.Option(False, "--version", is_eager=True, callbac
 
 for command in (run.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
                 commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size,
-                shrink.shrink):
+                shrink.shrink, explain.explain):
     app.command()(command)
 app.add_typer(target.app, name="target")
 app.add_typer(dataset.app, name="dataset")

@@ -142,6 +142,15 @@ QUOTED_FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("goodput", "per_s", "completed requests per second that met every limit of slo.goodput; equal to the "
            "completed rate when slo.goodput is not declared", "throughput.goodput_requests_per_s"),
 )}
+# What the objectives that are not on one metric judge (slo.error_rate, slo.stalls, slo.fluidity, slo.sessions).
+OBJECTIVE_FAMILIES: dict[str, str] = {
+    "error_rate": "failed requests (HTTP errors, in-band errors, timeouts) over the measured requests",
+    "stalls": "a stall is a gap between two chunks of one stream far beyond the stream's usual pace; its rates "
+              "are per 1,000 output tokens, so an objective's samples are output tokens (docs/causes.md)",
+    "fluidity": "Metron's fluidity index: the share of output tokens after the first that met a deadline "
+                "schedule of one token per target ITL",
+    "sessions": "agentic sessions as jobs: the share good by slo.sessions.good, and jobs per hour",
+}
 # The rows that look alike in every table, and where to read the rest (console, summary.md, report.html).
 LOOK_ALIKE = (("ttft_service_ms", "from the actual send", "ttft_ms", "from the intended send"),
               ("chunk_gap_ms", "per chunk", "itl_ms", "per token"))
@@ -220,7 +229,10 @@ def definition(name: str) -> str | None:
     """The definition of a metric, objective, cause or figure by name (``loadgen explain``); None: unknown."""
     if name in METRICS:
         m = METRICS[name]
-        return f"{name} ({m.unit}, one sample per {m.basis}): {m.description}"
+        per = "" if "one sample per" in m.description else f", one sample per {m.basis}"
+        return f"{name} ({m.unit}{per}): {m.description}"
+    if name in OBJECTIVE_FAMILIES:
+        return f"{name} (objectives on it: {name}.STAT): {OBJECTIVE_FAMILIES[name]}"
     figure = FIGURES.get(name) or QUOTED_FIGURES.get(name)
     if figure is not None:
         return f"{name} ({figure.unit}; summary.json {figure.where}): {figure.description}"
@@ -236,5 +248,6 @@ def definition(name: str) -> str | None:
 
 def names() -> dict[str, tuple[str, ...]]:
     """Every name ``definition`` knows, by kind."""
-    return {"metrics": tuple(METRICS), "figures": tuple(FIGURES) + tuple(QUOTED_FIGURES), "causes": tuple(CAUSES)}
+    return {"metrics": tuple(METRICS), "objectives on": tuple(OBJECTIVE_FAMILIES),
+            "figures": tuple(FIGURES) + tuple(QUOTED_FIGURES), "causes": tuple(CAUSES)}
 
