@@ -44,7 +44,8 @@ def show(name: str = typer.Argument(..., help="a bundled scenario's name (loadge
 @app.command()
 def copy(name: str = typer.Argument(..., help="a bundled scenario's name (loadgen scenario list)"),
          dest: Optional[Path] = typer.Argument(None, help="the folder to copy into (default: here)")) -> None:
-    """Copy a bundled scenario, its schema and the data files it refers to into DEST (never overwrites)."""
+    """Copy a bundled scenario, its schema and the data files it refers to into DEST (never overwrites a
+    file that differs)."""
     try:
         source = bundled.path(name)
         parts = [source.name, bundled.SCHEMA, *bundled.data_files(source.stem)]
@@ -54,11 +55,15 @@ def copy(name: str = typer.Argument(..., help="a bundled scenario's name (loadge
     if folder.exists() and not folder.is_dir():
         raise fail(f"{folder}: not a folder")
     there = [p for p in parts if (folder / p).exists()]
-    if there:
-        raise fail(f"{folder / there[0]} exists: nothing copied (remove it, or copy into another folder: "
+    differ = [p for p in there if not (folder / p).is_file() or
+              (folder / p).read_bytes() != (bundled.folder() / p).read_bytes()]
+    if differ:
+        raise fail(f"{folder / differ[0]} exists: nothing copied (remove it, or copy into another folder: "
                    f"loadgen scenario copy {source.stem} DEST)")
+    parts = [p for p in parts if p not in there]  # the same bytes there already (the schema of another copy)
     for part in parts:
         (folder / part).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(bundled.folder() / part, folder / part)
-    console.print(f"wrote {', '.join(str(folder / p) for p in parts)}", highlight=False, markup=False)
+    if parts:
+        console.print(f"wrote {', '.join(str(folder / p) for p in parts)}", highlight=False, markup=False)
     console.print(f"run it: loadgen run {folder / source.name}", highlight=False, markup=False)
