@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadgen.core.vocabulary import METRICS, QUANTILES, ObjectiveId
+
 
 def fmt(value: Any, digits: int = 4) -> str:
     if value is None:
@@ -115,3 +117,15 @@ def stall_lines(result: Any, most: int = 5) -> list[str]:
         lines.append(f"  {who}: {tokens} prompt tokens, {c.get('stalls', 0)} stalls, "
                      f"{c.get('stalled_ms') or 0:,.0f} ms stalled")
     return lines
+
+
+TOKEN_SAMPLED = ("stalls", "fluidity")  # objectives whose samples are output tokens (rates per 1k tokens, shares)
+
+
+def samples_words(o: dict[str, Any] | Any) -> str:
+    """An objective's samples with what they count where they are not requests: '6,930 tokens' (a stall rate's,
+    fluidity's, a per-token metric's), else the bare count."""
+    n, objective = o.get("samples"), ObjectiveId.of(o)
+    tokens = objective.metric in TOKEN_SAMPLED or (objective.metric in METRICS and objective.stat in QUANTILES
+                                                   and METRICS[objective.metric].basis == "token")
+    return f"{n:,} tokens" if tokens and isinstance(n, int) else fmt(n)
