@@ -6,14 +6,19 @@ run whose energy per token is checked against the simulator's own energy (local_
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import polars as pl
 import pytest
 
 from loadgen.analysis import figures as fig
 from loadgen.drivers.scrape import parse_power
+from loadgen.plan.scenario import Scenario
+from loadgen.report.llmd_export import benchmark_report
 
 NS = 1_000_000_000
 
@@ -119,3 +124,63 @@ def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None
     assert line == ("figures: 0.4213 USD / 1M output tok · 0.1 USD / 1M tok · energy: no target.power_metrics "
                     "declared · MLPerf TTFT p90 123 ms · TPOT p90 21.0 ms · 47.6 tok/s/user")
     assert fig.console_line({}) is None
+
+
+# --- llm-d Benchmark Report v0.2 (report/llmd_export.py), validated against a hand-written JSON Schema -------------
+
+SCHEMA_V0_2 = Path(__file__).parent / "data" / "llmd_benchmark_report_v0_2.schema.json"
+
+
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_V0_2.read_text(encoding="utf-8")))
+
+
+def _summary() -> dict[str, Any]:
+    row = {"count": 10, "mean": 50.0, "p50": 45.0, "p90": 80.0, "p95": 90.0, "p99": 99.0, "p999": None, "max": 120.0}
+    return {"requests": {"completed": 9, "failed": 1, "cancelled": 0},
+            "metrics": {"ttft_ms": row, "tpot_ms": {**row, "mean": 10.0}, "itl_ms": row, "e2e_ms": row,
+                        "queue_delay_ms": row},
+            "throughput": {"requests_per_s": 2.0, "output_tokens_per_s": 256.0, "prompt_tokens_per_s": 1024.0,
+                           "total_tokens_per_s": 1280.0, "goodput_requests_per_s": 2.0},
+            "window_s": 4.5, "started_at": "2026-11-27T05:00:00+0000", "loadgen_version": "0.1.0",
+            "figures": {"power_w_mean": 400.0, "absent": {}}, "mlperf": {"tpot_p90_ms": 80.0}}
+
+
+def _scenario_json(**cls: Any) -> dict[str, Any]:
+    return Scenario.model_validate({"name": "s", "load": {"arrival": "concurrency", "concurrency": 4,
+                                                           "duration_s": 5},
+                                    "workload": {"classes": [{"name": "c", **cls}]}}).model_dump(mode="json")
+
+
+def test_the_llmd_export_is_a_valid_v0_2_report_with_our_figures_mapped_and_units_allowed() -> None:
+    normal = {"prompt_tokens": {"dist": "normal", "mean": 500, "std": 50, "min": 100},
+              "output_tokens": {"dist": "lognormal", "median": 120, "sigma": 0.5}}
+    doc = benchmark_report(_summary(), _scenario_json(**normal), "2026-run")
+    assert list(_validator().iter_errors(doc)) == []
+    load = doc["scenario"]["load"]["standardized"]
+    assert load["input_seq_len"] == {"distribution": "gaussian", "value": 500, "std_dev": 50, "min": 100}
+    assert load["output_seq_len"] == {"distribution": "other", "value": 128.0}  # measured: 256 tok/s / 2 req/s
+    assert load["concurrency"] == 4 and "rate_qps" not in load
+    agg = doc["results"]["request_performance"]["aggregate"]
+    assert agg["latency"]["time_per_output_token"] == {"units": "ms/token", "mean": 10.0, "p50": 45.0,
+                                                       "p90": 80.0, "p95": 90.0, "p99": 99.0, "max": 120.0}
+    assert agg["throughput"]["total_token_rate"] == {"units": "tokens/s", "mean": 1280.0}
+    assert agg["requests"] == {"total": 10, "failures": 1, "incomplete": 0,
+                               "input_length": {"units": "count", "mean": 512.0},
+                               "output_length": {"units": "count", "mean": 128.0}}
+    assert doc["run"]["time"] == {"start": "2026-11-27T05:00:00+00:00", "duration": "PT4.500S"}
+    assert doc["results"]["profiling"]["loadgen"]["figures"]["power_w_mean"] == 400.0
+
+
+def test_the_hand_written_schema_refuses_what_v0_2_forbids() -> None:
+    doc = benchmark_report(_summary(), _scenario_json(prompt_tokens={"dist": "fixed", "value": 64},
+                                                      output_tokens={"dist": "fixed", "value": 8}), "r")
+    assert list(_validator().iter_errors(doc)) == []
+    bad_units = json.loads(json.dumps(doc))
+    bad_units["results"]["request_performance"]["aggregate"]["latency"]["time_per_output_token"]["units"] = "ms"
+    extra = json.loads(json.dumps(doc))
+    extra["results"]["request_performance"]["aggregate"]["throughput"]["energy"] = {"units": "J", "mean": 1.0}
+    for wrong in (bad_units, extra):
+        assert list(_validator().iter_errors(wrong)) != []
