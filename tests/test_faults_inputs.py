@@ -264,7 +264,7 @@ def _listening(port: int) -> set[str]:
 def test_ui_master_binds_loopback_by_default(tmp_path):
     ui_port, master_port = 18089 + os.getpid() % 500, 15557 + os.getpid() % 500
     proc = start_cli("ui", "scenarios/smoke.yaml", "--master", "--port", str(ui_port), "--master-bind-port",
-                     str(master_port), "--reports-dir", str(tmp_path))
+                     str(master_port), "--reports", str(tmp_path))
     try:
         read_until(proc, "workers:", 60)
         assert _listening(master_port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0

@@ -45,7 +45,7 @@ def test_start_watch_llm_tab_and_stop_from_the_web_ui(tmp_path):
     sync_api = _browser_or_skip()
     port, reports = _free_port(), tmp_path / "reports"
     proc = subprocess.Popen([sys.executable, "-m", "loadgen", "ui", "scenarios/smoke.yaml", "--port", str(port),
-                             "--reports-dir", str(reports), "--no-png", "--set", "load.duration_s=60",
+                             "--reports", str(reports), "--no-png", "--set", "load.duration_s=60",
                              "--set", "load.warmup_s=0"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     shots = Path(os.environ.get("LOADGEN_SCREENSHOT_DIR") or tmp_path)
