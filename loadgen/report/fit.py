@@ -38,7 +38,20 @@ def cells(table: Table) -> list[list[str]]:
     return [list(row) for row in zip(*columns)]
 
 
-def stacked(table: Table, keys: Sequence[str] = ()) -> Group:
+def packed(pairs: list[str], width: int, indent: str = "  ") -> list[str]:
+    """``pairs`` joined by " · " into lines of at most ``width``, a pair never split (one longer than the width
+    alone on its line, folded by the console)."""
+    lines: list[str] = []
+    for pair in pairs:
+        joined = f"{lines[-1]} · {pair}" if lines else ""
+        if lines and len(joined) <= width:
+            lines[-1] = joined
+        else:
+            lines.append(indent + pair)
+    return lines
+
+
+def stacked(table: Table, keys: Sequence[str] = (), width: int = 80) -> Group:
     """One block per row: the key cells on a line of their own (never cut), then ``header: value`` pairs."""
     headers = [_plain(c.header) for c in table.columns]
     key_at = [i for i, h in enumerate(headers) if h in keys] or [0]
@@ -46,11 +59,9 @@ def stacked(table: Table, keys: Sequence[str] = ()) -> Group:
     if table.title:
         parts.append(Text(_plain(table.title), style="italic"))
     for row in cells(table):
-        head = "  ".join(row[i] for i in key_at)
-        rest = " · ".join(f"{headers[i]}: {row[i]}" for i in range(len(row)) if i not in key_at and row[i])
-        parts.append(Text(head, style="bold", overflow="fold"))
-        if rest:
-            parts.append(Text("  " + rest, overflow="fold"))
+        parts.append(Text("  ".join(row[i] for i in key_at), style="bold", overflow="fold"))
+        pairs = [f"{headers[i]}: {row[i]}" for i in range(len(row)) if i not in key_at and row[i]]
+        parts += [Text(line, overflow="fold") for line in packed(pairs, width)]
     return Group(*parts)
 
 
@@ -59,7 +70,7 @@ def fit(console: Console, table: Table, keys: Sequence[str] = ()) -> RenderableT
     would otherwise shrink its columns and cut key cells (an objective's name, compare's status) with "…"."""
     if needed_width(table) <= console.width:
         return table
-    return stacked(table, keys)
+    return stacked(table, keys, console.width)
 
 
 class Fitted:
@@ -70,7 +81,8 @@ class Fitted:
         self.table, self.keys = table, keys
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        yield self.table if needed_width(self.table) <= options.max_width else stacked(self.table, self.keys)
+        fits = needed_width(self.table) <= options.max_width
+        yield self.table if fits else stacked(self.table, self.keys, options.max_width)
 
 
 def legend(names: Iterable[str]) -> str | None:
