@@ -14,6 +14,10 @@ from typing import Any
 
 import polars as pl
 import pytest
+import yaml
+
+from local_target.sim import power
+from loadgen import api
 
 from loadgen.analysis import figures as fig
 from loadgen.drivers.scrape import parse_power
@@ -184,3 +188,55 @@ def test_the_hand_written_schema_refuses_what_v0_2_forbids() -> None:
     extra["results"]["request_performance"]["aggregate"]["throughput"]["energy"] = {"units": "J", "mean": 1.0}
     for wrong in (bad_units, extra):
         assert list(_validator().iter_errors(wrong)) != []
+
+
+# --- one short embedded-simulator run: the figures against the simulator's own energy ------------------------------
+
+@pytest.fixture(scope="module")
+def energy_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    sc = Scenario.model_validate({
+        "name": "energy", "seed": 1, "cost": {"price_per_hour": 3.6, "currency": "EUR"},
+        "target": {"power_metrics": ["/gpu/metrics"], "simulator": {"trace": True}},
+        "load": {"arrival": "poisson", "rate_per_s": 8, "duration_s": 4, "steady_state": "declared"},
+        "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 256},
+                                  "output_tokens": {"dist": "fixed", "value": 32}}]}})
+    return api.run(sc, out=tmp_path_factory.mktemp("energy") / "run", server_metrics_period_s=0.25)
+
+
+def _sim_energy_j(trace: Path, t0_ns: int, t1_ns: int) -> float:
+    """The simulator's own energy over [t0, t1] (local_target/sim/power.py's model over its traced steps)."""
+    tokens = 0
+    for line in trace.read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        if event.get("type") == "step" and t0_ns <= event["t_end_ns"] <= t1_ns:
+            tokens += sum(chunk[1] for chunk in event["prefill"]) + len(event["decode"])
+    return power.GPUS * power.IDLE_W * (t1_ns - t0_ns) / NS + power.J_PER_TOKEN * tokens
+
+
+@pytest.mark.slow
+def test_energy_per_token_matches_the_simulators_own_energy_within_5_percent(energy_run: Any) -> None:
+    run_dir = energy_run.run_dir
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    req = pl.read_parquet(run_dir / "requests.parquet")
+    t0, t1 = int(req["t_intended_ns"].min()), int(req["t_done_ns"].max())  # declared steady state, no warm-up
+    ok = req.filter(pl.col("error_kind").is_null())  # as analysis/metrics.py reads a request ok
+    truth = _sim_energy_j(run_dir / "sim_trace.jsonl", t0, t1)
+    figures = summary["figures"]
+    assert figures["absent"] == {} and figures["energy_source"] == "counter"
+    assert figures["energy_j_per_output_token"] == pytest.approx(truth / ok["output_tokens"].sum(), rel=0.05)
+    total = ok["output_tokens"].sum() + ok["prompt_tokens"].sum()
+    assert figures["energy_j_per_total_token"] == pytest.approx(truth / total, rel=0.05)
+    assert figures["power_w_mean"] == pytest.approx(truth / ((t1 - t0) / NS), rel=0.05)
+    # cost: 3.60 EUR per hour over the measured window, per million output tokens
+    assert figures["cost_per_1m_output_tokens"] == pytest.approx(
+        3.6 * (t1 - t0) / NS / 3600 / ok["output_tokens"].sum() * 1e6, rel=1e-6)
+    assert summary["mlperf"]["tokens_per_s_per_user"] == pytest.approx(1000 / summary["metrics"]["tpot_ms"]["p90"])
+    assert summary["throughput"]["total_tokens_per_s"] == pytest.approx(total / ((t1 - t0) / NS))
+
+
+@pytest.mark.slow
+def test_the_run_writes_a_valid_benchmark_report_beside_its_summary(energy_run: Any) -> None:
+    doc = yaml.safe_load((energy_run.run_dir / "benchmark_report.yaml").read_text(encoding="utf-8"))
+    assert list(_validator().iter_errors(doc)) == []
+    assert doc["scenario"]["load"]["standardized"]["rate_qps"] == 8.0
+    assert doc["results"]["profiling"]["loadgen"]["figures"]["currency"] == "EUR"

@@ -40,13 +40,13 @@ def _iso(started_at: str | None) -> str | None:
 def sequence_length(dist: dict[str, Any] | None, measured_mean: float | None) -> dict[str, Any] | None:
     """A length distribution of the scenario as a v0.2 ``SequenceLength``; a shape v0.2 lacks (lognormal,
     exponential, empirical, mixture, a dataset, several classes) is ``other`` at the measured mean."""
-    kind = (dist or {}).get("dist")
-    if kind == "fixed":
-        return {"distribution": "fixed", "value": dist["value"]}  # type: ignore[index]
-    if kind == "normal":
-        return _clip({"distribution": "gaussian", "value": dist["mean"], "std_dev": dist["std"]}, dist)  # type: ignore[index]
-    if kind == "uniform":
-        return _clip({"distribution": "random", "value": (dist["min"] + dist["max"]) / 2}, dist)  # type: ignore[index]
+    d = dist or {}
+    if d.get("dist") == "fixed":
+        return {"distribution": "fixed", "value": d["value"]}
+    if d.get("dist") == "normal":
+        return _clip({"distribution": "gaussian", "value": d["mean"], "std_dev": d["std"]}, d)
+    if d.get("dist") == "uniform":
+        return _clip({"distribution": "random", "value": (d["min"] + d["max"]) / 2}, d)
     if measured_mean is None or measured_mean < 1:
         return None
     return {"distribution": "other", "value": measured_mean}
