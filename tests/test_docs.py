@@ -18,6 +18,7 @@ import yaml
 
 from loadgen.cli.app import app
 from loadgen.cli.reference import CLI_REGENERATE, METRICS_REGENERATE, cli_markdown, with_metrics
+from loadgen.cli.run import NO_ARGUMENT
 from tests.run_helpers import ROOT
 
 DOCS = ROOT / "docs"
@@ -95,6 +96,10 @@ def test_the_checks_catch_a_made_up_command_and_flag() -> None:
     assert "--no-such-flag" not in _flags(command) and rest == ["reports/x", "--no-such-flag"]
     assert _shown_commands("see `loadgen run X --out d` and\n```bash\nx && loadgen report d  # why\n```") == \
         [["report", "d"], ["run", "X", "--out", "d"]]
+
+
+def test_the_sites_first_page_opens_with_what_loadgen_run_alone_prints() -> None:
+    assert f"```text\n{NO_ARGUMENT.rstrip()}\n```" in (DOCS / "index.md").read_text()
 
 
 def test_the_cli_reference_is_current() -> None:
