@@ -12,6 +12,7 @@ from loadgen.core.vocabulary import ObjectiveId
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
+from loadgen.analysis.figures import console_line as figures_line
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
 from loadgen.report.misses_report import console_lines as miss_lines
@@ -67,6 +68,9 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled",
                   highlight=False)
     console.print(throughput_words(result), highlight=False, markup=False)
+    quoted = figures_line({"figures": getattr(result, "figures", None), "mlperf": getattr(result, "mlperf", None)})
+    if quoted:  # cost, energy, MLPerf conventions (analysis/figures.py)
+        console.print(quoted, highlight=False, markup=False)
     steady = result.steady_state or {}
     if steady.get("transient_requests"):
         console.print(f"steady state: {steady['warmup_requests']} warm-up and {steady['drain_requests']} drain "

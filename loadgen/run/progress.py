@@ -85,7 +85,7 @@ class RunProgress:
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                                  console=self.console, disable=not enabled or self.plain, transient=False)
         self.task: TaskID | None = None
-        self.printed_at_s = 0.0
+        self.printed_at_s = -PLAIN_PERIOD_S  # the first line at the start: the plan's ETA in the log at once
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()

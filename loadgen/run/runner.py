@@ -240,7 +240,8 @@ class Run:
             yield
             return
         scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s,
-                          verify=ssl_context(self.scenario) or True, proxy=target.proxy)
+                          verify=ssl_context(self.scenario) or True, proxy=target.proxy,
+                          power=self.scenario.target.power_metrics)  # GPU power beside /metrics (F's figures)
         stop = asyncio.Event()
         task = asyncio.create_task(scraper.run_own_client(stop))
         try:
