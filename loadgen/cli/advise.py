@@ -24,7 +24,8 @@ def advise(
     server: Optional[list[str]] = typer.Option(None, "--server", help="what the run's server ran with, "
                                                "KEY=VALUE (repeatable; same keys). Read from run.json for the "
                                                "embedded simulator; else the engine's defaults are assumed"),
-    capacity: bool = typer.Option(False, "--capacity/--no-capacity", help="also search each candidate's capacity on the "
+    capacity: bool = typer.Option(False, "--capacity/--no-capacity", help="also search each candidate's capacity "
+                                  "on the "
                                   "calibrated simulator: the highest request rate (a multiple of the run's) that "
                                   "meets every objective; it then ranks the candidates. Open-loop runs"),
     replays: int = typer.Option(20, "--replays", help="replays per candidate, each under its own step-noise seed "

@@ -93,8 +93,8 @@ def validate(
 
 def schema(
     out: Optional[Path] = typer.Option(None, "--out", help="write it to this file (default: print it)"),
-    markdown: bool = typer.Option(False, "--markdown/--no-markdown", help="the scenario reference (docs/scenario.md) generated "
-                                  "from the schema, instead of the schema"),
+    markdown: bool = typer.Option(False, "--markdown/--no-markdown", help="the scenario reference "
+                                  "(docs/scenario.md) generated from the schema, instead of the schema"),
 ) -> None:
     """Print the scenario file's JSON Schema (editors validate and complete scenarios with it:
     scenarios/scenario.schema.json), or with --markdown the scenario reference generated from it."""
@@ -118,7 +118,8 @@ def check(
                                            "simulator)"),
     model: Optional[str] = typer.Option(None, "--model", help="as in run"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
-    json_out: bool = typer.Option(False, "--json/--no-json", help="print one JSON object (findings, verdict, exit code)"),
+    json_out: bool = typer.Option(False, "--json/--no-json", help="print one JSON object (findings, verdict, exit "
+                                  "code)"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
     """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
@@ -198,7 +199,8 @@ def compare(
 
     try:
         comparison = api.compare(base, new, metrics=metric or None, threshold_pct=points(threshold),
-                                 error_rate_pp=None if error_rate_delta is None else points(error_rate_delta), stall_rate_delta=stall_rate_delta,
+                                 error_rate_pp=None if error_rate_delta is None else points(error_rate_delta),
+                                 stall_rate_delta=stall_rate_delta,
                                  confidence=confidence, replicates=replicates, seed=seed, out=out or new)
     except (api.CompareError, ScenarioError) as exc:
         raise fail(str(exc)) from None

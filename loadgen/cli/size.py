@@ -70,10 +70,11 @@ def _n(x: float | None) -> str:
 
 def print_size(result: object) -> None:
     from loadgen.analysis.size_result import SizeResult
+    from loadgen.report.fit import fit
 
     assert isinstance(result, SizeResult)
     o = result.options
-    table = Table(title=f"Sizing from {result.pilot} ({100 * o.confidence:g}% confidence, power {o.power:g}; "
+    table = Table(title=f"Sizing from {result.pilot} ({100 * o.confidence:g}% confidence, power {100 * o.power:g}%; "
                   f"pilot {result.request_rate_per_s:.3g} req/s, {result.tokens_per_request:.0f} tokens/request)")
     for col in ("objective", "pilot", "limit", "certifies", "samples", "requests", "seconds",
                 f"compare {o.regression_pct:g}%"):
@@ -90,7 +91,7 @@ def print_size(result: object) -> None:
                       (r.decision or "–").upper() + ("" if r.reliable else " ?"),
                       _n(r.samples) + (unit if r.samples is not None else ""), _n(r.requests),
                       "–" if r.duration_s is None else f"{r.duration_s:,.0f}", _n(r.regression_requests))
-    console.print(table)
+    console.print(fit(console, table, ("objective", "certifies")))  # stacked, never cut, where it is narrow
     for note in notes + result.notes:
         console.print(f"note: {note}")
     if result.duration_s is None:

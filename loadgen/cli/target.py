@@ -154,7 +154,8 @@ def llamacpp(
     host: str = typer.Option("127.0.0.1", "--host", help="the server's interface"),
     log: Optional[Path] = typer.Option(None, "--log", help="llama-server's output (default: a file in the temp "
                                        "directory)"),
-    build_only: bool = typer.Option(False, "--build-only/--no-build-only", help="build (or find) llama-server and the tiny "
+    build_only: bool = typer.Option(False, "--build-only/--no-build-only", help="build (or find) llama-server "
+                                    "and the tiny "
                                     "GGUF, print their paths and exit"),
     startup_timeout_s: float = seconds_option("2m", "--startup-timeout", "give up if /health is not 200 by "
                                               "then"),

@@ -222,5 +222,5 @@ def numbers(text: str, flag: str) -> list[float]:
     return values
 
 
-__all__ = ["ALIASES", "FLAGS", "Flag", "FlagError", "MIRRORED", "SYNONYMS", "VALUE_ALIASES", "numbers", "percent", "seconds",
-           "warn"]
+__all__ = ["ALIASES", "FLAGS", "Flag", "FlagError", "MIRRORED", "SYNONYMS", "VALUE_ALIASES", "numbers", "percent",
+           "seconds", "warn"]

@@ -27,9 +27,8 @@ def _models_in(annotation: Any) -> set[type[BaseModel]]:
     return found
 
 
-def _names(model: type[BaseModel]) -> dict[str, type[BaseModel] | None]:
-    return {name: model for name in model.model_fields} | {
-        f.alias: model for f in model.model_fields.values() if f.alias}
+def _names(model: type[BaseModel]) -> set[str]:
+    return set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
 
 def fields_at(root: type[BaseModel], loc: Sequence[str | int]) -> set[str]:
