@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from loadgen.core.vocabulary import FIGURES, METRICS
+from loadgen.core import vocabulary
+from loadgen.core.vocabulary import METRICS
 
 CLI_REGENERATE = "python -m loadgen.cli.reference cli > docs/cli.md"
 METRICS_REGENERATE = "python -m loadgen.cli.reference metrics --write docs/metrics.md"
@@ -124,7 +125,9 @@ def cli_markdown(root: Any, prog: str = "loadgen") -> str:
              _text(root.help).replace("\\|", "|"), "",
              f"Every command takes `-h`/`--help`; `{prog} COMMAND -h` prints the same as its section here. "
              "Exit codes: [Exit codes](exit-codes.md).", ""]
-    commands = _commands(root, ctx, prog) if _is_group(root) else [(prog, root, ctx)]
+    commands = _commands(root, ctx, prog) if _is_group(root) else []
+    if not commands or _param_rows(root):  # the root's own options (--version) or a single command
+        commands.insert(0, (prog, root, ctx))
     lines += [f"- [`{path}`](#{_anchor(path)})" for path, _, _ in commands] + [""]
     for path, command, sub in commands:
         lines += _section(path, command, sub)
@@ -151,7 +154,8 @@ def metrics_markdown() -> str:
                      f"{_text(m.description)} |")
     lines += ["", "Run-level figures (one value per run, not a distribution):", "",
               "| figure | unit | in summary.json | definition |", "|---|---|---|---|"]
-    lines += [f"| `{f.name}` | {f.unit} | `{f.where}` | {_text(f.description)} |" for f in FIGURES.values()]
+    figures = {**vocabulary.FIGURES, **getattr(vocabulary, "QUOTED_FIGURES", {})}
+    lines += [f"| `{f.name}` | {f.unit} | `{f.where}` | {_text(f.description)} |" for f in figures.values()]
     return "\n".join([*lines, "", END])
 
 
