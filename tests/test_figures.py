@@ -107,6 +107,18 @@ def test_the_pareto_front_keeps_the_steps_no_other_beats_on_both_axes() -> None:
     assert fig.pareto([(1.0, 1.0), (None, 5.0), (1.0, 1.0)]) == [0, 2]  # ties both stay; a missing value: none
 
 
+def test_a_sweeps_pareto_takes_each_loads_last_attempt_and_keeps_the_undominated_steps() -> None:
+    def step(load: float, tpot_p90: float | None, out_per_s: float | None) -> SimpleNamespace:
+        return SimpleNamespace(load=load, metrics={"tpot_ms": {"p90": tpot_p90}}, output_tokens_per_s=out_per_s,
+                               run_dir=f"steps/{load:g}")
+    steps = [step(1, 10.0, 100.0), step(2, 12.5, 150.0), step(4, 25.0, 140.0), step(8, 20.0, 500.0),
+             step(8, 16.0, 520.0), step(16, None, 900.0)]  # 8 users ran again; 16 has no TPOT: on no front
+    front = fig.pareto_steps(steps)
+    assert [(p["load"], p["tokens_per_s_per_user"], p["output_tokens_per_s"]) for p in front] == [
+        (1, 100.0, 100.0), (2, 80.0, 150.0), (8, 62.5, 520.0)]
+    assert front[2]["run_dir"] == "steps/8"
+
+
 def test_power_exporters_are_read_in_watts_and_joules_summed_over_gpus() -> None:
     dcgm = ('# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n'
             'DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-a",Hostname="h"} 250.5\n'

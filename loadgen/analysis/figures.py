@@ -139,3 +139,15 @@ def console_line(summary: dict[str, Any]) -> str | None:
         parts.append(f"MLPerf TTFT p90 {ml['ttft_p90_ms']:,.0f} ms · TPOT p90 {ml['tpot_p90_ms']:.1f} ms · "
                      f"{ml['tokens_per_s_per_user']:,.1f} tok/s/user")
     return "figures: " + " · ".join(parts) if parts else None
+
+
+def pareto_steps(steps: Sequence[Any]) -> list[dict[str, Any]]:
+    """sweep.json's ``pareto``: the steps (one per load, a re-run replacing its first) that no other step beats
+    on both tokens/s per user (1000 / TPOT p90) and output tokens/s, by load; a step without either: on none."""
+    final = sorted({s.load: s for s in steps}.values(), key=lambda s: s.load)
+    points = []
+    for s in final:
+        tpot = (s.metrics.get("tpot_ms") or {}).get("p90")
+        points.append((1000.0 / tpot if tpot else None, s.output_tokens_per_s))
+    return [{"load": final[i].load, "tokens_per_s_per_user": points[i][0], "output_tokens_per_s": points[i][1],
+             "run_dir": final[i].run_dir} for i in pareto(points)]

@@ -40,8 +40,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     frames = _session_frames(measured, scenario, unfinished) if "session" in run.families else None
     metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
                                   session_stats=frames.stats() if frames else None)
-    tput = m.throughput(measured, good)
-    tput["total_tokens_per_s"] = tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"]
+    tput = _throughput(measured, good)
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
@@ -62,13 +61,11 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "verdict": result,
         "reasons": reasons,
         "requests": {"planned": planned, "sent": requests.height, "warmup": int(requests["warmup"].sum()),
-                     "transient": run.steady.transient,
-                     **counts},
+                     "transient": run.steady.transient, **counts},
         "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
         "metrics": metric_table,
         "throughput": tput,
-        "figures": quoted_figures(scenario, measured, tput, server),
-        "mlperf": fig.mlperf(metric_table),
+        **quoted_figures(scenario, measured, tput, server, metric_table),
         "slo": [o.as_dict() for o in objectives],
         "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
@@ -87,10 +84,16 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         **(frames.tables() if frames else {})}
 
 
+def _throughput(measured: pl.DataFrame, good: pl.Series) -> dict[str, float]:
+    """Requests, prompt, output and total (prompt + output) tokens, and goodput per second."""
+    tput = m.throughput(measured, good)
+    return {**tput, "total_tokens_per_s": tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"]}
+
+
 def quoted_figures(scenario: Scenario, measured: pl.DataFrame, tput: dict[str, float],
-                   server: pl.DataFrame | None) -> dict[str, Any]:
-    """summary.json's ``figures``: cost per million tokens and energy per token over the measured window
-    (analysis/figures.py), each absent with its reason in ``absent`` where its input is missing."""
+                   server: pl.DataFrame | None, metric_table: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's ``figures`` (cost per million tokens and energy per token over the measured window, each
+    absent with its reason in ``absent`` where its input is missing) and ``mlperf`` (analysis/figures.py)."""
     window_s = m.window_s(measured)
     output = tput["output_tokens_per_s"] * window_s
     total = tput["total_tokens_per_s"] * window_s
@@ -98,7 +101,8 @@ def quoted_figures(scenario: Scenario, measured: pl.DataFrame, tput: dict[str, f
                                               int(measured["t_done_ns"].max()))  # type: ignore[arg-type]
     cost = fig.cost_figures(scenario.cost, window_s, output, total)
     energy = fig.energy_figures(server, edges, bool(scenario.target.power_metrics), output, total)
-    return {**cost, **energy, "absent": {**cost["absent"], **energy["absent"]}}
+    return {"figures": {**cost, **energy, "absent": {**cost["absent"], **energy["absent"]}},
+            "mlperf": fig.mlperf(metric_table)}
 
 
 def _session_frames(measured: pl.DataFrame, scenario: Scenario,

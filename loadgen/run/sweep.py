@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal
 
 from rich.console import Console
 
+from loadgen.analysis.figures import pareto_steps
 from loadgen.analysis.capacity import ObjectiveCall, attainment_call, backlog, judge, step_call
 from loadgen.analysis.metrics import measured, with_request_metrics
 from loadgen.analysis.result import RunResult, SloResult
@@ -364,9 +365,9 @@ def write_sweep(result: SweepResult) -> None:
     from loadgen.core.secrets import write_bytes, write_text
     from loadgen.report import sweep_report as rep
 
-    out = result.out_dir
-    assert out is not None
-    write_text(out / "sweep.json", json.dumps(result.to_dict(), indent=2, default=str))
+    assert (out := result.out_dir) is not None
+    doc = {**result.to_dict(), "pareto": pareto_steps(result.steps)}  # MLPerf Endpoints' chart (figures.py)
+    write_text(out / "sweep.json", json.dumps(doc, indent=2, default=str))
     write_text(out / "summary.md", rep.summary_markdown(result))
     write_bytes(out / "junit.xml", rep.junit_xml(result))
     write_text(out / "sweep.html", rep.render_html(result))
