@@ -20,6 +20,7 @@ RUN_ELSEWHERE = {
     "aggressor_victim": "tests/test_spike_truth.py",  # 30 s, attribution scored against the trace
     "chat": "tests/conftest.py",  # preemption_heavy_run: test_spike_truth and test_server_metrics
     "smoke": "tests/test_api.py",  # and in most CLI tests
+    "long_context": "tests/test_newcomer.py",  # copied out of the built wheel and run, PNG charts and all
     "multi_turn": "tests/test_conversations.py",  # TTFT by turn against the truth
     "nightly": "tests/test_ci_outputs.py",  # the workflow's own steps
     "reasoning": "tests/test_reasoning_truth.py",  # time to first answer token against the truth
