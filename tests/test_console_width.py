@@ -64,7 +64,7 @@ def advice(console: Console) -> list[str]:
                    "passed": True, "decision": "pass"},
                   {"objective": LONG, "value": 3.2, "threshold": 1.0, "comparison": "<=", "passed": False,
                    "decision": "fail"}]
-    figures = {"TTFT p50": 25.5, "TTFT p99": 1800.0, "ITL p50": 8.3, "ITL p99": 16.5,
+    figures: dict[str, float | None] = {"TTFT p50": 25.5, "TTFT p99": 1800.0, "ITL p50": 8.3, "ITL p99": 16.5,
                "prefill-induced stalls per 1k tokens": 3.2}
     cands = [CandidateResult(SETTING, {}, [], "fail", objectives, figures, 3.83, {}),
              CandidateResult("current", {}, [], "fail", objectives, figures, 3.80, {})]
