@@ -151,3 +151,8 @@ def pareto_steps(steps: Sequence[Any]) -> list[dict[str, Any]]:
         points.append((1000.0 / tpot if tpot else None, s.output_tokens_per_s))
     return [{"load": final[i].load, "tokens_per_s_per_user": points[i][0], "output_tokens_per_s": points[i][1],
              "run_dir": final[i].run_dir} for i in pareto(points)]
+
+
+def result_line(result: Any) -> str | None:
+    """``console_line`` of a RunResult (summary.md, report.html and the console show the same words)."""
+    return console_line({"figures": getattr(result, "figures", None), "mlperf": getattr(result, "mlperf", None)})

@@ -24,6 +24,7 @@ from loadgen.report.session_report import sessions_html
 from loadgen.report.writers import COLS, culprit_words, fmt, rows_of, target_line
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.fit import legend
+from loadgen.analysis.figures import result_line
 from loadgen.report.wording import decision_words, interval_words, margin_words, throughput_words
 from loadgen.analysis.result import RunResult
 
@@ -130,7 +131,8 @@ def header(result: RunResult, name: str, run_name: str) -> str:
             + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in result.notes)
             + "".join(f"<p class=\"finding\">Finding: {e(f['summary'])}</p>" for f in result.findings)
             + f"<p>{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
-              f"(of {e(fmt(req['planned']))} planned); {e(throughput_words(result))} over {result.window_s:.1f} s.</p>")
+              f"(of {e(fmt(req['planned']))} planned); {e(throughput_words(result))} over {result.window_s:.1f} s.</p>"
+            + (f"<p id=\"figures\">{e(quoted)}</p>" if (quoted := result_line(result)) else ""))
 
 
 def chart_section(chart: Chart, level: int = 2) -> str:

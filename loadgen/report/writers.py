@@ -15,6 +15,7 @@ from loadgen.report.conversation_report import conversations_markdown
 from loadgen.report.misses_report import misses_markdown, misses_of
 from loadgen.report.session_report import sessions_markdown
 from loadgen.report.fit import EXPLAIN, legend
+from loadgen.analysis.figures import result_line
 from loadgen.report.wording import decision_words, fmt, interval_words, margin_words, samples_words, throughput_words
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
@@ -41,6 +42,7 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded"
               f"{_transient_words(result)}). "
               f"Throughput: {throughput_words(result)}.", ""]
+    lines += [f"{md_escape(quoted)} (docs/figures.md)", ""] if (quoted := result_line(result)) else []
     if result.slo:
         words = decision_words(result)
         lines += [f"SLOs {words}." if words else "SLOs:", "",
