@@ -47,6 +47,9 @@ def _kind(param: Any) -> str:
     """What the value is (a choice's values, else its type's name); nothing for a flag."""
     if _is_option(param) and param.is_flag:
         return ""
+    kind = _VOCABULARY_KINDS.get(param.opts[0]) if _is_option(param) else None
+    if kind is not None:
+        return kind
     choices = getattr(getattr(param, "type", None), "choices", None)
     annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     if choices is None and isinstance(annotation, type) and issubclass(annotation, enum.Enum):
@@ -59,6 +62,19 @@ def _kind(param: Any) -> str:
         return {"str": "text", "float": "number", "int": "integer", "Path": "path", "bool": "boolean"}.get(
             getattr(annotation, "__name__", ""), getattr(annotation, "__name__", str(annotation)).lower())
     return str(getattr(param.type, "name", "text")).lower()
+
+
+def _vocabulary_kinds() -> dict[str, str]:
+    """The flags whose value carries a unit (cli/vocabulary.py's kinds ``seconds`` and ``percent``), by name."""
+    try:
+        from loadgen.cli.vocabulary import FLAGS
+    except ImportError:
+        return {}
+    shown = {"seconds": "time (`20`, `90s`, `2m`)", "percent": "percent (`10%`)"}
+    return {name: shown[flag.kind] for name, flag in FLAGS.items() if flag.kind in shown}
+
+
+_VOCABULARY_KINDS = _vocabulary_kinds()
 
 
 def _argument_name(param: Any) -> str:
