@@ -129,7 +129,11 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
 def write_benchmark_report(run_dir: Path, result: RunResult, info: dict[str, Any]) -> None:
     """benchmark_report.yaml beside summary.json: the run as llm-d's Benchmark Report v0.2
     (report/llmd_export.py), from the scenario as run.json keeps it (secrets masked)."""
-    doc = benchmark_report(json.loads(json.dumps(result.to_dict(), default=str)), info["scenario"], run_dir.name)
+    try:
+        doc = benchmark_report(json.loads(json.dumps(result.to_dict(), default=str)), info["scenario"], run_dir.name)
+    except (KeyError, TypeError, ValueError) as exc:  # a run.json scenario of a shape this loadgen lacks
+        result.notes.append(f"benchmark_report.yaml not written: its scenario lacks {exc}")
+        return
     (run_dir / "benchmark_report.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
 
 
