@@ -75,6 +75,18 @@ def test_the_readme_is_what_a_newcomer_reads_first() -> None:
     assert "loadgen run --base-url" in text and "--input-len 512 --output-len 128" in text  # the quick start
 
 
+def test_the_readmes_links_reach_their_pages_and_headings() -> None:
+    """The site checks the docs' links (--strict); the README is not on the site, so its links are checked here."""
+    for target in re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text()):
+        path, _, anchor = target.partition("#")
+        if path.startswith("http"):
+            continue
+        assert (ROOT / path).is_file(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", (ROOT / path).read_text(), re.M)
+            assert anchor in {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}, target
+
+
 def test_the_readmes_second_command_is_what_ci_runs() -> None:
     """CI (.ci/run) runs the README's test command: the same install and the same pytest line."""
     second = (ROOT / "README.md").read_text().splitlines()[4]
