@@ -101,11 +101,13 @@ def test_spread_bounds(runs: list[api.Scenario], spread: str, prompt: dict[str, 
     (["--slo", "ttft_ms.p99=fast"], "not a number"),
     (["--dataset", "sharegpt-sample", "--prompt-tokens", "9"], "give one"),
     (["--rate", "0"], "--rate"),
+    (["--slo", "ttft_ms.p9=100"], "--slo ttft_ms.p9=100: slo.ttft_ms.p9"),  # the flag named, the field meant
+    (["--prompt-tokens", "9", "--dataset", "x.jsonl", "--output-tokens", "3"], "give one"),
     (["--api", "embeddingz"], "chat or completions")])
 def test_refused_before_anything_is_sent(runs: list[api.Scenario], args: list[str], says: str) -> None:
     res = invoke("--base-url", "embedded", *args)
-    assert res.exit_code == 2 and says in res.output, res.output
-    assert runs == []
+    assert res.exit_code == 2 and says in " ".join(res.output.split()), res.output
+    assert runs == [] and "SLO: no failed request" not in res.output
 
 
 def test_no_argument_explains_itself(runs: list[api.Scenario]) -> None:

@@ -139,28 +139,30 @@ def _check_flags(engine: str, workers: int, capture: int, server_metrics_period:
         importlib.import_module("loadgen.run.locust_run")
 
 
-def _load(path: Path, items: list[str]) -> api.Scenario:
-    return api.load_scenario(path, items, {**FLAGS, **quick.FLAGS})
+def _load(path: Path, items: list[str], q: quick.QuickLoad) -> api.Scenario:
+    """The scenario; an error in a field a flag set names the flag (``--slo ttft_ms.p9=1``), not the field."""
+    return api.load_scenario(path, items, {**FLAGS, **quick.FLAGS, **quick.slo_flags(q)})
 
 
 def _scenario(arg: Optional[Path], q: quick.QuickLoad, sets: list[str]) -> api.Scenario:
     """The quick start's scenario (``arg`` None), or the file's (a bundled one by name) with the quick flags
     as overrides of its single class and its load; ``sets`` (--set and the dedicated flags) apply last."""
     if arg is None:
-        if not q.slo:
-            console.print(quick.DEFAULT_SLO_LINE, highlight=False, markup=False)
         with tempfile.TemporaryDirectory(prefix="loadgen-quick-") as tmp:
             path = Path(tmp) / "quick-start-scenario.yaml"
             path.write_text(quick.QUICK_YAML)
-            return _load(path, quick.overrides(q) + sets)
+            sc = _load(path, quick.overrides(q) + sets, q)
+        if not q.slo:
+            console.print(quick.DEFAULT_SLO_LINE, highlight=False, markup=False)
+        return sc
     path = bundled.resolve_scenario_arg(arg)
     if path != arg:
         console.print(f"note: {arg} is the bundled scenario {path.stem} (loadgen scenario copy {path.stem}: a copy "
                       "to edit)", highlight=False, markup=False)
-    sc = _load(path, sets)
+    sc = _load(path, sets, q)
     if not q.given() and q.api is None:
         return sc
-    return _load(path, quick.overrides(q, len(sc.workload.classes), quick=False) + sets)
+    return _load(path, quick.overrides(q, len(sc.workload.classes), quick=False) + sets, q)
 
 
 def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, progress: bool,

@@ -92,6 +92,11 @@ def slo_override(item: str) -> str:
     return f"slo.{objective.metric}.{objective.stat}={json.dumps(value)}"
 
 
+def slo_flags(q: QuickLoad) -> dict[str, str]:
+    """Each --slo's field, and the flag as given (for the loader's errors)."""
+    return {slo_override(item).partition("=")[0]: f"--slo {item}" for item in q.slo}
+
+
 def overrides(q: QuickLoad, classes: int = 1, quick: bool = True) -> list[str]:
     """The scenario overrides (``FIELD=VALUE``) for the flags of ``q``. ``quick``: over ``QUICK_YAML`` (the
     lengths' defaults apply); else over a scenario file with ``classes`` classes (refused if more than one and a
@@ -140,4 +145,4 @@ def _class_overrides(q: QuickLoad, classes: int, quick: bool) -> list[str]:
 
 
 __all__ = ["DEFAULT_SLO_LINE", "FLAGS", "QUICK_YAML", "QuickError", "QuickLoad", "lengths", "overrides",
-           "slo_override"]
+           "slo_flags", "slo_override"]
