@@ -6,12 +6,14 @@ run whose energy per token is checked against the simulator's own energy (local_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import polars as pl
 import pytest
 import yaml
@@ -20,7 +22,7 @@ from local_target.sim import power
 from loadgen import api
 
 from loadgen.analysis import figures as fig
-from loadgen.drivers.scrape import parse_power
+from loadgen.drivers.scrape import Scraper, parse_power
 from loadgen.plan.scenario import Scenario
 from loadgen.report.llmd_export import benchmark_report
 
@@ -130,6 +132,34 @@ def test_power_exporters_are_read_in_watts_and_joules_summed_over_gpus() -> None
     smi = 'nvidia_smi_power_draw_watts{uuid="x",name="NVIDIA H100"} 412.25\n'
     assert parse_power(smi) == {"gpu_power_w": 412.25}
     assert parse_power('DCGM_FI_DEV_POWER_USAGE{gpu="0"} NaNx\n') is None
+
+
+def test_power_urls_are_summed_at_one_instant_and_only_the_targets_own_host_gets_its_headers() -> None:
+    scraper = Scraper("http://gw:8000/metrics", {"authorization": "Bearer sk-secret"},
+                      power=["/gpu/metrics", "http://dcgm:9400/metrics"])
+    power = scraper.power_scraper()
+    assert power is not None
+    seen: dict[str, str | None] = {}
+    stop = asyncio.Event()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen[str(request.url)] = request.headers.get("authorization")
+        if len(seen) == 2:
+            stop.set()  # both answered: this is the last scrape
+        watts = 100.0 if request.url.host == "gw" else 300.0
+        return httpx.Response(200, text=f'DCGM_FI_DEV_POWER_USAGE{{gpu="0"}} {watts}\n'
+                                        f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0"}} {watts * 1000}\n')
+
+    async def one_scrape() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await power.run(client, stop)
+
+    asyncio.run(one_scrape())
+    assert seen == {"http://gw:8000/gpu/metrics": "Bearer sk-secret", "http://dcgm:9400/metrics": None}
+    assert len(power.rows) == 2 and power.rows[0][0] == power.rows[1][0]  # one instant
+    assert {(name, value) for _, name, value in power.rows} == {
+        ("gpu_power_w", 400.0), ("gpu_energy_j", 400.0)}
+    assert power.warning is None
 
 
 def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None:
