@@ -37,8 +37,8 @@ from loadgen.run.target import TargetError
 Mode = Literal["rate", "concurrency"]
 Until = Literal["time", "decided"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
-MAX_STEP_FACTOR = 8.0  # default --max-step-duration-s: this many times the step duration
-MIN_STEP_S = 10.0  # default --min-step-duration-s (or the step duration, if shorter)
+MAX_STEP_FACTOR = 8.0  # default --max-step-duration: this many times the step duration
+MIN_STEP_S = 10.0  # default --min-step-duration (or the step duration, if shorter)
 SATURATION_MIN_SENT = 300  # fewer sends in the backlog's window: 10 % of them is within the in-flight noise
 UNKNOWN_NEED_FACTOR = 4  # an undecided objective without a stated need: 4× its samples halve its interval
 
@@ -65,7 +65,7 @@ class SweepOptions:
     def step_s(self, sc: Scenario) -> float:
         duration = self.step_duration_s or sc.load.duration_s
         if duration is None:
-            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration-s")
+            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration")
         return float(duration)
 
     def max_s(self, sc: Scenario) -> float:
@@ -88,13 +88,13 @@ class SweepOptions:
             raise ScenarioError("give at least one load, every one above 0")
         if self.mode == "concurrency" and any(x != int(x) for x in self.loads or []):
             raise ScenarioError(f"concurrency steps are whole users: {self.loads}")
-        for name, value, lo in (("--tolerance", self.tolerance, 0.001), ("--budget-s", self.budget_s, 1.0),
+        for name, value, lo in (("--tolerance", self.tolerance, 0.001), ("--budget", self.budget_s, 1.0),
                                 ("--max-steps", self.max_steps, 1)):
             if not value >= lo:
                 raise ScenarioError(f"{name} {value}: must be at least {lo:g}")
         self._check_durations(sc)
         if not 0.5 <= self.confidence < 1:
-            raise ScenarioError(f"--confidence {self.confidence}: must be in [0.5, 1)")
+            raise ScenarioError(f"--confidence {self.confidence:.0%}: must be from 50% to below 100%")
         if self.require is not None and self.require <= 0:
             raise ScenarioError(f"--require {self.require}: must be above 0")
 
@@ -102,10 +102,10 @@ class SweepOptions:
         if self.until not in ("time", "decided"):
             raise ScenarioError(f"--until {self.until!r}: choose time or decided")
         if self.max_s(sc) < self.step_s(sc) and (self.until == "decided" or self.loads is None):
-            raise ScenarioError(f"--max-step-duration-s {self.max_s(sc):g}: at least the step duration "
+            raise ScenarioError(f"--max-step-duration {self.max_s(sc):g}: at least the step duration "
                                 f"{self.step_s(sc):g} s")
         if self.loads is None and self.min_s(sc) > self.max_s(sc):
-            raise ScenarioError(f"--min-step-duration-s {self.min_s(sc):g}: at most --max-step-duration-s "
+            raise ScenarioError(f"--min-step-duration {self.min_s(sc):g}: at most --max-step-duration "
                                 f"{self.max_s(sc):g}")
 
     def start_load(self, sc: Scenario) -> float:
@@ -185,7 +185,7 @@ class Sweep:
 
     def _budget_stop(self, need_s: float) -> None:
         elapsed = time.monotonic() - self.t0
-        self.stop_reason = (f"--budget-s {self.opts.budget_s:g} spent: {elapsed:.0f} s used, the next step "
+        self.stop_reason = (f"--budget {self.opts.budget_s:g} s spent: {elapsed:.0f} s used, the next step "
                             f"needs ~{need_s + self._overhead_s():.0f} s")
 
     def _allowed_s(self, k: int, need_s: float) -> float:
@@ -215,7 +215,7 @@ class Sweep:
             if longer < AGAIN_FACTOR * step.duration_s:
                 self.console.print(f"  {load:g} stays undecided: a longer step would need ~"
                                    f"{self.planner.needed_s(load, [trial_of(step)])[0]:.0f} s, more than "
-                                   f"--max-step-duration-s {self.planner.max_s:g} or the budget allow",
+                                   f"--max-step-duration {self.planner.max_s:g} s or the budget allow",
                                    highlight=False)
                 return
             step = self._step(load, longer, "again", attempt=step.attempt + 1)
@@ -382,7 +382,7 @@ def announce(sc: Scenario, opts: SweepOptions, out: Path) -> str:
         what = (f"search by {opts.mode} from {opts.start_load(sc):g}, steps sized by the planner, "
                 f"{opts.min_s(sc):g}–{opts.max_s(sc):g} s each")
     until = (f"; --until decided: an undecided step runs again, as long as its objectives need, up to "
-             f"{opts.max_s(sc):g} s (--max-step-duration-s)") if opts.until == "decided" else ""
+             f"{opts.max_s(sc):g} s (--max-step-duration)") if opts.until == "decided" else ""
     return f"sweep {sc.name!r}: {what} {warmup}{until}; budget {opts.budget_s:g} s → {out}"
 
 
