@@ -162,6 +162,24 @@ def test_power_urls_are_summed_at_one_instant_and_only_the_targets_own_host_gets
     assert power.warning is None
 
 
+def test_a_power_url_that_fails_ends_the_power_scrape_with_one_warning_and_no_rows() -> None:
+    power = Scraper("http://gw:8000/metrics", {}, power=["/gpu/metrics", "http://dcgm:9400/metrics"]).power_scraper()
+    assert power is not None
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "dcgm":
+            return httpx.Response(404)
+        return httpx.Response(200, text='DCGM_FI_DEV_POWER_USAGE{gpu="0"} 100\n')
+
+    async def scrape() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            await power.run(client, asyncio.Event())
+
+    asyncio.run(scrape())
+    assert power.rows == []
+    assert power.warning == "power metrics: http://dcgm:9400/metrics answered HTTP 404; no energy figures"
+
+
 def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None:
     summary = {"figures": {"currency": "USD", "cost_per_1m_output_tokens": 0.4213, "cost_per_1m_total_tokens": 0.1,
                            "absent": {"energy_j_per_output_token": "no target.power_metrics declared"}},
