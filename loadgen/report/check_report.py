@@ -30,15 +30,18 @@ def print_check(console: Console, result: CheckResult) -> None:
     t = result.target
     engine = f", {t['engine']}" if t.get("engine") else ""
     console.print(f"loadgen check: {escape(str(t['base_url']))} — model {escape(str(t['model']))} ({t['api']}"
-                  f"{engine}); {result.requests} requests in {result.elapsed_s:.1f} s", highlight=False)
+                  f"{engine}); {result.requests} requests in {result.elapsed_s:.1f} s", highlight=False,
+                  soft_wrap=True)
     width = max(len(f.name) for f in result.findings) if result.findings else 0
     for f in result.findings:
         evidence = evidence_text(f.evidence)
         tail = f"  [dim]{escape(evidence)}[/]" if evidence else ""
-        console.print(f" {MARKS[f.status]} {f.name:<{width}}  {escape(f.summary)}{tail}", highlight=False)
+        console.print(f" {MARKS[f.status]} {f.name:<{width}}  {escape(f.summary)}{tail}", highlight=False,
+                      soft_wrap=True)
     limits = result.limits()
     style = VERDICT_STYLE.get(result.verdict, "white")
     said = {"clean": "clean: nothing here limits what a run measures",
             "findings": f"{len(limits)} finding(s) limit what can be measured here: {', '.join(limits)}",
             "cannot measure": f"cannot be measured: {', '.join(limits)}"}[result.verdict]
-    console.print(f"[bold {style}]verdict:[/] {escape(said)} (exit {result.exit_code})", highlight=False)
+    console.print(f"[bold {style}]verdict:[/] {escape(said)} (exit {result.exit_code})", highlight=False,
+                  soft_wrap=True)
