@@ -17,6 +17,7 @@ from rich.table import Table
 
 from loadgen.report.charts import CLASS_COLORS, Chart
 from loadgen.report.console import STYLE, compact
+from loadgen.report.fit import fit
 from loadgen.report.html import chart_section, e, page
 
 TREND_METRICS = {  # column → (summary path, title)
@@ -177,4 +178,4 @@ def print_history(console: Console, runs: pl.DataFrame, last: int = 20) -> None:
         table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
                       compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]),
                       str(r["runs"] or 1), spread_text(r))
-    console.print(table)
+    console.print(fit(console, table, ("run", "scenario", "verdict")))  # stacked, not cut, at 80 columns
