@@ -98,8 +98,12 @@ def test_missing_power_inputs_leave_the_energy_figures_absent_with_the_reason(
 
 def test_tokens_per_second_per_user_is_1000_over_tpot_p90() -> None:
     metrics = {"ttft_ms": {"p90": 120.0, "p99": 300.0}, "tpot_ms": {"p90": 20.0, "p50": 10.0}}
-    assert fig.mlperf(metrics) == {"ttft_p90_ms": 120.0, "tpot_p90_ms": 20.0, "tokens_per_s_per_user": 50.0}
-    assert fig.mlperf({"ttft_ms": {"p90": 5.0}, "tpot_ms": {"p90": None}})["tokens_per_s_per_user"] is None
+    assert fig.mlperf(metrics) == {"ttft_p90_ms": 120.0, "tpot_p90_ms": 20.0, "tokens_per_s_per_user": 50.0,
+                                   "absent": {}}
+    one_token = fig.mlperf({"ttft_ms": {"p90": 5.0}, "tpot_ms": {"p90": None}})
+    assert one_token["tokens_per_s_per_user"] is None
+    assert one_token["absent"] == dict.fromkeys(("tpot_p90_ms", "tokens_per_s_per_user"),
+                                                "no request had more than one output token")
 
 
 def test_the_pareto_front_keeps_the_steps_no_other_beats_on_both_axes() -> None:
@@ -188,6 +192,9 @@ def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None
     assert line == ("figures: 0.4213 USD / 1M output tok · 0.1 USD / 1M tok · energy: no target.power_metrics "
                     "declared · MLPerf TTFT p90 123 ms · TPOT p90 21.0 ms · 47.6 tok/s/user")
     assert fig.console_line({}) is None
+    one_token = {"mlperf": fig.mlperf({"ttft_ms": {"p90": 80.0}, "tpot_ms": {"p90": None}})}
+    assert fig.console_line(one_token) == ("figures: MLPerf TTFT p90 80 ms · tok/s/user: no request had more than "
+                                           "one output token")
 
 
 # --- llm-d Benchmark Report v0.2 (report/llmd_export.py), validated against a hand-written JSON Schema -------------

@@ -70,12 +70,16 @@ def window_energy(server: pl.DataFrame | None, t0_ns: int, t1_ns: int) -> tuple[
     return None, "the power scrapes do not cover the measured window"
 
 
-def mlperf(metrics: dict[str, Any]) -> dict[str, float | None]:
-    """TTFT p90, TPOT p90 and tokens/s per user = 1000 / TPOT p90 (MLPerf Endpoints v1.0, rules §4.1)."""
+def mlperf(metrics: dict[str, Any]) -> dict[str, Any]:
+    """TTFT p90, TPOT p90 and tokens/s per user = 1000 / TPOT p90 (MLPerf Endpoints v1.0, rules §4.1); a figure
+    without samples is None and ``absent`` says why."""
     ttft = (metrics.get("ttft_ms") or {}).get("p90")
     tpot = (metrics.get("tpot_ms") or {}).get("p90")
-    return {"ttft_p90_ms": ttft, "tpot_p90_ms": tpot,
-            "tokens_per_s_per_user": 1000.0 / tpot if tpot else None}
+    out = {"ttft_p90_ms": ttft, "tpot_p90_ms": tpot, "tokens_per_s_per_user": 1000.0 / tpot if tpot else None}
+    why = {"ttft_p90_ms": "no request had a first token",
+           "tpot_p90_ms": "no request had more than one output token"}
+    why["tokens_per_s_per_user"] = why["tpot_p90_ms"]
+    return {**out, "absent": {k: why[k] for k, v in out.items() if v is None}}
 
 
 def cost_figures(cost: Any, window_s: float, output_tokens: float, total_tokens: float) -> dict[str, Any]:
@@ -138,6 +142,9 @@ def console_line(summary: dict[str, Any]) -> str | None:
     if ml.get("ttft_p90_ms") is not None and ml.get("tpot_p90_ms") is not None:
         parts.append(f"MLPerf TTFT p90 {ml['ttft_p90_ms']:,.0f} ms · TPOT p90 {ml['tpot_p90_ms']:.1f} ms · "
                      f"{ml['tokens_per_s_per_user']:,.1f} tok/s/user")
+    elif ml.get("ttft_p90_ms") is not None:
+        why = (ml.get("absent") or {}).get("tpot_p90_ms", "no TPOT")
+        parts.append(f"MLPerf TTFT p90 {ml['ttft_p90_ms']:,.0f} ms · tok/s/user: {why}")
     return "figures: " + " · ".join(parts) if parts else None
 
 
