@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +26,7 @@ from loadgen.report.check_report import print_check
 from loadgen.report.compare_report import print_comparison
 from loadgen.report.console import print_summary
 from loadgen.report.fit import fit, legend, needed_width
+from loadgen.report.history import collect_runs, print_history
 from loadgen.report.repeat_report import print_repeat
 
 DATA = Path(__file__).parent / "data"
@@ -93,8 +96,22 @@ def check(console: Console) -> list[str]:
     return ["coalescing", "streaming", "verdict"]
 
 
+def history(console: Console) -> list[str]:
+    """Two tiny run directories (summary.json and run.json) under a reports folder, as ``loadgen history`` reads."""
+    reports = Path(tempfile.mkdtemp())
+    for i, name in enumerate(("nightly-long-context-on-the-h100-box", "nightly-long-context-on-the-h200-box")):
+        run_dir = reports / f"2026112{i}-050000-{name}"
+        run_dir.mkdir()
+        (run_dir / "summary.json").write_text((DATA / "golden_summary.json").read_text())
+        (run_dir / "run.json").write_text(json.dumps({"scenario": {"name": name},
+                                                      "started_at": f"2026-11-2{i}T05:00:00+0000"}))
+    print_history(console, collect_runs(reports))
+    shutil.rmtree(reports)
+    return ["20261121-050000-nightly-long-context-on-the-h200-box", "nightly-long-context-on-the-h100-box", "fail"]
+
+
 PRINTERS: dict[str, Callable[[Console], list[str]]] = {"run": summary, "compare": comparison, "advise": advice,
-                                                       "repeat": repeat, "check": check}
+                                                       "repeat": repeat, "check": check, "history": history}
 LEGEND = {"run", "compare"}  # printers of metric rows that look alike
 SOFT_WRAPPED = {"check"}  # one finding per line, wrapped by the terminal, never cut (tests parse it at 200 columns)
 

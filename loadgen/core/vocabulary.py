@@ -130,6 +130,8 @@ QUOTED_FIGURES: dict[str, Figure] = {f.name: f for f in (
            "figures.energy_j_per_output_token"),
     Figure("energy_j_per_total_token", "J", "the GPUs' energy over the measured window / (prompt + output tokens)",
            "figures.energy_j_per_total_token"),
+    Figure("energy_j", "J", "the GPUs' energy over the measured window (DCGM counter's delta, else the integral of "
+           "power over time), summed over GPUs and target.power_metrics URLs", "figures.energy_j"),
     Figure("power_w_mean", "W", "the GPUs' mean power over the measured window, summed over GPUs and URLs "
            "(target.power_metrics)", "figures.power_w_mean"),
     Figure("ttft_p90_ms", "ms", "TTFT p90, the MLPerf Endpoints convention's latency figure", "mlperf.ttft_p90_ms"),

@@ -12,7 +12,7 @@ from loadgen.core.vocabulary import ObjectiveId
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
-from loadgen.analysis.figures import console_line as figures_line
+from loadgen.analysis.figures import result_line
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
 from loadgen.report.misses_report import console_lines as miss_lines
@@ -68,7 +68,7 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled",
                   highlight=False)
     console.print(throughput_words(result), highlight=False, markup=False)
-    quoted = figures_line({"figures": getattr(result, "figures", None), "mlperf": getattr(result, "mlperf", None)})
+    quoted = result_line(result)
     if quoted:  # cost, energy, MLPerf conventions (analysis/figures.py)
         console.print(quoted, highlight=False, markup=False)
     steady = result.steady_state or {}
