@@ -125,7 +125,7 @@ def pareto(points: Sequence[tuple[float | None, float | None]]) -> list[int]:
 
 
 def console_line(summary: dict[str, Any]) -> str | None:
-    """The one console line of the quoted figures (engine C prints it), absent parts said once; None when the
+    """The one line of the quoted figures (console, summary.md, report.html), absent parts said once; None when the
     summary has neither cost, energy nor MLPerf figures."""
     fig, ml = summary.get("figures") or {}, summary.get("mlperf") or {}
     parts, unit = [], fig.get("currency", "")
