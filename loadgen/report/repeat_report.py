@@ -13,7 +13,7 @@ from rich.table import Table
 
 from loadgen.analysis.repeat_result import ObjectiveSpread, RepeatResult, Spread
 from loadgen.report.console import STYLE
-from loadgen.report.fit import fit
+from loadgen.report.fit import fit, print_legend
 from loadgen.report.html import e, page
 from loadgen.report.writers import fmt, md_escape
 
@@ -53,6 +53,7 @@ def print_repeat(console: Console, r: RepeatResult) -> None:
         for row in rows:
             table.add_row(*row)
         console.print(fit(console, table, ("objective", "metric", "decision")))
+    print_legend(console, [name.split(".")[0] for name in r.metrics])
     console.print(f"verdict: [{STYLE[r.verdict]}]{headline(r)}[/]" + (f"  ({r.out_dir})" if r.out_dir else ""),
                   highlight=False)
     for reason in r.reasons:
