@@ -106,3 +106,17 @@ def test_the_banner_says_when_no_objective_but_no_failure_is_declared() -> None:
     text = " ".join(banner_lines(sc, target, None, 120))
     assert "8 users (closed loop)" in text and "60 s (+10 s warm-up)" in text
     assert "SLO: no failed request" in text and "reports" not in text
+
+
+def test_a_terminal_at_80_columns_gets_the_bar_and_every_figure_wrapped_not_cut() -> None:
+    plan = Plan(scenario({"arrival": "constant", "rate_per_s": 2, "duration_s": 20}))
+    out = io.StringIO()
+    st = EngineStats(t0_ns=100 * S)
+    with RunProgress(plan, True, Console(file=out, width=80, force_terminal=True, color_system=None)) as progress:
+        assert not progress.plain
+        for second in range(3):
+            st.count(record(second, (100 + second) * S, 20.0))
+            progress.update(st, (100 + second) * S)
+    final = out.getvalue().split("\r")[-1]
+    assert "━" in final and "ETA 0:18" in final and "in flight 0" in final and "…" not in final
+    assert all(len(line) <= 80 for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", final).splitlines())

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 from rich.console import Console
+from rich.table import Column
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from loadgen.drivers.engine_config import EngineStats
@@ -82,7 +83,8 @@ class RunProgress:
         self.end_s, self.size = sending_end_s(plan), plan.size
         self.enabled, self.live = enabled, Live()
         self.plain = enabled and not self.console.is_terminal
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+        self.progress = Progress(TextColumn("running"), BarColumn(bar_width=24), TimeElapsedColumn(),
+                                 TextColumn("{task.description}", table_column=Column(ratio=1, overflow="fold")),
                                  console=self.console, disable=not enabled or self.plain, transient=False)
         self.task: TaskID | None = None
         self.printed_at_s = -PLAIN_PERIOD_S  # the first line at the start: the plan's ETA in the log at once
@@ -90,7 +92,7 @@ class RunProgress:
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
         total = self.end_s if self.end_s else self.size
-        self.task = self.progress.add_task("running", total=total or None)
+        self.task = self.progress.add_task("", total=total or None)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -115,4 +117,4 @@ class RunProgress:
             return
         done = elapsed_s if self.end_s else st.completed + st.failed + st.cancelled
         assert self.task is not None
-        self.progress.update(self.task, completed=done, description=f"running {text}")
+        self.progress.update(self.task, completed=done, description=text)  # wraps below 80 columns, never cut
