@@ -217,3 +217,4 @@ def test_the_session_lane_renders_in_chromium_one_row_a_call(agentic_run: Path, 
     calls = pl.read_parquet(agentic_run / "requests.parquet").filter(pl.col("session") == chosen)
     assert calls.height >= 2 and len(result["lane_rows"]) == calls.height, result["lane_rows"]
     assert sorted(int(r.rsplit(" ", 1)[1]) for r in result["lane_rows"]) == sorted(calls["call"].to_list())
+    assert cg.problems(result["geometry"]) == []  # every chart of the agentic report too
