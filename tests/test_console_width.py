@@ -28,6 +28,7 @@ from loadgen.report.console import print_summary
 from loadgen.report.fit import fit, legend, needed_width
 from loadgen.report.history import collect_runs, print_history
 from loadgen.report.repeat_report import print_repeat
+from tests.test_report_sessions import result_with
 
 DATA = Path(__file__).parent / "data"
 LONG = "stalls.max_prefill_induced_per_1k_tokens"  # golden_summary.json's failing objective
@@ -45,6 +46,17 @@ def golden() -> RunResult:
 def summary(console: Console) -> list[str]:
     print_summary(console, golden(), "reports/20261127-050000-golden-run-with-a-long-name")
     return [LONG, "FAIL", "ttft_service_ms", "chunk_gap_ms", "queue_delay_ms", "total", "culprits"]
+
+
+def agentic(console: Console) -> list[str]:
+    """A run with reasoning, sessions (test_report_sessions' shapes) and a multi-turn conversation table."""
+    result = result_with()
+    turn = {"turn": 0, "requests": 30, "ok": 30, "ttft_ms": {"p50": 25.5, "p99": 1539.0}, "prompt_tokens_mean": 5120.5,
+            "cached_tokens_mean": 4096.0, "cache_hit_ratio": 0.8}
+    result.conversations = {"turns": [turn, {**turn, "turn": 1}], "conversations": {
+        "count": 15, "failed": 0, "turns_mean": 2.0, "turns_max": 2, "duration_s": {"p50": 6.1, "p99": 9.8}}}
+    print_summary(console, result, "reports/20261127-050000-agentic-sessions")
+    return ["victim", "aggressor", "session (ms)", "agent step (ms)", "cache hit per session", "hit", LONG]
 
 
 def comparison(console: Console) -> list[str]:
@@ -110,9 +122,9 @@ def history(console: Console) -> list[str]:
     return ["20261121-050000-nightly-long-context-on-the-h200-box", "nightly-long-context-on-the-h100-box", "fail"]
 
 
-PRINTERS: dict[str, Callable[[Console], list[str]]] = {"run": summary, "compare": comparison, "advise": advice,
+PRINTERS: dict[str, Callable[[Console], list[str]]] = {"run": summary, "agentic": agentic, "compare": comparison, "advise": advice,
                                                        "repeat": repeat, "check": check, "history": history}
-LEGEND = {"run", "compare"}  # printers of metric rows that look alike
+LEGEND = {"run", "agentic", "compare"}  # printers of metric rows that look alike
 SOFT_WRAPPED = {"check"}  # one finding per line, wrapped by the terminal, never cut (tests parse it at 200 columns)
 
 
