@@ -102,7 +102,7 @@ def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_p
 @pytest.mark.slow
 def test_fixed_rates_with_the_requirement_inside_the_interval_exit_3(known_scenario: Path, tmp_path: Path) -> None:
     res = run_cli("sweep", str(known_scenario), "--rates", "10,30", "--require", "25", "--out", str(tmp_path / "s"),
-                  "--step-duration-s", "6")
+                  "--step-duration-s", "4", "--no-png")
     assert res.returncode == 3, res.stdout + res.stderr  # 10 passes (or is undecided), 30 fails: 25 is inside
     doc = json.loads((tmp_path / "s" / "sweep.json").read_text())
     calls = {s["load"]: s["call"] for s in doc["steps"]}
@@ -236,11 +236,11 @@ def test_closed_loop_rate_ceiling_spaces_the_sends(tmp_path: Path) -> None:
 def test_rate_ceiling_under_locust_and_a_sweep_through_locust_workers(tmp_path: Path,
                                                                       known_scenario: Path) -> None:
     res = run_cli("run", str(_ceiling_scenario(tmp_path)), "--engine", "locust", "--out", str(tmp_path / "run"),
-                  "--no-progress")
+                  "--no-progress", "--no-png")
     assert res.returncode in (0, 3), res.stdout + res.stderr
     _assert_capped(tmp_path / "run", 10, 4)
     res = run_cli("sweep", str(known_scenario), "--rates", "8,16", "--engine", "locust", "--workers", "1",
-                  "--step-duration-s", "8", "--out", str(tmp_path / "sweep"))
+                  "--step-duration-s", "5", "--no-png", "--out", str(tmp_path / "sweep"))
     doc = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [s["load"] for s in doc["steps"] if s["attempt"] == 1] == [8.0, 16.0], res.stdout + res.stderr
     for step in doc["steps"]:
