@@ -177,3 +177,21 @@ def test_summary_md_says_the_legend_throughput_and_a_stall_objectives_tokens() -
     assert "tokens/s in" in text and "total" in text and "goodput = completed (no slo.goodput declared)" in text
     stall_row = next(line for line in text.splitlines() if line.startswith("| `stalls."))
     assert " tokens |" in stall_row
+
+
+def test_explain_lists_every_name_and_defines_one_from_the_vocabulary() -> None:
+    from typer.testing import CliRunner
+
+    from loadgen.cli.app import app
+    from loadgen.core.vocabulary import CAUSES, METRICS, QUOTED_FIGURES
+
+    runner = CliRunner()
+    listed = runner.invoke(app, ["explain"])
+    assert listed.exit_code == 0 and all(n in listed.output for n in (*METRICS, *CAUSES, *QUOTED_FIGURES))
+    one = runner.invoke(app, ["explain", "chunk_gap_ms"])
+    assert one.exit_code == 0 and METRICS["chunk_gap_ms"].description in " ".join(one.output.split())
+    objective = runner.invoke(app, ["explain", LONG])
+    assert objective.exit_code == 0 and "per 1,000 output tokens" in " ".join(objective.output.split())
+    assert "MLPerf" in runner.invoke(app, ["explain", "tokens_per_s_per_user"]).output
+    wrong = runner.invoke(app, ["explain", "ttf_ms"])
+    assert wrong.exit_code == 2 and "did you mean ttft_ms?" in wrong.output
