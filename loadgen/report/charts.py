@@ -86,10 +86,14 @@ def itl_cdf_chart(v: vw.RunViews) -> alt.TopLevelMixin:
 
 def seconds_axis(start_s: float, end_s: float, width_px: int = WIDE) -> alt.Axis:
     """An axis of seconds over [start_s, end_s]: about one tick per 70 px, with as many decimals as the tick
-    step needs (a 6-s window: 0.5-s steps, ".1f"; a 0.3-s one: ".2f"), so its labels never run together."""
+    step needs (a 6-s window: 0.5-s steps, ".1f"; a 0.3-s one: 0.02-s steps, ".2f"), so its labels never run
+    together. The step is the one Vega picks (d3's ticks: 1, 2 or 5 × a power of ten)."""
     count = max(2, width_px // 70)
-    step_s = (end_s - start_s) / count if end_s > start_s else 1.0
-    decimals = min(2, max(0, -math.floor(math.log10(step_s)))) if step_s > 0 else 0
+    raw_s = (end_s - start_s) / count if end_s > start_s else 1.0
+    power = 10.0 ** math.floor(math.log10(raw_s))
+    ratio = raw_s / power
+    step_s = power * (10 if ratio >= 7.07 else 5 if ratio >= 3.16 else 2 if ratio >= 1.41 else 1)
+    decimals = min(3, max(0, -math.floor(math.log10(step_s) + 1e-9)))
     return alt.Axis(format=f".{decimals}f", tickCount=count, labelOverlap="greedy", labelFlush=False)
 
 
