@@ -120,3 +120,12 @@ def test_a_terminal_at_80_columns_gets_the_bar_and_every_figure_wrapped_not_cut(
     final = out.getvalue().split("\r")[-1]
     assert "━" in final and "ETA 0:18" in final and "in flight 0" in final and "…" not in final
     assert all(len(line) <= 80 for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", final).splitlines())
+
+
+def test_the_banner_counts_objectives_not_settings() -> None:
+    slo = {"ttft_ms": {"p50": 300, "p99": 2000}, "error_rate": {"max": 0},
+           "stalls": {"spike_factor": 5, "min_gap_ms": 50, "max_prefill_induced_per_1k_tokens": 1},
+           "goodput": {"ttft_ms": 2000, "min_ratio": 0.9}}
+    sc = scenario({"arrival": "constant", "rate_per_s": 1, "duration_s": 10}, slo=slo)
+    target = SimpleNamespace(base_url="http://h:8000/v1", model="m", engine=None)
+    assert "· 5 SLOs" in " ".join(banner_lines(sc, target, None, 200))

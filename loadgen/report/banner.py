@@ -49,15 +49,21 @@ def tokens_words(classes: list[Any]) -> str:
     return text + (f" (+{len(classes) - 1} classes)" if len(classes) > 1 else "")
 
 
+def is_limit(field: str) -> bool:
+    """A field that is an objective's limit (``max``, ``min_ratio``, ``max_per_1k_tokens``), not a setting such as
+    ``min_gap_ms`` or a good request's own limit (``goodput.ttft_ms``)."""
+    return field in ("max", "min") or (field.startswith(("max_", "min_")) and not field.endswith("_ms"))
+
+
 def slo_count(slo: BaseModel) -> int:
-    """The limits the scenario declares (each percentile, rate or minimum one objective)."""
+    """The objectives the scenario declares: each percentile limit of a metric, each max/min of the others."""
     n = 0
     for name in slo.model_fields_set:
         value = getattr(slo, name)
-        if hasattr(value, "items") and callable(value.items) and isinstance(value, BaseModel):
+        if isinstance(value, BaseModel) and callable(getattr(value, "items", None)):
             n += len(value.items())
         elif isinstance(value, BaseModel):
-            n += sum(1 for f in value.model_fields_set if isinstance(getattr(value, f), (int, float)))
+            n += sum(1 for f in value.model_fields_set if is_limit(f) and getattr(value, f) is not None)
     return n
 
 
