@@ -182,7 +182,9 @@ def test_history_page_reads_24h_times_and_keeps_noise_small(pages):
         assert high - low >= 0.03 * max(abs(low), abs(high), 1e-9), (low, high)
 
 
-def test_sweep_page_axes_lines_and_limits_are_readable(pages):
+def test_sweep_page_axes_lines_and_limits_are_readable(pages, tmp_path):
+    from loadgen.report.sweep_report import sweep_charts
+
     result = pages["sweep"]
     geometry = result["geometry"]
     assert result["errors"] == [] and result["blocked"] == [] and geometry
@@ -197,6 +199,7 @@ def test_sweep_page_axes_lines_and_limits_are_readable(pages):
     assert "ttft_ms.p99 ≤ 500 ms" in cg.mark_texts(geometry, "latency_ttft_ms")  # the limit, named
     assert "pareto" in [c["id"] for c in geometry]
     assert sorted(cg.mark_texts(geometry, "pareto")) == sorted(f"{x} req/s" for x in (2, 4, 6, 8, 10))
+    assert "pareto" not in [c.key for c in sweep_charts(synthetic_sweep(tmp_path), None)]  # no list, no chart
 
 
 @pytest.fixture(scope="module")

@@ -126,11 +126,21 @@ def stalls_chart(r: SweepResult) -> alt.TopLevelMixin:
     return _layer(r, lines)
 
 
+LOAD_KEYS = ("load", "concurrency", "rate")
+
+
+def _load_of(entry: Any) -> float | None:
+    """A ``pareto`` entry's load: the entry itself, or its first of LOAD_KEYS (None: no load to draw)."""
+    if not isinstance(entry, dict):
+        return float(entry) if isinstance(entry, (int, float)) else None
+    return next((float(entry[k]) for k in LOAD_KEYS if isinstance(entry.get(k), (int, float))), None)
+
+
 def pareto_frame(r: SweepResult, pareto: list[Any]) -> pl.DataFrame:
     """Every step with a TPOT p90 and output tokens/s: tokens/s per user (MLPerf: 1000 / TPOT p90) against
-    output tokens/s, and whether it is on sweep.json's ``pareto`` (its loads, or dicts with ``load`` and
-    optionally the two figures, which then win over the step's)."""
-    front = {float(p["load"] if isinstance(p, dict) else p): p for p in pareto}
+    output tokens/s, and whether it is on sweep.json's ``pareto`` (its loads, or dicts with ``load`` (or
+    ``concurrency``, ``rate``) and optionally the two figures, which then win over the step's)."""
+    front = {load: p for p in pareto if (load := _load_of(p)) is not None}
     rows = []
     for s in final_steps(r.steps):
         given = front.get(s.load) if isinstance(front.get(s.load), dict) else {}
