@@ -26,7 +26,7 @@ import gevent
 from gevent import monkey
 from gevent.event import AsyncResult
 import locust
-from locust import User, constant, task
+from locust import LoadTestShape, User, constant, task
 from locust.argument_parser import default_args_dict
 from locust.env import Environment
 from locust.exception import StopUser
@@ -232,6 +232,28 @@ def within(timeout_s: float, fn: Callable[..., Any], *args: Any) -> bool:
 def on_sigterm(callback: Callable[[], None]) -> None:
     """Run ``callback`` in a greenlet on SIGTERM (``kill PID``), so cleanup runs as it does on Ctrl-C."""
     gevent.signal_handler(signal.SIGTERM, callback)
+
+
+def on_sigint(callback: Callable[[], None]) -> None:
+    """Run ``callback`` in a greenlet on SIGINT (Ctrl-C) instead of raising KeyboardInterrupt wherever the
+    process happens to be (gevent's hub would print it, with a timestamp, before anything could catch it)."""
+    gevent.signal_handler(signal.SIGINT, callback)
+
+
+class PlannedUsers(LoadTestShape):
+    """An open-loop run's users in Locust's web UI: the plan sets the pace, so the number of users is loadgen's
+    (enough never to hold a request back), not the start form's. A shape class on the environment makes
+    Locust's start form hide its users and ramp-up fields (locust 2.x: ``hide_common_options``)."""
+
+    use_common_options = False
+
+    def __init__(self, users: Callable[[], int]) -> None:
+        super().__init__()
+        self.users = users
+
+    def tick(self) -> tuple[int, float]:
+        n = self.users()
+        return n, max(n * 100.0, 1.0)  # all at once: the plan's first request may be due 0.2 s after Start
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
