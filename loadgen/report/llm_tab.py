@@ -101,7 +101,7 @@ def load_note(scenario: Scenario, users: int) -> str:
         return (f"closed loop: each Locust user keeps one request in flight, so the start form's users are the "
                 f"concurrency (the scenario's: {load.concurrency}); ramp-up starts them that many per second")
     return (f"open loop: the plan sets the pace ({load.arrival}, {load.rate_per_s} req/s); Locust's users only carry "
-            f"its requests ({users}, enough never to hold one back), so the start form has no users or ramp-up")
+            f"its requests ({users}, enough never to hold one back), so the start form asks for no users or ramp-up")
 
 
 def _ms(value: Any) -> str:
@@ -122,9 +122,16 @@ PANEL_JS = r"""
       var d = el('div'); d.id = id; d.style.margin = '4px 0'; panel.appendChild(d); });
     document.body.appendChild(panel); return panel;
   }
+  function startForm(s) {  // open loop: Locust 2.x only disables the users and ramp-up fields; hide them
+    var inputs = ['userCount', 'spawnRate'].map(function (n) { return document.querySelector('input[name=' + n + ']'); });
+    if (!inputs[0]) return false;
+    if (s.open_loop) inputs.forEach(function (i) { if (i) (i.closest('.MuiFormControl-root') || i).style.display = 'none'; });
+    return true;
+  }
   function render(s) {
-    var p = ensure();
-    p.style.display = /[?&]tab=llm\b/.test(location.search) ? 'block' : 'none';
+    var p = ensure(), form = startForm(s);
+    p.style.display = (form || /[?&]tab=llm\b/.test(location.search)) ? 'block' : 'none';
+    ['llm-verdict', 'llm-run', 'llm-chart'].forEach(function (id) { p.querySelector('#' + id).hidden = form; });
     p.querySelector('#llm-verdict').textContent = 'verdict: ' + s.verdict + '  (' + s.completed + ' of ' +
       (s.planned === null ? '?' : s.planned) + ' requests completed)';
     p.querySelector('#llm-load').textContent = s.load;

@@ -213,6 +213,7 @@ class UiSession:
                             "run_dir": str(self.run_dir) if self.run_dir else None,
                             "report": "llm/report.html" if report else None, "series": self.series,
                             "load": llm_tab.load_note(self.scenario, users_for(self.scenario)),
+                            "open_loop": not self.scenario.load.concurrency,
                             "spec": llm_tab.chart_spec()})
 
         def report() -> Any:
