@@ -47,6 +47,7 @@ class Throughput(TypedDict, total=False):
     goodput_requests_per_s: float
     prompt_tokens_per_s: float  # prompt tokens of the completed requests (embeddings: the throughput)
     total_tokens_per_s: float  # prompt + output
+    goodput_declared: bool  # slo.goodput is declared (else goodput counts every completed request)
 
 
 class SloResult(TypedDict):

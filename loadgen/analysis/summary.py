@@ -40,7 +40,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     frames = _session_frames(measured, scenario, unfinished) if "session" in run.families else None
     metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
                                   session_stats=frames.stats() if frames else None)
-    tput = _throughput(measured, good)
+    tput = _throughput(measured, good, scenario)
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
@@ -84,10 +84,12 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         **(frames.tables() if frames else {})}
 
 
-def _throughput(measured: pl.DataFrame, good: pl.Series) -> dict[str, float]:
-    """Requests, prompt, output and total (prompt + output) tokens, and goodput per second."""
+def _throughput(measured: pl.DataFrame, good: pl.Series, scenario: Scenario) -> dict[str, Any]:
+    """Requests, prompt, output and total (prompt + output) tokens, and goodput per second; whether goodput
+    has limits of its own (``slo.goodput``) or is every completed request."""
     tput = m.throughput(measured, good)
-    return {**tput, "total_tokens_per_s": tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"]}
+    return {**tput, "total_tokens_per_s": tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"],
+            "goodput_declared": scenario.slo.goodput is not None}
 
 
 def quoted_figures(scenario: Scenario, measured: pl.DataFrame, tput: dict[str, float],
