@@ -184,6 +184,18 @@ def test_a_power_url_that_fails_ends_the_power_scrape_with_one_warning_and_no_ro
     assert power.warning == "power metrics: http://dcgm:9400/metrics answered HTTP 404; no energy figures"
 
 
+def test_the_scenario_refuses_a_power_url_or_price_it_cannot_use() -> None:
+    base = {"name": "s", "load": {"arrival": "poisson", "rate_per_s": 1, "duration_s": 1},
+            "workload": {"classes": [{"name": "c", "output_tokens": {"dist": "fixed", "value": 8}}]}}
+    ok = Scenario.model_validate({**base, "target": {"power_metrics": ["/gpu/metrics", "https://d:9400/metrics"]},
+                                  "cost": {"price_per_hour": 2.5}})
+    assert ok.cost is not None and ok.cost.currency == "USD"
+    with pytest.raises(ValueError, match="must be http"):
+        Scenario.model_validate({**base, "target": {"power_metrics": ["dcgm:9400/metrics"]}})
+    with pytest.raises(ValueError, match="price_per_hour"):
+        Scenario.model_validate({**base, "cost": {"price_per_hour": 0}})
+
+
 def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None:
     summary = {"figures": {"currency": "USD", "cost_per_1m_output_tokens": 0.4213, "cost_per_1m_total_tokens": 0.1,
                            "absent": {"energy_j_per_output_token": "no target.power_metrics declared"}},
