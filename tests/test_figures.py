@@ -186,7 +186,8 @@ def test_a_power_url_that_fails_ends_the_power_scrape_with_one_warning_and_no_ro
 
 def test_the_scenario_refuses_a_power_url_or_price_it_cannot_use() -> None:
     base = {"name": "s", "load": {"arrival": "poisson", "rate_per_s": 1, "duration_s": 1},
-            "workload": {"classes": [{"name": "c", "output_tokens": {"dist": "fixed", "value": 8}}]}}
+            "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 8},
+                                      "output_tokens": {"dist": "fixed", "value": 8}}]}}
     ok = Scenario.model_validate({**base, "target": {"power_metrics": ["/gpu/metrics", "https://d:9400/metrics"]},
                                   "cost": {"price_per_hour": 2.5}})
     assert ok.cost is not None and ok.cost.currency == "USD"
