@@ -116,7 +116,8 @@ def test_ctrl_c_leaves_readable_records_and_a_summary(tmp_path, engine):
     records not yet flushed, on the way out) and reports the run as interrupted."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out),
-                             "--duration", "60", "--set", "load.warmup_s=0", "--no-progress", "--engine", engine],
+                             "--duration", "60", "--set", "load.warmup_s=0", "--no-progress", "--no-png", "--engine",
+                             engine],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("requests.part-*.parquet")) and time.monotonic() < deadline:
@@ -172,7 +173,7 @@ def test_redact_url_masks_passwords_and_key_query_values():
 def test_closed_loop_keeps_concurrency(tmp_path, engine):
     """The scenario's concurrency is the run's, however many Locust workers share it (each once ran all of it)."""
     out = tmp_path / "run"
-    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--set",
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--set",
                   "load={arrival: concurrency, concurrency: 4, duration_s: 3}", "--set",
                   "target.simulator.time_scale=0.3", "--set", "slo.decision=point", *engine)
     assert res.returncode == 0, res.stderr
