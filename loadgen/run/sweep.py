@@ -370,7 +370,7 @@ def write_sweep(result: SweepResult) -> None:
     write_text(out / "sweep.json", json.dumps(doc, indent=2, default=str))
     write_text(out / "summary.md", rep.summary_markdown(result))
     write_bytes(out / "junit.xml", rep.junit_xml(result))
-    write_text(out / "sweep.html", rep.render_html(result))
+    write_text(out / "sweep.html", rep.render_html(result, doc["pareto"]))  # the front drawn as sweep.json has it
 
 
 def announce(sc: Scenario, opts: SweepOptions, out: Path) -> str:
