@@ -177,6 +177,7 @@ def test_summary_md_says_the_legend_throughput_and_a_stall_objectives_tokens() -
     assert "tokens/s in" in text and "total" in text and "goodput = completed (no slo.goodput declared)" in text
     stall_row = next(line for line in text.splitlines() if line.startswith("| `stalls."))
     assert " tokens |" in stall_row
+    assert "lift = stalls per output token while a long prompt prefilled" in text  # the lift explained once
 
 
 def test_explain_lists_every_name_and_defines_one_from_the_vocabulary() -> None:

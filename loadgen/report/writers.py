@@ -16,7 +16,8 @@ from loadgen.report.misses_report import misses_markdown, misses_of
 from loadgen.report.session_report import sessions_markdown
 from loadgen.report.fit import EXPLAIN, legend
 from loadgen.analysis.figures import result_line
-from loadgen.report.wording import decision_words, fmt, interval_words, margin_words, samples_words, throughput_words
+from loadgen.report.wording import (LIFT_WORDS, decision_words, fmt, interval_words, margin_words, samples_words,
+                                    throughput_words)
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -169,7 +170,8 @@ def stalls_markdown(result: RunResult) -> list[str]:
     st = result.stalls
     if not st:
         return []
-    lines = ["### Tail spikes", "", md_escape(result.stall_headline), "",
+    lift = f" ({LIFT_WORDS})" if "lift ×" in result.stall_headline else ""
+    lines = ["### Tail spikes", "", md_escape(result.stall_headline + lift), "",
              f"Stalls: {st['count']} ({st['per_1k_tokens']:.2f} per 1k tokens), prefill-induced "
              f"{st['prefill_induced']} ({st['prefill_induced_per_1k_tokens']:.2f} per 1k tokens); "
              f"spike events {st['events']}; tail gaps (>= p99) prefill-induced: "
