@@ -24,7 +24,8 @@ def _plain(cell: object) -> str:
 
 
 def needed_width(table: Table) -> int:
-    """The columns the table takes when nothing in it is wrapped or cut."""
+    """The columns the table takes when nothing in it is wrapped or cut (its columns are set no_wrap: a table that
+    fits is printed whole, one line a row)."""
     wide = Console(width=10_000, file=io.StringIO(), record=True, color_system=None)
     for column in table.columns:
         column.no_wrap = True
