@@ -76,7 +76,8 @@ def live_series(records: list[Any], bucket_s: float = SERIES_BUCKET_S) -> list[d
         t_s=((pl.col("t_ns") - t0_ns) / 1e9 // bucket_s) * bucket_s, ms=pl.col("gap") / pl.col("tokens") / 1e6)
     points = []
     for name, frame in (("TTFT", ttft), ("ITL", itl)):
-        agg = frame.group_by("t_s").agg(p50=pl.col("ms").quantile(0.5), p99=pl.col("ms").quantile(0.99)).sort("t_s")
+        agg = frame.group_by("t_s").agg(p50=pl.col("ms").quantile(0.5, "linear"),
+                                        p99=pl.col("ms").quantile(0.99, "linear")).sort("t_s")
         for row in agg.iter_rows(named=True):
             points += [{"t_s": row["t_s"], "series": f"{name} {q}", "ms": round(row[q], 3)} for q in ("p50", "p99")]
     return points
