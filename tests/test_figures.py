@@ -197,6 +197,15 @@ def test_the_scenario_refuses_a_power_url_or_price_it_cannot_use() -> None:
         Scenario.model_validate({**base, "cost": {"price_per_hour": 0}})
 
 
+def test_a_power_urls_token_is_a_secret_like_the_base_urls() -> None:
+    from loadgen.run.target import scenario_secrets
+    sc = Scenario.model_validate({"name": "s", "load": {"arrival": "poisson", "rate_per_s": 1, "duration_s": 1},
+                                  "target": {"power_metrics": ["https://u:pw-1@dcgm:9400/metrics?api_key=tok-2"]},
+                                  "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 8},
+                                                            "output_tokens": {"dist": "fixed", "value": 8}}]}})
+    assert {"pw-1", "tok-2"} <= set(scenario_secrets(sc))  # registered before the run: masked in every output
+
+
 def test_the_console_line_shows_each_figure_and_says_why_one_is_absent() -> None:
     summary = {"figures": {"currency": "USD", "cost_per_1m_output_tokens": 0.4213, "cost_per_1m_total_tokens": 0.1,
                            "absent": {"energy_j_per_output_token": "no target.power_metrics declared"}},

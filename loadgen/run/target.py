@@ -51,11 +51,13 @@ class ResolvedTarget:
 
 
 def scenario_secrets(scenario: Scenario) -> list[str]:
-    """What must never be shown: sensitive header values, the URL's secrets, the API key (if set; as read and
+    """What must never be shown: sensitive header values, the URLs' secrets (base and power metrics), the API key (if set; as read and
     with surrounding whitespace stripped, as it is sent), a proxy URL's password."""
     secrets = [v for k, v in scenario.target.headers.items() if SENSITIVE_HEADER.search(k)]
     secrets += [v.strip() for v in secrets]
     secrets += url_secrets(scenario.target.base_url) + proxy_secrets()
+    for url in scenario.target.power_metrics:  # a GPU exporter's URL may carry a token too
+        secrets += url_secrets(url)
     if scenario.target.api_key_env:
         key = os.environ.get(scenario.target.api_key_env, "")
         secrets += [key, key.strip()]
