@@ -8,9 +8,8 @@ before its intended time, hands it to the engine thread, which sends it at that 
 transport holds it), and waits for the record. Lateness — no free user, a slow hand-off — is recorded as
 ``queue_delay_ms`` as in the asyncio engine; Locust's own pacing (``constant_throughput``) is never used.
 Finished records come back to the gevent hub through one ``async_`` watcher (thread-safe), then go to the
-run's sink (one process) or, batched, to the master over Locust's messaging (distributed). Each request also
-fires Locust's ``request`` event: response time = TTFT (ms), length = output tokens.
-No wait here lacks a deadline (plan/deadlines.py): a user waits for its answer until its slice's give-up point.
+run's sink (one process) or, batched, to the master over Locust's messaging. Each request also fires Locust's
+``request`` event (time = TTFT ms, length = output tokens). Every wait has a deadline (plan/deadlines.py).
 """
 
 from __future__ import annotations
@@ -229,31 +228,10 @@ def within(timeout_s: float, fn: Callable[..., Any], *args: Any) -> bool:
     return True
 
 
-def on_sigterm(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in a greenlet on SIGTERM (``kill PID``), so cleanup runs as it does on Ctrl-C."""
-    gevent.signal_handler(signal.SIGTERM, callback)
-
-
-def on_sigint(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in a greenlet on SIGINT (Ctrl-C) instead of raising KeyboardInterrupt wherever the
-    process happens to be (gevent's hub would print it, with a timestamp, before anything could catch it)."""
-    gevent.signal_handler(signal.SIGINT, callback)
-
-
-class PlannedUsers(LoadTestShape):
-    """An open-loop run's users in Locust's web UI: the plan sets the pace, so the number of users is loadgen's
-    (enough never to hold a request back), not the start form's. A shape class on the environment makes
-    Locust's start form hide its users and ramp-up fields (locust 2.x: ``hide_common_options``)."""
-
-    use_common_options = False
-
-    def __init__(self, users: Callable[[], int]) -> None:
-        super().__init__()
-        self.users = users
-
-    def tick(self) -> tuple[int, float]:
-        n = self.users()
-        return n, max(n * 100.0, 1.0)  # all at once: the plan's first request may be due 0.2 s after Start
+def on_signals(callback: Callable[[str], None]) -> None:
+    """``callback("SIGTERM" | "Ctrl-C")`` in a greenlet, not an exception where the process is (gevent prints it)."""
+    for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")):
+        gevent.signal_handler(signum, callback, name)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:

@@ -26,13 +26,26 @@ from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.report import llm_tab  # noqa: E402
 from loadgen.report.llm_tab import LLM_TAB, LLM_TABLE, live_rows, live_series, result_rows  # noqa: E402
 from loadgen.run import exits  # noqa: E402
-from loadgen.run.locust_run import quiet_own_spawn_rate, send_slices, start_scraper, users_for, workers_left  # noqa: E402
+from loadgen.run.locust_run import (quiet_own_spawn_rate, send_slices, start_scraper, users_for,  # noqa: E402
+                                    workers_left)
 from loadgen.run.prepare import Preparation  # noqa: E402
 from loadgen.run.runner import Run, RunOptions  # noqa: E402
 from loadgen.run.session import RunSession, generator_figures  # noqa: E402
 from loadgen.run.target import auth_headers, start_embedded  # noqa: E402
 
 LIVE_EVERY_S = 2.0
+
+
+class PlannedUsers(lu.LoadTestShape):  # type: ignore[misc, name-defined]
+    """An open-loop run's users in the web UI: loadgen's count, all at once (the plan sets the pace); with a
+    shape class, Locust's start form disables its users and ramp-up fields (the LLM panel hides them)."""
+
+    def __init__(self, users: Any) -> None:
+        super().__init__()
+        self.users = users
+
+    def tick(self) -> tuple[int, float]:
+        return self.users(), max(self.users() * 100.0, 1.0)
 
 
 class UiSession:
@@ -70,7 +83,7 @@ class UiSession:
         options = lu.web_ui_options(num_users=n, spawn_rate=max(n, 1), host=self.base_url)
         shape = None
         if not self.scenario.load.concurrency:  # open loop: the users are loadgen's; the form hides its fields
-            shape = lu.PlannedUsers(lambda: n * max(1, len(self.clients)) if self.master else n)
+            shape = PlannedUsers(lambda: n * max(1, len(self.clients)) if self.master else n)
             quiet_own_spawn_rate()  # they start all at once, as in `loadgen run --engine locust`
         env = lu.new_environment(parsed_options=options, host=self.base_url, shape_class=shape)
         lu.LLMUser.state = self.state
@@ -100,8 +113,7 @@ class UiSession:
                                f"{self.master_port} --base-url {redact_url(self.base_url)}  (the master listens "
                                f"on {self.master_host}:{self.master_port})", highlight=False)
         lu.spawn(self._refresh_live)
-        lu.on_sigterm(lambda: self._quit("SIGTERM"))  # `kill PID` ends it as Ctrl-C does: the run written,
-        lu.on_sigint(lambda: self._quit("Ctrl-C"))  # the simulator stopped, one line, exit 3, no traceback
+        lu.on_signals(self._quit)  # `kill PID` or Ctrl-C: the run written, the simulator stopped, one line, exit 3
         try:
             self.env.runner.greenlet.join()
         finally:
