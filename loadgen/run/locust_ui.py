@@ -83,7 +83,7 @@ class UiSession:
         options = lu.web_ui_options(num_users=n, spawn_rate=max(n, 1), host=self.base_url)
         shape = None
         if not self.scenario.load.concurrency:  # open loop: the users are loadgen's; the form hides its fields
-            shape = PlannedUsers(lambda: n * max(1, len(self.clients)) if self.master else n)
+            shape = PlannedUsers(lambda: n * max(1, self.env.runner.worker_count) if self.master else n)
             quiet_own_spawn_rate()  # they start all at once, as in `loadgen run --engine locust`
         env = lu.new_environment(parsed_options=options, host=self.base_url, shape_class=shape)
         lu.LLMUser.state = self.state
