@@ -86,7 +86,8 @@ def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scra
     if not opts.server_metrics:
         return None
     scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s,
-                      verify=ssl_context(state.scenario) or True, proxy=target.proxy)
+                      verify=ssl_context(state.scenario) or True, proxy=target.proxy,
+                      power=state.scenario.target.power_metrics)  # GPU power beside /metrics (F's figures)
     state.engine.start_scraper(scraper)
     return scraper
 
@@ -150,7 +151,8 @@ class LocustRun:
         return result
 
     def _drive(self) -> tuple[Any, dict[str, Any]]:
-        prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures)
+        prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures,
+                           out_dir=self.run.run_dir if self.opts.progress else None)  # None: no start banner
         state = lu.ProcessState(self.scenario, prep, on_record=self._record)
         self.run.stopper = lambda reason: self._stop_early(state)
         try:
