@@ -66,7 +66,7 @@ def test_chunked_prefill_cuts_prefill_induced_stalls_at_least_fivefold(unchunked
 
 
 def test_preemption_stalls_are_not_blamed_on_prefill(preemption_heavy_run):
-    out = preemption_heavy_run  # conftest.py: chat.yaml on a 9,000-token KV cache at 8 requests/s, 20 s
+    out = preemption_heavy_run  # conftest.py: chat.yaml on a 9,000-token KV cache at 8 requests/s, 15 s
     requests = pl.read_parquet(out / "requests.parquet")
     seq_of = dict(zip(requests["request_id"].to_list(), requests["seq"].to_list()))
     preemptions = [(seq_of[rid], e["t_end_ns"]) for e in read_trace(out / "sim_trace.jsonl")
