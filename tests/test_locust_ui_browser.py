@@ -1,7 +1,8 @@
 """`loadgen ui` in a browser: the start form of an open-loop scenario (no users or ramp-up to fill in), a run
 started from Locust's web UI that ends by itself, the LLM tab's exact TTFT percentiles while it runs and, once
 it has ended, its verdict and completed count equal to the run's summary.json (it froze short of them before),
-the panel's run directory and report.html link served by the UI, and a clean Ctrl-C (one line, exit 3, no
+the panel's run directory and report.html link served by the UI, the same for a second run stopped from the
+page, and a clean Ctrl-C (one line, exit 3, no
 traceback). Screenshots of the form and the LLM tab are kept (LOADGEN_SCREENSHOT_DIR, else the test's
 temporary directory)."""
 
@@ -41,7 +42,7 @@ def test_run_from_the_web_ui_ends_with_the_runs_state_and_ctrl_c_is_clean(tmp_pa
     sync_api = _browser_or_skip()
     port, reports = _free_port(), tmp_path / "reports"
     proc = start_cli("ui", "scenarios/smoke.yaml", "--port", str(port), "--reports", str(reports), "--no-png",
-                     "--set", "load.duration_s=6", "--set", "load.warmup_s=0")
+                     "--set", "load.duration_s=4", "--set", "load.warmup_s=0")
     shots = Path(os.environ.get("LOADGEN_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}/"
@@ -81,6 +82,16 @@ def test_run_from_the_web_ui_ends_with_the_runs_state_and_ctrl_c_is_clean(tmp_pa
             page.screenshot(path=str(shots / "locust_llm_tab.png"), full_page=True)
             report = httpx.get(url + page.locator("#llm-report").get_attribute("href"), timeout=10)
             assert report.status_code == 200 and report.text == (run_dir / "report.html").read_text()
+            # a second run, stopped from the page: its last state is that run's too (written after the Stop)
+            page.get_by_role("button", name="NEW").click()
+            page.get_by_role("button", name="START").click()
+            page.get_by_role("tab", name="LLM").click()
+            page.wait_for_function(f"() => ({ROW})('(run) verdict')?.[7].startsWith('running')", timeout=30_000)
+            page.get_by_role("button", name="STOP").click()
+            wait_for(lambda: len(list(reports.glob("*/report.html"))) == 2, 60, "the stopped run's report.html")
+            stopped = summary(max(reports.glob("*/report.html")).parent)["requests"]
+            page.wait_for_function(f"() => ({ROW})('(run) requests')?.[2] === '{stopped['completed']}'",
+                                   timeout=15_000)
             browser.close()
         print(f"screenshots: {shots}/locust_*.png")
         assert errors == []

@@ -72,6 +72,7 @@ class UiSession:
         self.final: Any = None  # the last run's RunResult, once written
         self.run_dir: Any = None  # the current or last run's directory
         self.stopped_by: str | None = None  # the signal that ended `loadgen ui`
+        self.final_pending = False  # stopped from the page: its last poll must carry the run's final rows
         self.state = lu.ProcessState(scenario, Preparation(scenario, self.plan, self.base_url), on_record=self._on_record)
         self.target = self.state.engine.wait_ready(lu.sleep)
         self.target.sim = self.sim
@@ -101,6 +102,7 @@ class UiSession:
         web.app.after_request(self._with_llm_stats)
         self._routes(web)
         env.events.test_start.add_listener(lambda **_: self._start())
+        env.events.test_stopping.add_listener(lambda **_: setattr(self, "final_pending", self.run is not None))
         env.events.test_stop.add_listener(lambda **_: self._stop())
         web.start()
         return env
@@ -201,6 +203,10 @@ class UiSession:
         if request.path.endswith("/stats/requests") and response.is_json:
             data = response.get_json()
             data["extended_stats"] = [{"key": "llm", "data": self.live_rows}]
+            if self.final_pending and self.final is None:  # Stop pressed, the run still being written: the
+                data["state"] = "running"  # page polls only a running swarm; its next poll has the final rows
+            elif self.final is not None:
+                self.final_pending = False
             response.set_data(json.dumps(data))
         elif request.path == "/" and response.mimetype == "text/html" and not response.direct_passthrough:
             page = response.get_data(as_text=True)  # Locust's page: the LLM tab's panel goes under its table
