@@ -216,7 +216,8 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
        master: bool = False, master_bind: tuple[str, int] = ("*", 5557), reports_dir: str | Path = "reports",
        png: bool = True, console: Console | None = None) -> None:
     """Locust's web UI with the scenario loaded and the LLM tab, until Ctrl-C (``loadgen ui``): each Start is
-    one run, written like ``run``'s. Raises TargetError before serving when the target is unusable, and
+    one run, written like ``run``'s. Ctrl-C or SIGTERM writes the run in progress, then raises SystemExit(3), as
+    an interrupted ``run`` exits 3. Raises TargetError before serving when the target is unusable, and
     ScenarioError for a scenario with a session class (sessions run on the asyncio engine: ``run``)."""
     remedy = "loadgen ui is Locust's web UI; run it with loadgen run"
     if isinstance(scenario, Scenario):
