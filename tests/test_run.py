@@ -235,10 +235,12 @@ def test_every_scenario_is_run_somewhere():
 def test_every_scenario_runs(tmp_path, path):
     """Each bundled scenario not run elsewhere (the README's main job among them, with its PNG charts),
     shortened: a trace has no duration to shorten, so it is replayed faster (its 120 requests took 28 s at their
-    own pace)."""
+    own pace), and conversations think 0.5 s between turns instead of 2 (the sharegpt plan's last turn 6 s in
+    instead of 12)."""
     out = tmp_path / "run"
     main_job = path.name == "long_context.yaml"
-    faster = ["--set", "load.trace.speedup=5"] if path.name == "mooncake.yaml" else []
+    faster = ["--set", "load.trace.speedup=5"] if path.name == "mooncake.yaml" else \
+        ["--set", "workload.classes.1.conversation.think_time_s=0.5"] if path.name == "sharegpt.yaml" else []
     res = run_cli("run", str(path), "--out", str(out), "--duration", "4", "--set", "load.warmup_s=1", "--no-progress",
                   *faster, *([] if main_job else ["--no-png"]))
     assert res.returncode in (0, 1, 3), res.stderr
