@@ -157,7 +157,7 @@ def test_a_bundled_scenario_by_name(runs: list[api.Scenario], tmp_path: Path, mo
     res = invoke("long_context", "--duration", "5")
     assert res.exit_code == 0, res.output
     assert runs[-1].name == "long_context" and runs[-1].load.duration_s == 5
-    assert "loadgen scenario copy long_context" in res.output
+    assert "loadgen scenario copy long_context" in " ".join(res.output.split())  # wrapped at the console's width
     assert invoke("no_such_scenario").exit_code == 2
 
 
