@@ -107,7 +107,7 @@ def test_the_advised_setting_measured_is_what_was_predicted(tmp_path: Path) -> N
     res = run_cli("run", "scenarios/long_context.yaml", *[a for s in short for a in ("--set", s)], "--out",
                   str(off), "--no-progress", "--no-png")
     assert res.returncode == 1 and "hint: a stall objective failed: `loadgen advise" in res.stdout, res.stdout
-    adv = run_cli("advise", str(off), "--no-png", "--seeds", "5")
+    adv = run_cli("advise", str(off), "--no-png", "--replays", "5")
     advice = Advice.from_dict(json.loads((off / "advice.json").read_text()))
     assert adv.returncode == advice.exit_code, adv.stdout + adv.stderr
     index = advice.recommended if advice.recommended is not None else advice.closest
