@@ -47,7 +47,7 @@ def _undecided(h: Headroom) -> str:
     out = []
     for o in h.failing:
         if o.undecided > h.seeds - h.required:
-            longer = (f" (needs {o.needed:,} samples, has {o.samples:,}: a run ~{o.needed / o.samples:.1f}× as long)"
+            longer = (f" (needs {o.needed:,.0f} samples, has {o.samples:,.0f}: a run ~{o.needed / o.samples:.1f}× as long)"
                       if o.needed and o.samples else "")
             out.append(f"{o.objective} in {o.undecided} of {h.replays}{longer}")
     return "; not passed with evidence: " + ", ".join(out) if out else ""
