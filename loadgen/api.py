@@ -2,7 +2,7 @@
 
     from loadgen import api
 
-    scenario = api.load_scenario("scenarios/smoke.yaml", overrides={"load.duration_s": 5})
+    scenario = api.load_scenario("smoke", overrides={"load.duration_s": 5})  # a file, or a bundled name
     result = api.run(scenario, out="reports/smoke-api")
     print(result.verdict, result.metrics["ttft_ms"]["p99"], result.stalls["count"])
     again = api.report(result.run_dir)            # recomputed from the raw records
@@ -31,6 +31,7 @@ from loadgen.core.secrets import RedactingStream, register
 from loadgen.errors import (AdviceError, CompareError, InputError, LoadgenError, RunDirError, ScenarioError,
                             ServerFault, SettingsError, TargetError)
 from loadgen.plan.scenario import Scenario
+from loadgen.plan.bundled import resolve_scenario_arg
 from loadgen.plan.scenario_file import load_scenario as _load_file
 
 if TYPE_CHECKING:
@@ -77,13 +78,15 @@ Overrides = Sequence[str] | Mapping[str, Any]
 
 
 def load_scenario(path: str | Path, overrides: Overrides = (), flags: Mapping[str, str] | None = None) -> Scenario:
-    """Read, expand (``${VAR:-default}``), override and validate a scenario file. ``overrides``: ``--set`` items
+    """Read, expand (``${VAR:-default}``), override and validate a scenario: a file's path, or the name of a scenario
+    shipped in the package (``"smoke"``, ``"long_context"``: ``loadgen scenario list``) where no such file exists
+    in the working folder, so a script runs from anywhere. ``overrides``: ``--set`` items
     (``"load.rate_per_s=8"``) or a mapping of dotted fields to values. ScenarioError names the bad field."""
     from loadgen.run.target import scenario_secrets
 
     items = [f"{k}={json.dumps(v)}" for k, v in overrides.items()] if isinstance(overrides, Mapping) \
         else list(overrides)
-    scenario = _load_file(Path(path), items, dict(flags or {}))
+    scenario = _load_file(resolve_scenario_arg(Path(path)), items, dict(flags or {}))
     register(*scenario_secrets(scenario))  # its secrets never reach any output from here on
     return scenario
 
@@ -213,7 +216,8 @@ def ui(scenario: Scenario | str | Path, *, host: str = "127.0.0.1", port: int = 
        master: bool = False, master_bind: tuple[str, int] = ("*", 5557), reports_dir: str | Path = "reports",
        png: bool = True, console: Console | None = None) -> None:
     """Locust's web UI with the scenario loaded and the LLM tab, until Ctrl-C (``loadgen ui``): each Start is
-    one run, written like ``run``'s. Raises TargetError before serving when the target is unusable, and
+    one run, written like ``run``'s. Ctrl-C or SIGTERM writes the run in progress, then raises SystemExit(3), as
+    an interrupted ``run`` exits 3. Raises TargetError before serving when the target is unusable, and
     ScenarioError for a scenario with a session class (sessions run on the asyncio engine: ``run``)."""
     remedy = "loadgen ui is Locust's web UI; run it with loadgen run"
     if isinstance(scenario, Scenario):

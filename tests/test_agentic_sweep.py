@@ -28,8 +28,8 @@ SMALL = ("--set", "target.simulator.time_scale=0.1", "--set", "target.simulator.
 def test_find_max_concurrency_over_sessions_brackets_a_capacity(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     res = run_cli("sweep", "scenarios/agentic.yaml", "--find-max", "concurrency", "--start", "1", "--out", str(out),
-                  "--step-duration-s", "5", "--min-step-duration-s", "5", "--max-step-duration-s", "8",
-                  "--budget-s", "60", "--max-steps", "4", "--tolerance", "50%", *SMALL, timeout=180)
+                  "--step-duration", "5", "--min-step-duration", "5", "--max-step-duration", "8",
+                  "--budget", "60", "--max-steps", "4", "--tolerance", "50%", "--no-png", *SMALL, timeout=180)
     assert res.returncode == 0, res.stderr + res.stdout[-2000:]  # first: a failed sweep shows why (not a missing
     # sweep.json); stdout: its steps (exit 3: undecided)
     doc = json.loads((out / "sweep.json").read_text())

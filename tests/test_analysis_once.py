@@ -16,22 +16,14 @@ from loadgen.analysis import summary as summary_module
 from loadgen.analysis.result import RunResult
 from loadgen.plan.scenario import Scenario
 from loadgen.run import advise as advise_run, comparison, reporting, sweep
-from tests.run_helpers import run_cli
 
-SHORT = ["--no-progress", "--no-png", "--set", "load.duration_s=5", "--set", "load.rate_per_s=8",
-         "--set", "load.warmup_s=1"]
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two runs of one seeded plan on the embedded simulator, each summarised at its end."""
-    root = tmp_path_factory.mktemp("once")
-    out = {}
-    for name in ("base", "new"):
-        out[name] = root / name
-        res = run_cli("run", "tests/data/advise_sim.yaml", "--out", str(out[name]), *SHORT)
-        assert res.returncode in (0, 1, 3), res.stdout + res.stderr  # 3: a busy machine lagged the generator
-        assert (out[name] / "summary.json").exists() and (out[name] / "stalls.parquet").exists()
+@pytest.fixture
+def runs(seeded_reruns: dict[str, Path]) -> dict[str, Path]:
+    """Two runs of one seeded plan on the embedded simulator, each summarised at its end (conftest.py: the
+    baseline and the identical rerun tests/test_compare.py compares)."""
+    out = {"base": seeded_reruns["base"], "new": seeded_reruns["same"]}
+    for run_dir in out.values():
+        assert (run_dir / "summary.json").exists() and (run_dir / "stalls.parquet").exists()
     return out
 
 
@@ -54,7 +46,7 @@ def _is_run(requests: pl.DataFrame, run_dir: Path) -> bool:
     return requests.select("seq", "t_sent_ns").sort("seq").equals(recorded)
 
 
-@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
+@pytest.mark.slow  # two real-time runs of 6 s (conftest.py's seeded_reruns)
 def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Path],
                                                               summaries: list[pl.DataFrame]) -> None:
     doc, _ = comparison.compare_runs(runs["base"], runs["new"], comparison.CompareOptions(replicates=200))
@@ -67,7 +59,7 @@ def test_compare_reads_both_summaries_and_states_their_values(runs: dict[str, Pa
         assert by["output_tokens_per_s"][label] == stated[label]["throughput"]["output_tokens_per_s"]
 
 
-@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
+@pytest.mark.slow  # two real-time runs of 6 s (conftest.py's seeded_reruns)
 def test_compare_over_a_repeat_reads_its_runs_summaries(runs: dict[str, Path], summaries: list[pl.DataFrame]) -> None:
     """A repeat directory (here: the two runs under one repeat.json) is pooled from its runs' records, its
     verdict read from repeat.json and its runs' figures from their summary.json: nothing is summarised again."""
@@ -75,9 +67,9 @@ def test_compare_over_a_repeat_reads_its_runs_summaries(runs: dict[str, Path], s
 
     root = runs["base"].parent
     stated = [json.loads((runs[name] / "summary.json").read_text()) for name in ("base", "new")]
-    entries = [{"dir": name, "seed": s["seed"], "verdict": s["verdict"], "exit_code": 0}
+    entries = [{"dir": runs[name].name, "seed": s["seed"], "verdict": s["verdict"], "exit_code": 0}
                for name, s in zip(("base", "new"), stated)]
-    (root / "repeat.json").write_text(json.dumps(combine("advise_sim", entries, stated).to_dict()))
+    (root / "repeat.json").write_text(json.dumps(combine("smoke", entries, stated).to_dict()))
     try:
         doc, _ = comparison.compare_runs(runs["base"], root, comparison.CompareOptions(replicates=200))
     finally:
@@ -86,7 +78,7 @@ def test_compare_over_a_repeat_reads_its_runs_summaries(runs: dict[str, Path], s
     assert doc["runs"] == {"base": 1, "new": 2} and doc["verdict_change"]["base"] == stated[0]["verdict"]
 
 
-@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
+@pytest.mark.slow  # two real-time runs of 6 s (conftest.py's seeded_reruns)
 def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Path],
                                                              summaries: list[pl.DataFrame]) -> None:
     run_dir = runs["base"]
@@ -97,7 +89,7 @@ def test_a_sweep_step_is_judged_on_the_summary_the_run_wrote(runs: dict[str, Pat
     assert step.load == 8.0
 
 
-@pytest.mark.slow  # two real-time runs of 5 s (module fixture)
+@pytest.mark.slow  # two real-time runs of 6 s (conftest.py's seeded_reruns)
 def test_advise_replays_the_settings_but_reads_the_measured_run_s_summary(runs: dict[str, Path],
                                                                           summaries: list[pl.DataFrame]) -> None:
     run_dir = runs["new"]

@@ -1,4 +1,4 @@
-"""loadgen.api: the README's example as written, and what a caller relies on: a typed result that is
+"""loadgen.api: the docs' example (docs/python.md) as written, and what a caller relies on: a typed result that is
 summary.json, the same verdict as the CLI, errors before anything is sent."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from tests.run_helpers import ROOT
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## From Python: `loadgen.api`"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    """The example of the docs' Python page (docs/python.md), as written."""
+    text = (ROOT / "docs" / "python.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)  # type: ignore[union-attr]
 
 
 @pytest.mark.slow

@@ -17,8 +17,6 @@ from loadgen.analysis.compare_basis import change_line, derived_thresholds, verd
 from loadgen.report.writers import fmt
 from tests.run_helpers import run_cli
 
-SHORT = ["--no-progress", "--no-png", "--set", "load.duration_s=6", "--set", "load.rate_per_s=8",
-         "--set", "load.warmup_s=1"]
 
 
 def test_weighted_quantile_with_unit_weights_is_the_plain_quantile():
@@ -60,17 +58,11 @@ def test_paired_weights_follow_the_plan_sequence_number():
     assert not (wb[:, 0] == wn[:, 3]).all()
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """The same seeded plan three times: a baseline, an identical rerun, and the simulator slowed by 20%."""
-    root = tmp_path_factory.mktemp("compare")
-    out = {}
-    for name, scale in (("base", 1.0), ("same", 1.0), ("slow", 1.2)):
-        out[name] = root / name
-        res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out[name]), *SHORT,
-                      "--set", f"target.simulator.time_scale={scale}")
-        assert res.returncode in (0, 1, 3), res.stdout + res.stderr  # 3: too few requests to decide an objective
-    return out
+@pytest.fixture
+def runs(seeded_reruns: dict[str, Path]) -> dict[str, Path]:
+    """The same seeded plan three times: a baseline, an identical rerun, and the simulator slowed by 20%
+    (conftest.py: shared with tests/test_analysis_once.py)."""
+    return seeded_reruns
 
 
 @pytest.mark.slow

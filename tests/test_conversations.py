@@ -179,7 +179,7 @@ def _ttft_by_turn(run_dir) -> pl.DataFrame:
 @pytest.mark.parametrize("caching", [True, False])
 def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_path, caching):
     out = tmp_path / "run"
-    proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--set", "load.duration_s=14",
+    proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--no-png", "--set", "load.duration_s=14",
                    "--set", "load.rate_per_s=0.5", "--set", f"target.simulator.prefix_caching={str(caching).lower()}", *SIM_TRACE)
     assert proc.returncode in (0, 1, 3), proc.stderr
     by_turn = _ttft_by_turn(out)
@@ -207,7 +207,7 @@ def test_ttft_by_turn_matches_the_truth_and_falls_only_with_prefix_caching(tmp_p
 @pytest.mark.slow
 def test_a_closed_loop_user_holds_one_conversation_at_a_time(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--set", "load.arrival=concurrency",
+    proc = run_cli("run", str(MULTI_TURN), "--out", str(out), "--no-png", "--set", "load.arrival=concurrency",
                    "--set", "load.concurrency=2", "--set", "load.duration_s=6")
     assert proc.returncode in (0, 1, 3), proc.stderr
     requests, _ = records(out)
@@ -222,7 +222,8 @@ def test_a_closed_loop_user_holds_one_conversation_at_a_time(tmp_path):
 @pytest.mark.slow
 def test_locust_users_are_conversations(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("run", str(MULTI_TURN), "--engine", "locust", "--out", str(out), "--set", "load.duration_s=8")
+    proc = run_cli("run", str(MULTI_TURN), "--engine", "locust", "--out", str(out), "--no-png",
+                   "--set", "load.duration_s=8")
     assert proc.returncode in (0, 1, 3), proc.stderr
     requests, _ = records(out)
     assert requests["error_kind"].null_count() == requests.height

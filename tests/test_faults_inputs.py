@@ -32,8 +32,8 @@ def one_line_exit_2(res, message: str) -> None:
 
 # ---- 4, 8, 11. input that would exhaust memory, crash, or be blamed on the wrong thing -------------------------
 @pytest.mark.parametrize("args, message", [
-    (["--duration", "inf"], "--duration inf: give a finite number of seconds above 0"),
-    (["--duration", "nan"], "--duration nan: give a finite number"),
+    (["--duration", "inf"], "--duration inf: give a time, e.g. 20, 20s, 2m or 1h"),
+    (["--duration", "nan"], "--duration nan: give a time, e.g. 20, 20s, 2m or 1h"),
     (["--set", "load.duration_s=1e9"], "load.duration_s: Input should be less than or equal to 604800"),
     (["--duration", "1e9"], "--duration: load.duration_s: Input should be less than or equal to 604800"),
     (["--set", "load.rate_per_s=1.0e9"], "the plan would hold ~2,000,000,000 requests"),
@@ -264,7 +264,7 @@ def _listening(port: int) -> set[str]:
 def test_ui_master_binds_loopback_by_default(tmp_path):
     ui_port, master_port = 18089 + os.getpid() % 500, 15557 + os.getpid() % 500
     proc = start_cli("ui", "scenarios/smoke.yaml", "--master", "--port", str(ui_port), "--master-bind-port",
-                     str(master_port), "--reports-dir", str(tmp_path))
+                     str(master_port), "--reports", str(tmp_path))
     try:
         read_until(proc, "workers:", 60)
         assert _listening(master_port) == {"0100007F"}  # 127.0.0.1 only, not 0.0.0.0

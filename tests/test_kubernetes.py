@@ -110,4 +110,4 @@ def test_compose_workers_reach_the_master_too():
 
 
 def test_manifest_path_is_documented():
-    assert Path("local_target/kubernetes/loadgen.yaml").as_posix() in (ROOT / "README.md").read_text()
+    assert Path("local_target/kubernetes/loadgen.yaml").as_posix() in (ROOT / "docs/guides/locust.md").read_text()

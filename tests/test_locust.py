@@ -79,7 +79,7 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_keeps_what_it_sent(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "12",
+    cmd = [sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out), "--duration", "8",
            "--engine", "locust", "--workers", "2", *SHORT]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "200"})
@@ -209,8 +209,8 @@ def test_a_run_ends_by_itself_within_its_bound_when_its_worker_stalls_or_dies(tm
     from loadgen.plan.deadlines import run_bound_s
     from loadgen.plan.schedule import build_plan
 
-    sets = {"load.arrival": "constant", "load.rate_per_s": 6, "load.warmup_s": 0, "load.duration_s": 12,
-            "load.drain_timeout_s": 5}
+    sets = {"load.arrival": "constant", "load.rate_per_s": 6, "load.warmup_s": 0, "load.duration_s": 8,
+            "load.drain_timeout_s": 2}
     sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", overrides=sets)
     bound_s = run_bound_s(build_plan(sc), sc)
     out = tmp_path / "run"

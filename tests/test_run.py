@@ -20,6 +20,7 @@ RUN_ELSEWHERE = {
     "aggressor_victim": "tests/test_spike_truth.py",  # 30 s, attribution scored against the trace
     "chat": "tests/conftest.py",  # preemption_heavy_run: test_spike_truth and test_server_metrics
     "smoke": "tests/test_api.py",  # and in most CLI tests
+    "long_context": "tests/test_newcomer.py",  # copied out of the built wheel and run, PNG charts and all
     "multi_turn": "tests/test_conversations.py",  # TTFT by turn against the truth
     "nightly": "tests/test_ci_outputs.py",  # the workflow's own steps
     "reasoning": "tests/test_reasoning_truth.py",  # time to first answer token against the truth
@@ -115,7 +116,8 @@ def test_ctrl_c_leaves_readable_records_and_a_summary(tmp_path, engine):
     records not yet flushed, on the way out) and reports the run as interrupted."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "loadgen", "run", "scenarios/smoke.yaml", "--out", str(out),
-                             "--duration", "60", "--set", "load.warmup_s=0", "--no-progress", "--engine", engine],
+                             "--duration", "60", "--set", "load.warmup_s=0", "--no-progress", "--no-png", "--engine",
+                             engine],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("requests.part-*.parquet")) and time.monotonic() < deadline:
@@ -171,7 +173,7 @@ def test_redact_url_masks_passwords_and_key_query_values():
 def test_closed_loop_keeps_concurrency(tmp_path, engine):
     """The scenario's concurrency is the run's, however many Locust workers share it (each once ran all of it)."""
     out = tmp_path / "run"
-    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--set",
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--set",
                   "load={arrival: concurrency, concurrency: 4, duration_s: 3}", "--set",
                   "target.simulator.time_scale=0.3", "--set", "slo.decision=point", *engine)
     assert res.returncode == 0, res.stderr
@@ -233,10 +235,12 @@ def test_every_scenario_is_run_somewhere():
 def test_every_scenario_runs(tmp_path, path):
     """Each bundled scenario not run elsewhere (the README's main job among them, with its PNG charts),
     shortened: a trace has no duration to shorten, so it is replayed faster (its 120 requests took 28 s at their
-    own pace)."""
+    own pace), and conversations think 0.5 s between turns instead of 2 (the sharegpt plan's last turn 6 s in
+    instead of 12)."""
     out = tmp_path / "run"
     main_job = path.name == "long_context.yaml"
-    faster = ["--set", "load.trace.speedup=5"] if path.name == "mooncake.yaml" else []
+    faster = ["--set", "load.trace.speedup=5"] if path.name == "mooncake.yaml" else \
+        ["--set", "workload.classes.1.conversation.think_time_s=0.5"] if path.name == "sharegpt.yaml" else []
     res = run_cli("run", str(path), "--out", str(out), "--duration", "4", "--set", "load.warmup_s=1", "--no-progress",
                   *faster, *([] if main_job else ["--no-png"]))
     assert res.returncode in (0, 1, 3), res.stderr

@@ -52,7 +52,7 @@ def test_a_stall_overlapping_a_preemption_is_labelled_preemption_not_prefill():
 
 @pytest.mark.slow
 def test_preemption_heavy_run_is_confirmed_by_the_server(preemption_heavy_run):
-    out = preemption_heavy_run  # conftest.py: chat.yaml on a 9,000-token KV cache at 8 requests/s, 20 s
+    out = preemption_heavy_run  # conftest.py: chat.yaml on a 9,000-token KV cache at 8 requests/s, 15 s
     metrics = pl.read_parquet(out / "server_metrics.parquet")
     assert {"running", "waiting", "kv_cache_usage", "preemptions_total"} <= set(metrics["name"].unique())
     s = summary(out)

@@ -125,7 +125,7 @@ def golden(tmp_path: Path) -> Path:
 
 
 def test_size_from_a_recorded_run_prints_json_for_machines(golden: Path) -> None:
-    res = run_cli("size", "--from", str(golden), "--json", "--power", "0.9", timeout=120)
+    res = run_cli("size", "--from", str(golden), "--json", "--power", "90%", timeout=120)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     rows = {r["objective"]: r for r in doc["objectives"]}
@@ -144,8 +144,8 @@ def test_size_prints_a_table_and_the_recommendation(golden: Path) -> None:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--power", "1.5"], "--power 1.5"), (["--confidence", "0.2"], "--confidence 0.2"),
-    (["--regression", "ten"], "--regression 'ten'"), (["--regression", "5%", "--compare-threshold", "10"],
+    (["--power", "150%"], "--power 150%"), (["--confidence", "20%"], "--confidence 20%"),
+    (["--regression", "ten"], "--regression 'ten'"), (["--regression", "5%", "--threshold", "10%"],
                                                        "--regression 5%"), ([], None)])
 def test_bad_input_is_one_line_and_exit_2(golden: Path, tmp_path: Path, args: list[str],
                                           message: str | None) -> None:
@@ -158,7 +158,7 @@ def test_bad_input_is_one_line_and_exit_2(golden: Path, tmp_path: Path, args: li
 
 @pytest.mark.slow
 def test_size_runs_a_pilot_of_the_scenario_on_its_target(tmp_path: Path) -> None:
-    """Without --from: --pilot-s seconds of the scenario (its 60 s and until: decided set aside) against the
+    """Without --from: --pilot-duration seconds of the scenario (its 60 s and until: decided set aside) against the
     embedded simulator, kept under reports/, then sized."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(json.dumps({
@@ -169,7 +169,7 @@ def test_size_runs_a_pilot_of_the_scenario_on_its_target(tmp_path: Path) -> None
         "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 200},
                                   "output_tokens": {"dist": "fixed", "value": 20}}]},
         "slo": {"ttft_ms": {"p50": 5000, "p99": 5000}}}))
-    res = run_cli("size", str(scenario), "--pilot-s", "3", "--json", timeout=300, cwd=tmp_path)
+    res = run_cli("size", str(scenario), "--pilot-duration", "3", "--json", timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     pilot = Path(doc["pilot"]) if Path(doc["pilot"]).is_absolute() else tmp_path / doc["pilot"]

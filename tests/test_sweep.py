@@ -101,8 +101,8 @@ def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_p
 
 @pytest.mark.slow
 def test_fixed_rates_with_the_requirement_inside_the_interval_exit_3(known_scenario: Path, tmp_path: Path) -> None:
-    res = run_cli("sweep", str(known_scenario), "--rates", "10,30", "--require", "25", "--out", str(tmp_path / "s"),
-                  "--step-duration-s", "6")
+    res = run_cli("sweep", str(known_scenario), "--rate", "10,30", "--require", "25", "--out", str(tmp_path / "s"),
+                  "--step-duration", "4", "--no-png")
     assert res.returncode == 3, res.stdout + res.stderr  # 10 passes (or is undecided), 30 fails: 25 is inside
     doc = json.loads((tmp_path / "s" / "sweep.json").read_text())
     calls = {s["load"]: s["call"] for s in doc["steps"]}
@@ -111,21 +111,21 @@ def test_fixed_rates_with_the_requirement_inside_the_interval_exit_3(known_scena
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "exactly one of --rates"),
-    (["--rates", "1,2", "--find-max", "rate"], "exactly one of --rates"),
-    (["--rates", "1,x"], "--rates '1,x'"),
-    (["--rates", "0,2"], "above 0"),
+    ([], "exactly one of --rate"),
+    (["--rate", "1,2", "--find-max", "rate"], "exactly one of --rate"),
+    (["--rate", "1,x"], "--rate '1,x'"),
+    (["--rate", "0,2"], "above 0"),
     (["--concurrency", "4,8"], "needs a closed-loop scenario"),
     (["--concurrency", "2.5"], "whole numbers"),
     (["--find-max", "users"], "choose rate or concurrency"),
     (["--find-max", "rate", "--tolerance", "0%"], "--tolerance"),
     (["--find-max", "rate", "--require", "-1"], "--require"),
     (["--find-max", "rate", "--set", "load.max_rate_per_s=5"], "max_rate_per_s caps closed-loop load"),
-    (["--rates", "1", "--until", "forever"], "--until 'forever'"),
-    (["--rates", "1", "--max-step-duration-s", "0"], "--max-step-duration-s 0"),
-    (["--rates", "1", "--until", "decided", "--max-step-duration-s", "5"], "at least the step duration"),
-    (["--find-max", "rate", "--min-step-duration-s", "30", "--max-step-duration-s", "20"],
-     "--min-step-duration-s 30"),
+    (["--rate", "1", "--until", "forever"], "--until 'forever'"),
+    (["--rate", "1", "--max-step-duration", "0"], "--max-step-duration 0"),
+    (["--rate", "1", "--until", "decided", "--max-step-duration", "5"], "at least the step duration"),
+    (["--find-max", "rate", "--min-step-duration", "30", "--max-step-duration", "20"],
+     "--min-step-duration 30"),
 ])
 def test_bad_sweep_input_is_one_line_and_exit_2(known_scenario: Path, tmp_path: Path, args: list[str],
                                                 message: str) -> None:
@@ -236,11 +236,11 @@ def test_closed_loop_rate_ceiling_spaces_the_sends(tmp_path: Path) -> None:
 def test_rate_ceiling_under_locust_and_a_sweep_through_locust_workers(tmp_path: Path,
                                                                       known_scenario: Path) -> None:
     res = run_cli("run", str(_ceiling_scenario(tmp_path)), "--engine", "locust", "--out", str(tmp_path / "run"),
-                  "--no-progress")
+                  "--no-progress", "--no-png")
     assert res.returncode in (0, 3), res.stdout + res.stderr
     _assert_capped(tmp_path / "run", 10, 4)
-    res = run_cli("sweep", str(known_scenario), "--rates", "8,16", "--engine", "locust", "--workers", "1",
-                  "--step-duration-s", "8", "--out", str(tmp_path / "sweep"))
+    res = run_cli("sweep", str(known_scenario), "--rate", "8,16", "--engine", "locust", "--workers", "1",
+                  "--step-duration", "5", "--no-png", "--out", str(tmp_path / "sweep"))
     doc = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [s["load"] for s in doc["steps"] if s["attempt"] == 1] == [8.0, 16.0], res.stdout + res.stderr
     for step in doc["steps"]:

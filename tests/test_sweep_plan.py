@@ -205,7 +205,7 @@ def test_find_max_narrows_to_a_fifth_within_its_budget(world: World, tmp_path: P
 
 def test_a_search_that_cannot_narrow_says_so_and_why(world: World, tmp_path: Path) -> None:
     result, text = _sweep(world, SweepOptions("rate", budget_s=120, tolerance=0.01), tmp_path)
-    assert any("wider than --tolerance 1%" in r and "--budget-s 120 spent" in r for r in result.reasons), text
+    assert any("wider than --tolerance 1%" in r and "--budget 120 s spent" in r for r in result.reasons), text
     assert world.now <= 120
 
 

@@ -60,7 +60,7 @@ def run_vllm_scenario(out: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
 
 
 def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_path: Path) -> None:
-    with vllm_serving(tiny_model, "--chunked-prefill", "off"):
+    with vllm_serving(tiny_model, "--no-chunked-prefill"):
         req, chunks, stalls = run_vllm_scenario(tmp_path / "off")
         checked = assert_check_is_clean(BASE_URL)  # loadgen check: a real vLLM can be measured honestly
     assert checked["target"]["engine"] == "vllm"
@@ -112,7 +112,7 @@ def test_real_vllm_on_cpu_prefill_stalls_off_then_chunked(tiny_model: Path, tmp_
     budget = str(rec.settings["max_num_batched_tokens"])
     assert rec.flags[:2] == ["--enable-chunked-prefill", f"--max-num-batched-tokens {budget}"]
 
-    with vllm_serving(tiny_model, "--chunked-prefill", "on", "--max-num-batched-tokens", budget):
+    with vllm_serving(tiny_model, "--chunked-prefill", "--max-num-batched-tokens", budget):
         req_on, chunks_on, _ = run_vllm_scenario(tmp_path / "on")
         swept = run_sweep(tmp_path)  # on the same server: a fourth start would cost ~70 s of CI
     check_sweep(swept, tmp_path / "sweep")
@@ -185,10 +185,11 @@ SWEEP = {"name": "vllm-cpu-sweep", "target": {"base_url": BASE_URL, "model": "au
 
 
 def run_sweep(tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`loadgen sweep --rates 1,3` end to end: two full runs against the server, judged and reported."""
+    """`loadgen sweep --rate 1,3` end to end: two full runs against the server, judged and reported."""
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(SWEEP))
-    return run_cli("sweep", str(path), "--rates", "1,3", "--out", str(tmp_path / "sweep"), timeout=600)
+    return run_cli("sweep", str(path), "--rate", "1,3", "--out", str(tmp_path / "sweep"), "--no-png",
+                   timeout=600)
 
 
 def check_sweep(res: subprocess.CompletedProcess[str], out: Path) -> None:

@@ -84,8 +84,8 @@ def test_cli_options_map_to_vllm_flags(tmp_path, monkeypatch):
 
     monkeypatch.setattr(launcher, "preflight", fake_preflight)
     res = CliRunner().invoke(cli_target.app, [
-        "vllm", "--model", "/m", "--device", "cpu", "--chunked-prefill", "off", "--max-num-batched-tokens", "512",
-        "--max-num-seqs", "4", "--prefix-caching", "on", "--port", "8200", "--max-model-len", "2048",
+        "vllm", "--model", "/m", "--device", "cpu", "--no-chunked-prefill", "--max-num-batched-tokens", "512",
+        "--max-num-seqs", "4", "--prefix-caching", "--port", "8200", "--max-model-len", "2048",
         "--kv-cache-gib", "0.5", "--", "--seed", "7"])
     assert res.exit_code == 2 and "stopped by the test" in res.output
     f = flags(seen["args"])

@@ -61,14 +61,14 @@ class AdviseOptions:
     tries: dict[str, list[Any]] = field(default_factory=dict)  # --try KEY=V1,V2
     server: dict[str, Any] = field(default_factory=dict)  # --server KEY=V: what the run's server ran with
     capacity: bool = False  # --capacity: each candidate's highest rate meeting every objective
-    seeds: int = DEFAULT_SEEDS  # --seeds: replays per candidate
+    seeds: int = DEFAULT_SEEDS  # --replays: replays per candidate
     margin: float = DEFAULT_MARGIN  # --margin: the share of each limit to keep
 
     def check(self) -> None:
         if self.seeds < 1:
-            raise AdviceError(f"--seeds {self.seeds}: at least 1")
+            raise AdviceError(f"--replays {self.seeds}: at least 1")
         if not 0 <= self.margin < 1:
-            raise AdviceError(f"--margin {self.margin * 100:g}: a percentage from 0 to below 100")
+            raise AdviceError(f"--margin {self.margin * 100:g}%: a percentage from 0 to below 100")
 
 
 def result_of(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame, planned: int | None,

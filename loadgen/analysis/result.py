@@ -46,6 +46,8 @@ class Throughput(TypedDict, total=False):
     output_tokens_per_s: float
     goodput_requests_per_s: float
     prompt_tokens_per_s: float  # prompt tokens of the completed requests (embeddings: the throughput)
+    total_tokens_per_s: float  # prompt + output
+    goodput_declared: bool  # slo.goodput is declared (else goodput counts every completed request)
 
 
 class SloResult(TypedDict):
@@ -225,6 +227,8 @@ class RunResult:
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
     steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)
+    figures: dict[str, Any] = field(default_factory=dict)  # cost, energy, power; ``absent``: why (figures.py)
+    mlperf: dict[str, Any] = field(default_factory=dict)  # ttft_p90_ms, tpot_p90_ms, tokens_per_s_per_user
     run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised
 
     @property

@@ -321,6 +321,6 @@ def size_run(pilot_dir: str, summary: dict[str, Any], run: RunAnalysis, opts: Si
         result.requests = math.ceil(needed * pilot.arrivals_per_measured) + pilot.warmup
     if any(not r.reliable for r in result.rows):
         result.notes.append("?: the pilot is too short to tell that objective's side (its estimate is within its "
-                            "own noise of the limit): run a longer pilot (--pilot-s), or let load.until: decided "
+                            "own noise of the limit): run a longer pilot (--pilot-duration), or let load.until: decided "
                             "find the length")
     return result

@@ -318,7 +318,7 @@ def with_step_tolerance(cfg: SpikeConfig, gaps: pl.DataFrame) -> SpikeConfig:
 def confirm_preemptions(stalls: pl.DataFrame, windows: list[tuple[int, int]]) -> pl.DataFrame:
     """Server evidence (vLLM's preemption counter, scraped): a stall that overlaps a scrape interval in which
     the counter rose is labelled "preemption", not prefill (a preempted request stalls from the step that
-    evicted it until it is recomputed). The resolution is the scrape period (``--server-metrics-period-s``)."""
+    evicted it until it is recomputed). The resolution is the scrape period (``--server-metrics-period``)."""
     if stalls.is_empty() or not windows:
         return stalls
     w = pl.DataFrame(windows, schema={"p0_ns": pl.Int64, "p1_ns": pl.Int64}, orient="row")

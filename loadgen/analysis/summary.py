@@ -10,6 +10,7 @@ from loadgen.analysis import server_frames
 from loadgen.plan.scenario import Scenario
 from loadgen.analysis import metrics as m
 from loadgen.analysis import spikes
+from loadgen.analysis import figures as fig
 from loadgen.analysis.ledger import Ledger, miss_ledger
 from loadgen.analysis.conversations import conversation_figures
 from loadgen.analysis.reasoning import reasoning_figures, tool_figures
@@ -39,7 +40,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     frames = _session_frames(measured, scenario, unfinished) if "session" in run.families else None
     metric_table = m.metric_table(measured, token_stats=run.token_stats(), kinds=run.families,
                                   session_stats=frames.stats() if frames else None)
-    tput = m.throughput(measured, good)
+    tput = _throughput(measured, good, scenario)
     spike = spikes.analyze(prefilled(req), prefilled(measured), run,
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
@@ -60,11 +61,11 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "verdict": result,
         "reasons": reasons,
         "requests": {"planned": planned, "sent": requests.height, "warmup": int(requests["warmup"].sum()),
-                     "transient": run.steady.transient,
-                     **counts},
+                     "transient": run.steady.transient, **counts},
         "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
         "metrics": metric_table,
         "throughput": tput,
+        **quoted_figures(scenario, measured, tput, server, metric_table),
         "slo": [o.as_dict() for o in objectives],
         "decision": {"rule": scenario.slo.decision, "confidence": scenario.slo.confidence},
         "stalls": spike.summary,
@@ -81,6 +82,29 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         **(extra or {}),
     }, {"stalls": spike.stalls, **({"misses": misses.misses} if misses else {}),
         **(frames.tables() if frames else {})}
+
+
+def _throughput(measured: pl.DataFrame, good: pl.Series, scenario: Scenario) -> dict[str, Any]:
+    """Requests, prompt, output and total (prompt + output) tokens, and goodput per second; whether goodput
+    has limits of its own (``slo.goodput``) or is every completed request."""
+    tput = m.throughput(measured, good)
+    return {**tput, "total_tokens_per_s": tput["prompt_tokens_per_s"] + tput["output_tokens_per_s"],
+            "goodput_declared": scenario.slo.goodput is not None}
+
+
+def quoted_figures(scenario: Scenario, measured: pl.DataFrame, tput: dict[str, float],
+                   server: pl.DataFrame | None, metric_table: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's ``figures`` (cost per million tokens and energy per token over the measured window, each
+    absent with its reason in ``absent`` where its input is missing) and ``mlperf`` (analysis/figures.py)."""
+    window_s = m.window_s(measured)
+    output = tput["output_tokens_per_s"] * window_s
+    total = tput["total_tokens_per_s"] * window_s
+    edges = None if measured.is_empty() else (int(measured["t_intended_ns"].min()),  # type: ignore[arg-type]
+                                              int(measured["t_done_ns"].max()))  # type: ignore[arg-type]
+    cost = fig.cost_figures(scenario.cost, window_s, output, total)
+    energy = fig.energy_figures(server, edges, bool(scenario.target.power_metrics), output, total)
+    return {"figures": {**cost, **energy, "absent": {**cost["absent"], **energy["absent"]}},
+            "mlperf": fig.mlperf(metric_table)}
 
 
 def _session_frames(measured: pl.DataFrame, scenario: Scenario,

@@ -10,7 +10,7 @@ import typer
 from loadgen import api
 from loadgen.advise.settings import SettingsError
 from loadgen.advise.whatif import AdviceError
-from loadgen.cli.common import console, fail
+from loadgen.cli.common import console, fail, percent_option, points
 from loadgen.report.advice_report import console_tables, headline
 
 
@@ -24,27 +24,29 @@ def advise(
     server: Optional[list[str]] = typer.Option(None, "--server", help="what the run's server ran with, "
                                                "KEY=VALUE (repeatable; same keys). Read from run.json for the "
                                                "embedded simulator; else the engine's defaults are assumed"),
-    capacity: bool = typer.Option(False, "--capacity", help="also search each candidate's capacity on the "
+    capacity: bool = typer.Option(False, "--capacity/--no-capacity", help="also search each candidate's capacity "
+                                  "on the "
                                   "calibrated simulator: the highest request rate (a multiple of the run's) that "
                                   "meets every objective; it then ranks the candidates. Open-loop runs"),
-    seeds: int = typer.Option(20, "--seeds", help="replays per candidate, each under its own step-noise seed "
+    replays: int = typer.Option(20, "--replays", help="replays per candidate, each under its own step-noise seed "
                               "(the scenario's seed, then the next ones); a candidate must keep the margin in 95 % "
                               "of them. The main job: ~0.5 s a replay; a candidate stops once it cannot qualify"),
-    margin: float = typer.Option(10.0, "--margin", help="percent of each objective's limit the recommended "
-                                 "setting must keep in its replays (a <= objective: value <= limit × (1 − "
-                                 "margin)); the stall objectives count gaps within the margin of the stall "
-                                 "threshold too. 0: just meet every objective"),
+    margin: float = percent_option("10%", "--margin", "the share of each objective's limit the recommended "
+                                   "setting must keep in its replays (a <= objective: value <= limit × (1 − "
+                                   "margin)); the stall objectives count gaps within the margin of the stall "
+                                   "threshold too. 0%: just meet every objective", legacy="percent",
+                                   check=(lambda x: 0 <= x < 1, "a percentage from 0% to below 100%")),
     png: bool = typer.Option(True, "--png/--no-png", help="re-render the report's PNG charts too"),
 ) -> None:
     """Fit the simulator's cost model to a run, replay the run's own plan under each candidate server setting
-    (--seeds times each) and recommend the one that keeps --margin on every objective in 95 % of its replays
+    (--replays times each) and recommend the one that keeps --margin on every objective in 95 % of its replays
     with the most goodput, with its flags; when none does, say so and show the closest. Writes advice.json and
     advice.md in RUN_DIR and adds an advice section to its report.html. Exit 0: a setting keeps the margin;
     1: none does; 2: bad input."""
     try:
         with console.status("advise: fitting the cost model") as status:
             result = api.advise(run_dir, tries=try_ or (), server=server or (), capacity=capacity, png=png,
-                                seeds=seeds, margin_pct=margin,
+                                seeds=replays, margin_pct=points(margin),
                                 progress=lambda line: status.update(f"advise: {line}"))
     except (AdviceError, SettingsError) as exc:
         raise fail(str(exc)) from None

@@ -6,16 +6,33 @@ from __future__ import annotations
 
 import typer
 
-from loadgen.cli import advise, commands, dataset, shrink, size, sweep, target
+import loadgen
+from loadgen.cli import advise, commands, dataset, explain, run, scenario, shrink, size, sweep, target
+from loadgen.cli.aliases import AliasGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=AliasGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
 
-for command in (commands.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"loadgen {loadgen.__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="print loadgen's version and exit")) -> None:
+    """Load generator and SLO tester for OpenAI-compatible LLM endpoints."""
+
+
+for command in (run.run, commands.ui, commands.worker, commands.validate, commands.schema, commands.check,
                 commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size,
-                shrink.shrink):
+                shrink.shrink, explain.explain):
     app.command()(command)
 app.add_typer(target.app, name="target")
 app.add_typer(dataset.app, name="dataset")
+app.add_typer(scenario.app, name="scenario")
 
 __all__ = ["app"]

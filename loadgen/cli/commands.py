@@ -1,6 +1,7 @@
-"""The top-level commands of the ``loadgen`` command line: run, ui, worker, validate, schema, check, report, compare,
-history. Each parses its flags and calls ``loadgen.api``; cli/app.py registers them. Exit codes (run/exits.py): 0
-pass, 1 SLO failed, 2 usage/config error (nothing sent), 3 inconclusive or interrupted, 4 internal error."""
+"""The top-level commands of the ``loadgen`` command line: ui, worker, validate, schema, check, report, compare,
+history (``run`` is cli/run.py). Each parses its flags and calls ``loadgen.api``; cli/app.py registers them. Exit
+codes (run/exits.py): 0 pass, 1 SLO failed, 2 usage/config error (nothing sent), 3 inconclusive or interrupted, 4
+internal error."""
 
 from __future__ import annotations
 
@@ -12,87 +13,18 @@ from typing import Optional
 import typer
 
 from loadgen import api
-from loadgen.cli.common import check_out_dir, console, fail, load, scenario_overrides
+from loadgen.cli.common import LEVEL, console, fail, load, percent_option, points, scenario_overrides
 from loadgen.core.secrets import redact_url, write_text
 from loadgen.plan.scenario import ScenarioError
-
-
-def run(
-    scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible base URL (…/v1); "
-                                           "default: the scenario's, 'embedded' starts the bundled simulator"),
-    model: Optional[str] = typer.Option(None, "--model", help="model name ('auto' = first of /v1/models)"),
-    api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the run here (default reports/<time>-<name>)"),
-    duration: Optional[float] = typer.Option(None, "--duration", help="measured seconds (load.duration_s)"),
-    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="seconds from send to a "
-                                                    "request's last byte, at most (target.request_timeout_s, "
-                                                    "default 600)"),
-    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="seconds in-flight requests get "
-                                                  "after the last send before the run ends (load.drain_timeout_s, "
-                                                  "default 30)"),
-    set_: list[str] = typer.Option([], "--set", help="override any field: --set load.rate_per_s=8 (repeatable)"),
-    no_progress: bool = typer.Option(False, "--no-progress", help="no live progress bar"),
-    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts (charts/*.png, linked "
-                                "from summary.md); report.html is written either way"),
-    no_server_metrics: bool = typer.Option(False, "--no-server-metrics", help="do not scrape the target's "
-                                           "/metrics (default: every --server-metrics-period-s into "
-                                           "server_metrics.parquet)"),
-    server_metrics_period_s: float = typer.Option(0.5, "--server-metrics-period-s", min=0.05,
-                                                  help="seconds between two scrapes of /metrics"),
-    engine: str = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front "
-                               "of the same streaming engine; with --workers, Locust's master/worker mode)"),
-    workers: int = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one "
-                                "process)"),
-    capture: int = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N failed responses as received "
-                                "(headers as sent, body de-chunked and decoded, redacted) in the run directory's "
-                                "captures/"),
-    no_fail_fast: bool = typer.Option(False, "--no-fail-fast", help="run the whole plan even when the first "
-                                      "requests all fail (default: stop after load.fail_fast_requests, 10)"),
-    repeat: int = typer.Option(1, "--repeat", min=1, help="N runs (2-100), seeds seed…seed+N-1, in OUT/run-NN-seedS/, "
-                               "and one combined verdict and report (repeat.json, repeat.html; docs/verdicts.md)"),
-) -> None:
-    """Run a scenario, write the run directory and print the verdict (--repeat N: N runs, one verdict)."""
-    if engine not in ("asyncio", "locust"):
-        raise fail(f"--engine {engine!r}: choose asyncio or locust")
-    if workers < 0 or (workers and engine != "locust"):
-        raise fail("--workers N needs --engine locust and N >= 0")
-    if capture and workers:
-        raise fail("--capture keeps what this process received: it works without --workers")
-    if out is not None:
-        check_out_dir(out)
-    if engine == "locust":  # first: Locust monkey-patches the process when imported
-        importlib.import_module("loadgen.run.locust_run")
-
-    try:
-        overrides = scenario_overrides(set_, base_url, model, api_key_env, seconds={
-            "load.duration_s": duration, "target.request_timeout_s": request_timeout,
-            "load.drain_timeout_s": drain_timeout}) + (["load.fail_fast_requests=0"] if no_fail_fast else [])
-        sc = load(scenario, overrides)
-        if repeat > 1:
-            raise typer.Exit(_repeat(sc, repeat, out, engine, workers, no_progress, no_png, no_server_metrics))
-        result = api.run(sc, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
-                         png=not no_png, server_metrics=not no_server_metrics,
-                         server_metrics_period_s=server_metrics_period_s, capture=capture, console=console)
-    except (ScenarioError, api.TargetError) as exc:
-        raise fail(str(exc)) from None
-    raise typer.Exit(result.exit_code)
-
-
-def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, no_progress: bool,
-            no_png: bool, no_server_metrics: bool) -> int:
-    """run --repeat N: N runs and their combined verdict's exit code."""
-    many = api.repeat(sc, n, out=out, engine=engine, workers=workers, progress=not no_progress,  # type: ignore
-                      png=not no_png, server_metrics=not no_server_metrics, console=console)
-    return many.exit_code
 
 
 def ui(
     scenario: Path = typer.Argument(..., help="scenario file (YAML)"),
     host: str = typer.Option("127.0.0.1", "--host", help="the web UI's interface"),
     port: int = typer.Option(8089, "--port", help="the web UI's port"),
-    web_login: bool = typer.Option(False, "--web-login", help="protect the web UI with Locust's login page"),
-    master: bool = typer.Option(False, "--master", help="run as a Locust master; start workers with "
+    web_login: bool = typer.Option(False, "--web-login/--no-web-login", help="protect the web UI with Locust's "
+                                   "login page"),
+    master: bool = typer.Option(False, "--master/--no-master", help="run as a Locust master; start workers with "
                                 "`loadgen worker SCENARIO --master-host HOST`"),
     master_port: int = typer.Option(5557, "--master-bind-port", help="the master's port for workers"),
     master_bind_host: str = typer.Option("127.0.0.1", "--master-bind-host", help="the master's interface for "
@@ -100,9 +32,9 @@ def ui(
                                          "authentication; give 0.0.0.0 or an address only on a trusted network)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="as in run"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
-    no_png: bool = typer.Option(False, "--no-png", help="as in run"),
-    reports_dir: Path = typer.Option(Path("reports"), "--reports-dir", help="each run goes to "
-                                     "REPORTS_DIR/<time>-<name>/"),
+    png: bool = typer.Option(True, "--png/--no-png", help="as in run"),
+    reports_dir: Path = typer.Option(Path("reports"), "--reports", help="each run goes to "
+                                     "REPORTS/<time>-<name>/"),
 ) -> None:
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
@@ -110,7 +42,7 @@ def ui(
     try:
         api.ui(load(scenario, scenario_overrides(set_, base_url)), host=host, port=port, web_login=web_login,
                master=master, master_bind=(master_bind_host, master_port), reports_dir=reports_dir,
-               png=not no_png, console=console)
+               png=png, console=console)
     except (ScenarioError, api.TargetError) as exc:
         raise fail(str(exc)) from None
 
@@ -161,8 +93,8 @@ def validate(
 
 def schema(
     out: Optional[Path] = typer.Option(None, "--out", help="write it to this file (default: print it)"),
-    markdown: bool = typer.Option(False, "--markdown", help="the scenario reference (docs/scenario.md) generated "
-                                  "from the schema, instead of the schema"),
+    markdown: bool = typer.Option(False, "--markdown/--no-markdown", help="the scenario reference "
+                                  "(docs/scenario.md) generated from the schema, instead of the schema"),
 ) -> None:
     """Print the scenario file's JSON Schema (editors validate and complete scenarios with it:
     scenarios/scenario.schema.json), or with --markdown the scenario reference generated from it."""
@@ -186,7 +118,8 @@ def check(
                                            "simulator)"),
     model: Optional[str] = typer.Option(None, "--model", help="as in run"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
-    json_out: bool = typer.Option(False, "--json", help="print one JSON object (findings, verdict, exit code)"),
+    json_out: bool = typer.Option(False, "--json/--no-json", help="print one JSON object (findings, verdict, exit "
+                                  "code)"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
     """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
@@ -217,7 +150,7 @@ def report(
     run_dir: Path = typer.Argument(..., help="a run directory (reports/<run_id>)"),
     window: Optional[str] = typer.Option(None, "--window", help="the request timeline's window, START:END in "
                                          "seconds since the run's start (default: around the worst stall)"),
-    no_png: bool = typer.Option(False, "--no-png", help="skip the PNG copies of the charts"),
+    png: bool = typer.Option(True, "--png/--no-png", help="the PNG copies of the charts"),
 ) -> None:
     """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
     the run's Parquet records."""
@@ -226,7 +159,7 @@ def report(
 
     try:
         span = parse_window(window) if window else None
-        result = api.report(run_dir, window=span, png=not no_png)
+        result = api.report(run_dir, window=span, png=png)
     except (FileNotFoundError, ScenarioError, ValueError) as exc:
         raise fail(str(exc)) from None
     print_summary(console, result, str(run_dir))
@@ -236,17 +169,20 @@ def report(
 def compare(
     base: Path = typer.Argument(..., help="the baseline run directory"),
     new: Path = typer.Argument(..., help="the run directory to judge"),
-    threshold: float = typer.Option(10.0, "--threshold", help="percent: a latency or throughput metric "
-                                    "regressed when its whole confidence interval is worse by more"),
-    error_rate_pp: Optional[float] = typer.Option(None, "--error-rate-pp", help="percentage points, the same "
-                                                  "for the error rate (default: half of the scenario's "
-                                                  "slo.error_rate.max; 1 when neither run sets one)"),
+    threshold: float = percent_option("10%", "--threshold", "a latency or throughput metric regressed when its "
+                                      "whole confidence interval is worse by more", legacy="percent",
+                                      check=(lambda x: x >= 0, "give a percentage of 0% or more")),
+    error_rate_delta: Optional[float] = percent_option(None, "--error-rate-delta", "percentage points, the same "
+                                                       "for the error rate, e.g. 1% (default: half of the "
+                                                       "scenario's slo.error_rate.max; 1% when neither run sets "
+                                                       "one)", legacy="percent"),
     stall_rate_delta: Optional[float] = typer.Option(None, "--stall-rate-delta", help="stalls per 1k output "
                                                      "tokens: a stall rate regressed when its interval is above "
                                                      "by more (default: half of the scenario's stall limit, e.g. "
                                                      "max_prefill_induced_per_1k_tokens 0.1 → 0.05; 0.5 when "
                                                      "neither run sets one)"),
-    confidence: float = typer.Option(0.95, "--confidence", help="confidence level of the bootstrap intervals"),
+    confidence: float = percent_option("95%", "--confidence", "confidence level of the bootstrap intervals",
+                                       legacy="fraction", check=LEVEL),
     replicates: int = typer.Option(1000, "--replicates", help="bootstrap replicates (requests resampled)"),
     metric: list[str] = typer.Option([], "--metric", help="compare only these (repeatable), e.g. itl_ms.p99; "
                                      "default: TTFT p50/p99, ITL p50/p99, TPOT p50, E2E p99, tokens/s, error "
@@ -262,8 +198,9 @@ def compare(
     from loadgen.report.compare_report import print_comparison
 
     try:
-        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=threshold,
-                                 error_rate_pp=error_rate_pp, stall_rate_delta=stall_rate_delta,
+        comparison = api.compare(base, new, metrics=metric or None, threshold_pct=points(threshold),
+                                 error_rate_pp=None if error_rate_delta is None else points(error_rate_delta),
+                                 stall_rate_delta=stall_rate_delta,
                                  confidence=confidence, replicates=replicates, seed=seed, out=out or new)
     except (api.CompareError, ScenarioError) as exc:
         raise fail(str(exc)) from None

@@ -7,15 +7,18 @@ import json
 import math
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from loadgen.cli import vocabulary
+
 if TYPE_CHECKING:
     from loadgen.plan.scenario import Scenario
 
+Legacy = Optional[Literal["percent", "fraction"]]
 console = Console()
 err = Console(stderr=True)
 
@@ -25,9 +28,51 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+class Parser:
+    """A flag's parser from cli/vocabulary.py, as typer's ``parser=``: a bad value is one line and exit 2.
+    ``kind`` tells the vocabulary test which parser a flag uses."""
+
+    def __init__(self, kind: str, flag: str, parse: Callable[[Any], Any]) -> None:
+        self.kind, self.flag, self._parse = kind, flag, parse
+        self.__name__ = kind  # typer names the parameter type after it
+
+    def __call__(self, text: Any) -> Any:
+        try:
+            return self._parse(text)
+        except vocabulary.FlagError as exc:
+            raise fail(str(exc)) from None
+
+
+def seconds_option(default: Any, flag: str, help: str, zero_ok: bool = False) -> Any:
+    """A time flag: ``20``, ``20s``, ``2m``, ``1h`` (vocabulary.seconds)."""
+    return typer.Option(default, flag, help=help, metavar="TIME",
+                        parser=Parser("seconds", flag, lambda t: vocabulary.seconds(t, flag, zero_ok)))
+
+
+def percent_option(default: Any, flag: str, help: str, legacy: Legacy = None,
+                   check: tuple[Callable[[float], bool], str] | None = None) -> Any:
+    """A share or level written ``N%`` (vocabulary.percent); ``check``: (accepts, rule) on the fraction."""
+    def parse(text: Any) -> float:
+        value = vocabulary.percent(text, flag, legacy)
+        if check is not None and not check[0](value):
+            raise vocabulary.FlagError(f"{flag} {text}: {check[1]}")
+        return value
+
+    return typer.Option(default, flag, help=help, metavar="PCT", parser=Parser("percent", flag, parse))
+
+
+def points(fraction: float) -> float:
+    """A fraction from percent_option back in percent, for the APIs that take percent (0.07 → 7, not 7.000…1)."""
+    return round(fraction * 100, 9)
+
+
+LEVEL = (lambda x: 0.5 <= x < 1, "give a level from 50% to below 100%, e.g. 95%")
+
+
 FLAGS = {"target.base_url": "--base-url", "target.model": "--model", "target.api_key_env": "--api-key-env",
          "load.duration_s": "--duration", "target.request_timeout_s": "--request-timeout",
-         "load.drain_timeout_s": "--drain-timeout"}
+         "load.drain_timeout_s": "--drain-timeout", "load.rate_per_s": "--rate", "load.concurrency": "--concurrency",
+         "workload.classes.0.prompt_tokens": "--prompt-tokens", "workload.classes.0.output_tokens": "--output-tokens"}
 
 
 def scenario_overrides(sets: list[str], base_url: str | None = None, model: str | None = None,

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadgen.cli.common import console, err, fail
+from loadgen.cli.common import console, err, fail, percent_option, seconds_option
 from loadgen.errors import RunDirError
 from loadgen.run.reporting import add_shrink_section
 from loadgen.shrink.event import ShrinkError
@@ -27,15 +27,16 @@ def shrink(
     out: Optional[Path] = typer.Option(None, "--out", help="where the reproduction goes (default "
                                        "RUN/shrink-<event>/)"),
     max_tries: int = typer.Option(200, "--max-tries", help="virtual-time replays the search may make"),
-    timeout_s: float = typer.Option(600.0, "--timeout-s", help="seconds for the search and the confirmations: "
+    timeout_s: float = seconds_option("10m", "--timeout", "time for the search and the confirmations: "
                                     "no replay or confirmation run starts after them, except the final set's first "
-                                    "confirmation, so the command ends within --timeout-s plus one confirmation run "
+                                    "confirmation, so the command ends within --timeout plus one confirmation run "
                                     "(the set's span + the scenario's load.drain_timeout_s + the target's start)"),
     confirmations: int = typer.Option(5, "--confirmations", help="runs of the reduced set on the run's target "
                                       "(the embedded simulator as the run started it, or its URL); 80 % of them "
                                       "(4 of 5) must reproduce. 0: the virtual-time replay only"),
-    share: float = typer.Option(50.0, "--share", help="percent of the original gap the victim's worst gap must "
-                                "reach to count as reproduced"),
+    share: float = percent_option("50%", "--share", "the share of the original gap the victim's worst gap must "
+                                  "reach to count as reproduced", legacy="percent",
+                                  check=(lambda x: 0 < x <= 1, "a percentage above 0%, at most 100%")),
     png: bool = typer.Option(True, "--png/--no-png", help="render figure.png (its Vega-Lite spec is written "
                              "either way)"),
 ) -> None:
@@ -46,7 +47,7 @@ def shrink(
     (loadgen run replays them), repro.py (standard library only, for a bug report), shrink.json and
     figure.png, and adds a "Smallest reproduction" section to RUN/report.html. Exit 0: reproduced (>= 4 of 5
     confirmations); 1: not; 2: bad input, or the target could not be used in any confirmation."""
-    opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share / 100, png)
+    opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share, png)
     try:
         with Progress(TextColumn("shrink: {task.description}"), BarColumn(), TextColumn("{task.completed}/"
                       "{task.total} replays"), TimeElapsedColumn(), console=err, transient=True) as bar:

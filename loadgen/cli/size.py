@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from loadgen.cli.common import console, fail, load, scenario_overrides
+from loadgen.cli.common import LEVEL, console, fail, load, percent_option, points, scenario_overrides, seconds_option
 from loadgen.errors import InputError
 
 
@@ -20,23 +20,26 @@ def size(
                                               "judged on that run's records"),
     from_run: Optional[Path] = typer.Option(None, "--from", help="a run directory to size from (its "
                                             "summary.json and records) instead of running a pilot"),
-    pilot_s: float = typer.Option(20.0, "--pilot-s", help="seconds of measured load in the pilot (at the "
-                                  "scenario's own load, after its warm-up)"),
-    confidence: float = typer.Option(0.95, "--confidence", help="confidence level the run is sized to certify "
-                                     "at (the scenario's slo.confidence is the one its verdict uses)"),
-    power: float = typer.Option(0.8, "--power", help="chance (1 − β) that the sized run certifies each objective"),
-    regression: str = typer.Option("10%", "--regression", help="the regression compare should detect, a "
-                                   "percentage of each statistic (e.g. 10%)"),
-    compare_threshold: float = typer.Option(0.0, "--compare-threshold", help="compare's --threshold (percent) "
-                                            "the regression must clear: the change sized is regression − this"),
-    assurance: float = typer.Option(0.8, "--pilot-assurance", help="the pilot is a sample too: its estimate "
-                                    "is taken at its one-sided bound at this level toward the limit, so that the "
-                                    "size holds for most pilots (0.5: at the estimate itself)"),
+    pilot_s: float = seconds_option("20s", "--pilot-duration", "measured time of the pilot (at the scenario's "
+                                    "own load, after its warm-up)"),
+    confidence: float = percent_option("95%", "--confidence", "confidence level the run is sized to certify at "
+                                       "(the scenario's slo.confidence is the one its verdict uses)",
+                                       legacy="fraction", check=LEVEL),
+    power: float = percent_option("80%", "--power", "chance (1 − β) that the sized run certifies each objective",
+                                  legacy="fraction", check=(LEVEL[0], "give a power from 50% to below 100%")),
+    regression: float = percent_option("10%", "--regression", "the regression compare should detect, a "
+                                       "percentage of each statistic", legacy="percent"),
+    compare_threshold: float = percent_option("0%", "--threshold", "compare's --threshold the regression must "
+                                              "clear: the change sized is regression − this", legacy="percent"),
+    assurance: float = percent_option("80%", "--pilot-assurance", "the pilot is a sample too: its estimate is "
+                                      "taken at its one-sided bound at this level toward the limit, so that the "
+                                      "size holds for most pilots (50%: at the estimate itself)",
+                                      legacy="fraction", check=LEVEL),
     sets: list[str] = typer.Option([], "--set", help="override any scenario field, e.g. --set "
                                    "load.rate_per_s=8 (repeatable)"),
     base_url: Optional[str] = typer.Option(None, "--base-url", help="the pilot's target (default the "
                                            "scenario's; 'embedded' starts the bundled simulator)"),
-    as_json: bool = typer.Option(False, "--json", help="print the sizing as JSON (for machines)"),
+    as_json: bool = typer.Option(False, "--json/--no-json", help="print the sizing as JSON (for machines)"),
 ) -> None:
     """Size a run from a pilot: per objective, the samples, requests and seconds (at the pilot's request rate)
     needed to certify it (PASS or FAIL, the way the pilot points) at --confidence with --power, accounting
@@ -44,16 +47,12 @@ def size(
     detect a --regression; then the load.duration_s and load.requests to set. Exit 0; 2 on bad input."""
     from loadgen import api
 
-    try:
-        pct = float(regression.strip().removesuffix("%"))
-    except ValueError:
-        raise fail(f"--regression {regression!r}: give a percentage, e.g. 10%") from None
     if scenario is None and from_run is None:
         raise fail("give a scenario file, or a run directory with --from")
     try:
         sc = load(scenario, scenario_overrides(sets, base_url)) if scenario is not None else None
-        result = api.size(sc, from_run=from_run, confidence=confidence, power=power, regression_pct=pct,
-                          compare_threshold_pct=compare_threshold, pilot_s=pilot_s, assurance=assurance,
+        result = api.size(sc, from_run=from_run, confidence=confidence, power=power, regression_pct=points(regression),
+                          compare_threshold_pct=points(compare_threshold), pilot_s=pilot_s, assurance=assurance,
                           console=None if as_json else console)
     except InputError as exc:
         raise fail(str(exc)) from None
@@ -71,10 +70,11 @@ def _n(x: float | None) -> str:
 
 def print_size(result: object) -> None:
     from loadgen.analysis.size_result import SizeResult
+    from loadgen.report.fit import fit
 
     assert isinstance(result, SizeResult)
     o = result.options
-    table = Table(title=f"Sizing from {result.pilot} ({100 * o.confidence:g}% confidence, power {o.power:g}; "
+    table = Table(title=f"Sizing from {result.pilot} ({100 * o.confidence:g}% confidence, power {100 * o.power:g}%; "
                   f"pilot {result.request_rate_per_s:.3g} req/s, {result.tokens_per_request:.0f} tokens/request)")
     for col in ("objective", "pilot", "limit", "certifies", "samples", "requests", "seconds",
                 f"compare {o.regression_pct:g}%"):
@@ -91,7 +91,7 @@ def print_size(result: object) -> None:
                       (r.decision or "–").upper() + ("" if r.reliable else " ?"),
                       _n(r.samples) + (unit if r.samples is not None else ""), _n(r.requests),
                       "–" if r.duration_s is None else f"{r.duration_s:,.0f}", _n(r.regression_requests))
-    console.print(table)
+    console.print(fit(console, table, ("objective", "certifies")))  # stacked, never cut, where it is narrow
     for note in notes + result.notes:
         console.print(f"note: {note}")
     if result.duration_s is None:

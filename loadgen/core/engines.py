@@ -19,7 +19,7 @@ class EngineInfo:
     label: str  # as shown
     metric_prefix: str
     series: dict[str, str]  # sample name in the text exposition → our column
-    tokenize: str  # how exact prompt lengths are had (README)
+    tokenize: str  # how exact prompt lengths are had (docs/guides/real-server.md)
 
 
 VLLM = EngineInfo("vllm", "vLLM", "vllm:", {

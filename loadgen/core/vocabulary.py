@@ -44,9 +44,11 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ttft_ms", "ms", "request", True, True, "time to first token from the intended send time: the first "
            "generated token of any kind (reasoning, tool call or answer), as MLPerf LoadGen counts a reasoning "
            "fragment as the first token; ttft_answer_ms is the first answer token"),
-    Metric("ttft_service_ms", "ms", "request", True, False, "time to first token from the actual send"),
+    Metric("ttft_service_ms", "ms", "request", True, False, "time to first token from the actual send, so the "
+           "client's own lateness (queue_delay_ms) is left out; ttft_ms counts from the intended send"),
     Metric("itl_ms", "ms", "token", True, True, "inter-token latency, one sample per token"),
-    Metric("chunk_gap_ms", "ms", "token", True, False, "gap between consecutive streamed chunks"),
+    Metric("chunk_gap_ms", "ms", "token", True, False, "gap between consecutive streamed chunks, one sample per "
+           "chunk (a chunk may carry several tokens); itl_ms spreads each gap over the chunk's tokens"),
     Metric("tpot_ms", "ms", "request", True, True, "time per output token after the first"),
     Metric("e2e_ms", "ms", "request", True, True, "intended send time to the last byte"),
     Metric("queue_delay_ms", "ms", "request", False, False, "the client's own lateness: sent minus intended"),
@@ -114,6 +116,47 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("tool_calls_missing", "calls", "tool-turn calls the server answered with text instead of a tool call",
            "sessions.tool_calls_missing"),
 )}
+# The figures people quote (issue 40): throughput in all, cost, energy, MLPerf Endpoints conventions. Their
+# summary.json sections are written by analysis/figures (engineer F); they join FIGURES once typed there.
+QUOTED_FIGURES: dict[str, Figure] = {f.name: f for f in (
+    Figure("total_tokens_per_s", "tokens_per_s", "prompt plus output tokens of the measured requests per second "
+           "of the measured window", "throughput.total_tokens_per_s"),
+    Figure("cost_per_1m_output_tokens", "currency", "the deployment's declared price per hour (cost.price_per_hour)"
+           " × measured hours / output tokens × 1e6", "figures.cost_per_1m_output_tokens"),
+    Figure("cost_per_1m_total_tokens", "currency", "the declared price per hour × measured hours / (prompt + output "
+           "tokens) × 1e6", "figures.cost_per_1m_total_tokens"),
+    Figure("energy_j_per_output_token", "J", "the GPUs' energy over the measured window (DCGM energy counter's "
+           "delta, else the integral of power) / output tokens; on a shared node it includes other tenants' work",
+           "figures.energy_j_per_output_token"),
+    Figure("energy_j_per_total_token", "J", "the GPUs' energy over the measured window / (prompt + output tokens)",
+           "figures.energy_j_per_total_token"),
+    Figure("energy_j", "J", "the GPUs' energy over the measured window (DCGM counter's delta, else the integral of "
+           "power over time), summed over GPUs and target.power_metrics URLs", "figures.energy_j"),
+    Figure("power_w_mean", "W", "the GPUs' mean power over the measured window, summed over GPUs and URLs "
+           "(target.power_metrics)", "figures.power_w_mean"),
+    Figure("ttft_p90_ms", "ms", "TTFT p90, the MLPerf Endpoints convention's latency figure", "mlperf.ttft_p90_ms"),
+    Figure("tpot_p90_ms", "ms", "TPOT p90, the MLPerf Endpoints convention's decode figure", "mlperf.tpot_p90_ms"),
+    Figure("tokens_per_s_per_user", "tokens_per_s", "1000 / tpot_p90_ms: the output tokens per second one user "
+           "sees (MLPerf Endpoints)", "mlperf.tokens_per_s_per_user"),
+    Figure("lift", "ratio", "stalls per output token while a long prompt was prefilling over stalls per token "
+           "elsewhere: ×1 means long prefills change nothing, ×10 that they make stalls ten times likelier",
+           "stalls.lift"),
+    Figure("goodput", "per_s", "completed requests per second that met every limit of slo.goodput; equal to the "
+           "completed rate when slo.goodput is not declared", "throughput.goodput_requests_per_s"),
+)}
+# What the objectives that are not on one metric judge (slo.error_rate, slo.stalls, slo.fluidity, slo.sessions).
+OBJECTIVE_FAMILIES: dict[str, str] = {
+    "error_rate": "failed requests (HTTP errors, in-band errors, timeouts) over the measured requests",
+    "stalls": "a stall is a gap between two chunks of one stream far beyond the stream's usual pace; its rates "
+              "are per 1,000 output tokens, so an objective's samples are output tokens (docs/causes.md)",
+    "fluidity": "Metron's fluidity index: the share of output tokens after the first that met a deadline "
+                "schedule of one token per target ITL",
+    "sessions": "agentic sessions as jobs: the share good by slo.sessions.good, and jobs per hour",
+}
+# The rows that look alike in every table, and where to read the rest (console, summary.md, report.html).
+LOOK_ALIKE = (("ttft_service_ms", "from the actual send", "ttft_ms", "from the intended send"),
+              ("chunk_gap_ms", "per chunk", "itl_ms", "per token"))
+LEGEND = " · ".join(f"{a}: {wa} ({b}: {wb})" for a, wa, b, wb in LOOK_ALIKE) + " · loadgen explain NAME"
 
 
 # Why a request missed its limits (analysis/ledger.py) or a stall happened (analysis/spikes.py), one registry in
@@ -182,3 +225,31 @@ class ObjectiveId:
         """A percentile of a metric over every measured request, which ``compare`` and the capacity search
         can bootstrap from the records."""
         return self.metric in COMPARABLE_METRICS and self.stat in QUANTILES and not self.scope
+
+
+def definition(name: str) -> str | None:
+    """The definition of a metric, objective, cause or figure by name (``loadgen explain``); None: unknown."""
+    if name in METRICS:
+        m = METRICS[name]
+        per = "" if "one sample per" in m.description else f", one sample per {m.basis}"
+        return f"{name} ({m.unit}{per}): {m.description}"
+    if name in OBJECTIVE_FAMILIES:
+        return f"{name} (objectives on it: {name}.STAT): {OBJECTIVE_FAMILIES[name]}"
+    figure = FIGURES.get(name) or QUOTED_FIGURES.get(name)
+    if figure is not None:
+        return f"{name} ({figure.unit}; summary.json {figure.where}): {figure.description}"
+    if name in CAUSES:
+        return f"{name} (cause): {CAUSES[name]}"
+    try:
+        objective = ObjectiveId.parse(name)
+    except ValueError:
+        return None
+    base = definition(objective.metric)
+    return None if base is None else f"{name}: the {objective.stat} of {base}"
+
+
+def names() -> dict[str, tuple[str, ...]]:
+    """Every name ``definition`` knows, by kind."""
+    return {"metrics": tuple(METRICS), "objectives on": tuple(OBJECTIVE_FAMILIES),
+            "figures": tuple(FIGURES) + tuple(QUOTED_FIGURES), "causes": tuple(CAUSES)}
+

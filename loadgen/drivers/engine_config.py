@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from loadgen.core import StreamTracker
 from loadgen.core.records import RequestRecord
+
+
+RECENT_TTFTS = 2048  # bounded: the progress line's TTFT median reads the last few seconds of these
 
 
 @dataclass
@@ -16,20 +21,27 @@ class EngineStats:
     failed: int = 0
     cancelled: int = 0
     output_tokens: int = 0
+    prompt_tokens: int = 0  # of the completed requests (as the server counted them, else as asked)
     t0_ns: int = 0
     cut_at_end: int = 0  # requests still in flight at the run's hard end (cancelled then)
     cpu_s: float = 0.0  # this process's CPU time while the engine ran (generator saturation check)
     wall_s: float = 0.0
     in_flight: dict[int, tuple[asyncio.Task[None], StreamTracker]] = field(default_factory=dict)
+    # the latest completed requests' (monotonic end ns, TTFT ms from the intended send): run/progress.py's median
+    recent_ttft_ms: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RECENT_TTFTS))
 
     def count(self, record: RequestRecord) -> None:
-        """Count a request's end: cancelled, failed or completed, and its output tokens."""
+        """Count a request's end: cancelled, failed or completed, and its tokens; keep a completed one's TTFT."""
         if record.error_kind == "cancelled":
             self.cancelled += 1
         elif record.error_kind:
             self.failed += 1
         else:
             self.completed += 1
+            self.prompt_tokens += record.prompt_tokens or record.prompt_tokens_asked
+            if record.t_first_token_ns is not None:
+                self.recent_ttft_ms.append((time.monotonic_ns(),
+                                            (record.t_first_token_ns - record.t_intended_ns) / 1e6))
         self.output_tokens += record.output_tokens
 
 

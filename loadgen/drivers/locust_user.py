@@ -8,9 +8,8 @@ before its intended time, hands it to the engine thread, which sends it at that 
 transport holds it), and waits for the record. Lateness — no free user, a slow hand-off — is recorded as
 ``queue_delay_ms`` as in the asyncio engine; Locust's own pacing (``constant_throughput``) is never used.
 Finished records come back to the gevent hub through one ``async_`` watcher (thread-safe), then go to the
-run's sink (one process) or, batched, to the master over Locust's messaging (distributed). Each request also
-fires Locust's ``request`` event: response time = TTFT (ms), length = output tokens.
-No wait here lacks a deadline (plan/deadlines.py): a user waits for its answer until its slice's give-up point.
+run's sink (one process) or, batched, to the master over Locust's messaging. Each request also fires Locust's
+``request`` event (time = TTFT ms, length = output tokens). Every wait has a deadline (plan/deadlines.py).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import gevent
 from gevent import monkey
 from gevent.event import AsyncResult
 import locust
-from locust import User, constant, task
+from locust import LoadTestShape, User, constant, task
 from locust.argument_parser import default_args_dict
 from locust.env import Environment
 from locust.exception import StopUser
@@ -229,9 +228,10 @@ def within(timeout_s: float, fn: Callable[..., Any], *args: Any) -> bool:
     return True
 
 
-def on_sigterm(callback: Callable[[], None]) -> None:
-    """Run ``callback`` in a greenlet on SIGTERM (``kill PID``), so cleanup runs as it does on Ctrl-C."""
-    gevent.signal_handler(signal.SIGTERM, callback)
+def on_signals(callback: Callable[[str], None]) -> None:
+    """``callback("SIGTERM" | "Ctrl-C")`` in a greenlet, not an exception where the process is (gevent prints it)."""
+    for signum, name in ((signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")):
+        gevent.signal_handler(signum, callback, name)
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:

@@ -6,6 +6,12 @@ mapped to one vocabulary: requests running and waiting, KV-cache usage, preempti
 counters, tokens per step and steps taken, as far as the engine exposes them. The text is fetched on the run's
 loop with a client of its own (never one of the streams' connections) and read by ``core/prom_text.py``'s line
 scan, which costs well under a millisecond. A target without ``/metrics`` is skipped with one warning.
+
+``target.power_metrics`` (docs/figures.md): the GPUs' exporters, scraped on the same period into the same file
+as ``gpu_power_w`` (W) and ``gpu_energy_j`` (J), each summed over every GPU of every URL at one instant: the DCGM
+exporter's ``DCGM_FI_DEV_POWER_USAGE`` (W) and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since boot), or
+nvidia_gpu_exporter's ``nvidia_smi_power_draw_watts``. A /path is on the target's host and gets its headers; an
+exporter elsewhere gets none (never the API key).
 """
 
 from __future__ import annotations
@@ -24,6 +30,64 @@ from loadgen.core.secrets import redact_url
 from loadgen.drivers.streamed_post import drop_stream
 
 SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
+POWER_FAMILIES = {"DCGM_FI_DEV_POWER_USAGE": ("gpu_power_w", 1.0),  # DCGM exporter: W
+                  "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("gpu_energy_j", 1e-3),  # DCGM exporter: mJ counter
+                  "nvidia_smi_power_draw_watts": ("gpu_power_w", 1.0)}  # utkuozdemir/nvidia_gpu_exporter: W
+
+
+def parse_power(text: str) -> dict[str, float] | None:
+    """``gpu_power_w`` and ``gpu_energy_j`` of one exposition, summed over its GPUs (label sets); None when a
+    sample of theirs is not a number."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in POWER_FAMILIES:
+            continue
+        key, scale = POWER_FAMILIES[name]
+        try:
+            value = float(line[line.rfind("}") + 1:].split()[0] if "{" in line else line.split()[1])
+        except (ValueError, IndexError):
+            return None
+        out[key] = out.get(key, 0.0) + value * scale
+    return out
+
+
+@dataclass
+class PowerScraper:
+    """Every power URL at each tick; one row per name summed over them all (a name some URL lacks is left
+    out: a sum missing GPUs would be wrong)."""
+    urls: list[tuple[str, dict[str, str]]]  # (url, headers)
+    period_s: float = 0.5
+    rows: list[tuple[int, str, float]] = field(default_factory=list)
+    warning: str | None = None
+
+    async def _one(self, client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict[str, float] | str:
+        try:
+            resp = await client.get(url, headers=headers, timeout=5.0)
+        except httpx.HTTPError as exc:
+            return f"{redact_url(url)} unreachable ({type(exc).__name__})"
+        if resp.status_code != 200:
+            return f"{redact_url(url)} answered HTTP {resp.status_code}"
+        values = parse_power(resp.text)
+        drop_stream(resp)
+        if not values:
+            return f"{redact_url(url)} has no DCGM or nvidia_smi power series"
+        return values
+
+    async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            t_ns = time.monotonic_ns()
+            got = await asyncio.gather(*(self._one(client, url, headers) for url, headers in self.urls))
+            failed = [g for g in got if isinstance(g, str)]
+            if failed:
+                self.warning = f"power metrics: {failed[0]}; no energy figures"
+                return
+            for name in set.intersection(*(set(g) for g in got if isinstance(g, dict))):
+                self.rows.append((t_ns, name, sum(g[name] for g in got if isinstance(g, dict))))
+            try:
+                await asyncio.wait_for(stop.wait(), self.period_s)
+            except asyncio.TimeoutError:
+                pass
 
 
 @dataclass
@@ -35,6 +99,7 @@ class Scraper:
     warning: str | None = None
     verify: Any = True  # https: the run's ssl.SSLContext (target.tls)
     proxy: Any = None  # the streams' proxy (drivers/proxy.Proxy), so that scrapes take the same route
+    power: list[str] = field(default_factory=list)  # target.power_metrics: scraped beside /metrics
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
@@ -67,7 +132,19 @@ class Scraper:
             auth = {"proxy-authorization": self.proxy.authorization} if self.proxy.authorization else None
             proxy = httpx.Proxy(self.proxy.url, headers=auth)
         async with httpx.AsyncClient(timeout=5.0, verify=self.verify, proxy=proxy, trust_env=False) as client:
-            await self.run(client, stop)
+            power = self.power_scraper()
+            await asyncio.gather(self.run(client, stop), *([power.run(client, stop)] if power else []))
+        if power is not None:
+            self.rows += power.rows
+            self.warning = "; ".join(w for w in (self.warning, power.warning) if w) or None
+
+    def power_scraper(self) -> PowerScraper | None:
+        """The scraper of ``power`` (a /path resolved on the target's host, with its headers), or None."""
+        if not self.power:
+            return None
+        root = self.url.removesuffix("/metrics")
+        urls = [(root + u, self.headers) if u.startswith("/") else (u, {}) for u in self.power]
+        return PowerScraper(urls, self.period_s)
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame(self.rows, schema=SCHEMA, orient="row")

@@ -79,6 +79,18 @@ class Target(_Strict):
     tls: Tls = Field(default_factory=Tls, description="https: certificate checks and client certificates")
     simulator: SimulatorSpec = Field(default_factory=SimulatorSpec,
                                      description="embedded: the simulator's preset and engine fields")
+    power_metrics: list[str] = Field(default_factory=list, description="the GPUs' power metrics, scraped like "
+                                     "/metrics (DCGM exporter or nvidia_gpu_exporter; summed over GPUs and URLs): "
+                                     "http(s)://host:port/metrics, or a /path on the target's own host; gives "
+                                     "energy per token (docs/figures.md)")
+
+    @field_validator("power_metrics")
+    @classmethod
+    def _power_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not (url.startswith("/") or re.match(r"^https?://[^/\s]+", url)):
+                raise ValueError(f"{url!r}: must be http(s)://host[:port]/path or a /path on the target's host")
+        return urls
 
     @property
     def embedded(self) -> bool:
@@ -278,6 +290,12 @@ class Workload(_Strict):
         return classes
 
 
+class Cost(_Strict):
+    price_per_hour: float = Field(gt=0, description="what the whole deployment under test costs per hour (every "
+                                  "GPU and node serving it), in currency")
+    currency: str = Field("USD", min_length=1, max_length=8, description="the price's currency, as it is shown")
+
+
 class Scenario(_Strict):
     name: str = Field(description="names the run and its directory (reports/<time>-<name>)")
     description: str = Field("", description="free text about the scenario (kept in run.json)")
@@ -286,6 +304,8 @@ class Scenario(_Strict):
     load: Load = Field(description="how requests arrive and for how long")
     workload: Workload = Field(description="what is sent: the request classes")
     slo: Slo = Field(default_factory=Slo, description="the objectives the run is judged by")
+    cost: Cost | None = Field(None, description="the deployment's price per hour: cost per million tokens "
+                              "(docs/figures.md)")
     # the file and --set items it was loaded from (Locust workers load it again); None when built in code
     _source: tuple[Path, list[str]] | None = PrivateAttr(None)
 

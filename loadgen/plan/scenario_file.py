@@ -2,8 +2,9 @@
 
 Loading order: bytes → UTF-8 text → YAML nodes (with a budget on what aliases expand to) → Python values →
 ``${VAR:-default}`` expansion in strings → ``--set`` overrides (dotted paths, list indices as numbers) →
-validation (scenario.py's models). Every error is one ``ScenarioError`` line naming the field, the bad value and
-its line in the file — or the flag or ``--set`` that gave the value.
+validation (scenario.py's models). Every error is a ``ScenarioError`` naming the field, the bad value and its
+line in the file — or the flag or ``--set`` that gave the value; a file with several errors lists every one,
+one line each, and an unknown field names the one meant (plan/suggest.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from loadgen.plan.scenario import Empirical, Mixture, Scenario, ScenarioError
+from loadgen.plan.suggest import suggest
 
 MAX_YAML_VALUES = 100_000  # values a scenario may expand to, aliases counted at each use (an alias bomb: billions)
 
@@ -173,19 +175,32 @@ def _line_of(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 
 
 def _format_error(exc: ValidationError, source: str, root: yaml.Node | None, blame: dict[str, str]) -> str:
-    first = exc.errors()[0]
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+    """Every validation error, one line each: where (file:line, or the flag or --set that gave the value), the
+    field, what is wrong, and for an unknown field the one meant ("did you mean load.rate_per_s?")."""
+    lines: list[str] = []
+    for error in exc.errors():
+        line = _error_line(error, source, root, blame)
+        if line not in lines:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _error_line(error: Any, source: str, root: yaml.Node | None, blame: dict[str, str]) -> str:
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
     field = ".".join(str(p) for p in loc) or "(top level)"
-    value = first.get("input")
-    shown = "" if isinstance(value, dict) or first["type"] == "missing" else f" (got {value!r})"
-    more = len(exc.errors()) - 1
+    value = error.get("input")
+    shown = "" if isinstance(value, dict) or error["type"] == "missing" else f" (got {value!r})"
     culprits = [flag for key, flag in blame.items()
                 if field == key or field.startswith(key + ".") or key.startswith(field + ".")]
     culprit = ", ".join(culprits) if culprits else None
     if culprit is None:
         line = _line_of(root, loc)
         culprit = f"{source}:{line}" if line else source
-    return f"{culprit}: {field}: {first['msg']}{shown}" + (f" [+{more} more]" if more else "")
+    hint = ""
+    if error["type"] == "extra_forbidden" and loc:
+        meant = suggest(Scenario, loc[:-1], str(loc[-1]))
+        hint = f"; did you mean {'.'.join(str(p) for p in (*loc[:-1], meant))}?" if meant else ""
+    return f"{culprit}: {field}: {error['msg']}{shown}{hint}"
 
 
 def _resolve_paths(scenario: Scenario, base: Path) -> Scenario:

@@ -8,6 +8,7 @@ from typing import Any, Optional
 from rich.table import Table
 
 from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, ObjectiveHeadroom
+from loadgen.report.fit import Fitted
 
 COLUMNS = ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap")
 
@@ -46,7 +47,7 @@ def _undecided(h: Headroom) -> str:
     out = []
     for o in h.failing:
         if o.undecided > h.seeds - h.required:
-            longer = (f" (needs {o.needed:,} samples, has {o.samples:,}: a run ~{o.needed / o.samples:.1f}× as long)"
+            longer = (f" (needs {o.needed:,.0f} samples, has {o.samples:,.0f}: a run ~{o.needed / o.samples:.1f}× as long)"
                       if o.needed and o.samples else "")
             out.append(f"{o.objective} in {o.undecided} of {h.replays}{longer}")
     return "; not passed with evidence: " + ", ".join(out) if out else ""
@@ -179,7 +180,7 @@ def console_tables(a: Advice) -> list[Any]:
         cands.add_column(h, justify="left" if h in ("setting", "SLOs") else "right", no_wrap=h == "setting")
     for row in candidate_lines(a, short=True):
         cands.add_row(*row)
-    return [fit, cands] + _margins_table(a)
+    return [Fitted(fit, ("figure",)), Fitted(cands, ("setting", "SLOs"))] + _margins_table(a)
 
 
 def _margins_table(a: Advice) -> list[Any]:
@@ -196,7 +197,7 @@ def _margins_table(a: Advice) -> list[Any]:
     for o in h.objectives:
         t.add_row(o.objective, f"{o.comparison} {_num(o.limit, 2)}", _margin_pct(o.kept), _margin_pct(o.worst),
                   str(o.short), str(o.undecided))
-    return [t]
+    return [Fitted(t, ("objective",))]
 
 
 def html_section(a: Advice) -> str:

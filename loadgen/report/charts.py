@@ -6,6 +6,7 @@ report.html and the PNG's file name in charts/).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from loadgen.report import timeline as tl
 from loadgen.report import views as vw
 
 WIDE = 760
+LABEL_SEPARATION_PX = 6  # the least space Vega leaves between two tick labels it shows (it hides the others)
 PHASE_COLORS = {"waiting": "#c7c7c7", "prefill": "#f58518", "decode": "#4c78a8", "failed": "#e45756"}
 STALL_COLOR = "#d62728"
 EXCLUDED_COLOR = "#7f7f7f"  # shading: sends outside the measured set (warm-up, drain)
@@ -40,8 +42,9 @@ class Chart:
         """The Vega-Lite spec with its data inline (top-level ``datasets``). Schema validation costs ~0.6 s a
         report, so it is left to the tests (``validate=True``)."""
         if validate or self._spec is None:
+            chart = self.chart.configure_axis(labelSeparation=LABEL_SEPARATION_PX)  # labels never run together
             with alt.data_transformers.disable_max_rows():  # views.py keeps every table small
-                spec = self.chart.to_dict(validate=validate)
+                spec = chart.to_dict(validate=validate)
             self._spec = spec
         return self._spec
 
@@ -81,15 +84,29 @@ def itl_cdf_chart(v: vw.RunViews) -> alt.TopLevelMixin:
     return alt.hconcat(cdf, tail)
 
 
+def seconds_axis(start_s: float, end_s: float, width_px: int = WIDE) -> alt.Axis:
+    """An axis of seconds over [start_s, end_s]: about one tick per 70 px, with as many decimals as the tick
+    step needs (a 6-s window: 0.5-s steps, ".1f"; a 0.3-s one: 0.02-s steps, ".2f"), so its labels never run
+    together. The step is the one Vega picks (d3's ticks: 1, 2 or 5 × a power of ten)."""
+    count = max(2, width_px // 70)
+    raw_s = (end_s - start_s) / count if end_s > start_s else 1.0
+    power = 10.0 ** math.floor(math.log10(raw_s))
+    ratio = raw_s / power
+    step_s = power * (10 if ratio >= 7.07 else 5 if ratio >= 3.16 else 2 if ratio >= 1.41 else 1)
+    decimals = min(3, max(0, -math.floor(math.log10(step_s) + 1e-9)))
+    return alt.Axis(format=f".{decimals}f", tickCount=count, labelOverlap="greedy", labelFlush=False)
+
+
 def timeline_chart(v: vw.RunViews, window: tl.Window) -> alt.TopLevelMixin:
     bars = tl.phases(v, window)
     marks, links = tl.stall_marks(v, window)
-    x_scale = alt.Scale(domain=[window.start_s, window.end_s])
+    x_scale = alt.Scale(domain=[window.start_s, window.end_s], nice=False)
     order = alt.Y("row:N", sort=alt.EncodingSortField("order", op="min"), title=None,
                   axis=alt.Axis(labelLimit=220))
     height = max(120, 14 * bars["seq"].n_unique())
     base = alt.Chart(_data(bars)).mark_bar(height=10, clip=True).encode(
-        x=alt.X("start_s:Q", scale=x_scale, title="seconds since the run's start"), x2="end_s:Q", y=order,
+        x=alt.X("start_s:Q", scale=x_scale, title="seconds since the run's start",
+                axis=seconds_axis(window.start_s, window.end_s)), x2="end_s:Q", y=order,
         color=alt.Color("phase:N", scale=alt.Scale(domain=list(PHASE_COLORS), range=list(PHASE_COLORS.values())),
                         title="phase", legend=alt.Legend(orient="top")),
         tooltip=["seq:Q", "phase:N", "prompt_tokens:Q", alt.Tooltip("start_s:Q", format=".3f"),

@@ -17,6 +17,7 @@ from loadgen.analysis.compare import MetricComparison
 from loadgen.analysis.compare_basis import change_line
 from loadgen.core.secrets import write_bytes, write_text
 from loadgen.report.console import compact
+from loadgen.report.fit import fit, print_legend
 from loadgen.report.html import e, page
 from loadgen.report.writers import fmt, md_escape
 
@@ -148,7 +149,8 @@ def print_comparison(console: Console, doc: dict[str, Any], results: list[Metric
     for c in results:
         table.add_row(c.metric, compact(c.base), compact(c.new), change_text(c, c.worsening), ci_text(c),
                       f"[{STATUS_STYLE[c.status]}]{c.status}[/]" if STATUS_STYLE[c.status] else c.status)
-    console.print(table)
+    console.print(fit(console, table, ("metric", "change", "status")))
+    print_legend(console, [c.metric.split(".")[0] for c in results])
     print_misses(console, doc)
     for w in doc.get("warnings", []):
         console.print(f"[yellow]warning:[/] {w}", highlight=False)
@@ -169,7 +171,7 @@ def print_misses(console: Console, doc: dict[str, Any]) -> None:
         table.add_column(name, justify="left" if name == "cause" else "right", no_wrap=True)
     for row in miss_rows(doc):
         table.add_row(*row)
-    console.print(table)
+    console.print(fit(console, table, ("cause",)))
 
 
 def write_comparison(out_dir: Path, doc: dict[str, Any], results: list[MetricComparison]) -> None:

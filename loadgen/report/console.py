@@ -1,4 +1,4 @@
-"""The console table printed after a run (rich)."""
+"""The console tables and lines printed after a run (rich), fitted to the console's width (report/fit.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ from loadgen.core.vocabulary import ObjectiveId
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
+from loadgen.analysis.figures import result_line
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
 from loadgen.report.misses_report import console_lines as miss_lines
 from loadgen.report.session_report import print_sessions
+from loadgen.report.fit import fit, print_legend
+from loadgen.report.wording import stall_lines, throughput_words
 
+KEYS = ("metric", "objective", "result")  # the cells a narrow console never cuts (report/fit.py)
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}
 
 
@@ -27,7 +31,7 @@ def compact(value: Any) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
+def metric_table(result: RunResult) -> Table:
     rows = rows_of(result)
     units = {METRICS[r].unit for r in rows}
     title = "latency (ms)" if units == {"ms"} else "metrics (ms; *_tokens rows in tokens)"
@@ -37,37 +41,50 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
         table.add_column(c, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(row, *(compact(result.metrics[row][c]) for c in COLS))
-    console.print(table)
+    return table
+
+
+def slo_table(result: RunResult) -> Table:
+    words = decision_words(result, short=True)
+    slo = Table(title="SLOs" + (f" ({words})" if words else ""), title_justify="left", box=box.SIMPLE_HEAD,
+                pad_edge=False)
+    for col in ("objective", "value", "interval", "limit", "margin", "result"):
+        slo.add_column(col, justify="left" if col in ("objective", "result") else "right", no_wrap=True)
+    for o in result.slo:  # the samples are in summary.md; an inconclusive one's reason says how many
+        state = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
+        slo.add_row(o["objective"], compact(o["value"]), interval_words(dict(o)),
+                    f"{o['comparison']} {fmt(o['threshold'])}", margin_words(dict(o)), state)
+    return slo
+
+
+def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
+    console.print(fit(console, metric_table(result), KEYS))
+    print_legend(console, rows_of(result))
     if result.slo:
-        words = decision_words(result, short=True)
-        slo = Table(title="SLOs" + (f" ({words})" if words else ""), title_justify="left", box=box.SIMPLE_HEAD,
-                    pad_edge=False)
-        for col in ("objective", "value", "interval", "limit", "margin", "result"):
-            slo.add_column(col, justify="left" if col in ("objective", "result") else "right",
-                           overflow="fold", no_wrap=col not in ("objective",))
-        for o in result.slo:  # the samples are in summary.md; an inconclusive one's reason says how many
-            state = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
-            slo.add_row(o["objective"], compact(o["value"]), interval_words(dict(o)),
-                        f"{o['comparison']} {fmt(o['threshold'])}", margin_words(dict(o)), state)
-        console.print(slo)
+        console.print(fit(console, slo_table(result), KEYS))
     print_conversations(console, result)
     print_sessions(console, result)
-    req, tput = result.requests, result.throughput
-    tokens = (f"{tput['output_tokens_per_s']:.0f} tok/s" if tput["output_tokens_per_s"] or
-              not tput.get("prompt_tokens_per_s") else f"{tput['prompt_tokens_per_s']:.0f} prompt tok/s")
-    console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled; "
-                  f"{tput['requests_per_s']:.2f} req/s, {tokens}, "
-                  f"goodput {tput['goodput_requests_per_s']:.2f} req/s")
+    req = result.requests
+    console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled",
+                  highlight=False)
+    console.print(throughput_words(result), highlight=False, markup=False)
+    quoted = result_line(result)
+    if quoted:  # cost, energy, MLPerf conventions (analysis/figures.py)
+        console.print(quoted, highlight=False, markup=False)
     steady = result.steady_state or {}
     if steady.get("transient_requests"):
         console.print(f"steady state: {steady['warmup_requests']} warm-up and {steady['drain_requests']} drain "
                       f"request(s) cut by MSER-5 (figures from {steady.get('start_s') or 0:.1f} s)", highlight=False)
-    if result.stall_headline:
-        console.print(result.stall_headline, highlight=False, markup=False)
+    for line in stall_lines(result):
+        console.print(line, highlight=False, markup=False)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, markup=False)
     for found in result.findings:  # what limits the measurement (loadgen check's signs, in the run's records)
         console.print(f"finding: {found['summary']}", style="yellow", highlight=False, markup=False)
+    print_verdict(console, result, run_dir)
+
+
+def print_verdict(console: Console, result: RunResult, run_dir: str) -> None:
     verdict = result.verdict
     console.print(f"verdict: [{STYLE[verdict]}]{verdict.upper()}[/]  ({run_dir})", highlight=False)
     for reason in result.reasons:
@@ -78,7 +95,6 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
         console.print(f"hint: a stall objective failed: `loadgen advise {run_dir}` replays this run under other "
                       "server settings (chunked prefill, token budget) and says which would meet it",
                       highlight=False, markup=False)
-
 
 STALL_OBJECTIVES = {ObjectiveId("itl_ms", "max_per_request")}  # besides every objective on stalls or fluidity
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.analysis.result import RunResult
+from loadgen.report.fit import fit
 from loadgen.report.wording import fmt
 
 HEAD = ("turn", "requests", "ok", "ttft p50", "ttft p99", "prompt", "cached", "hit")  # ms; tokens (means)
@@ -52,7 +53,7 @@ def print_conversations(console: Console, result: RunResult) -> None:
         table.add_column(col, justify="right", no_wrap=True)
     for row in result.conversations["turns"]:
         table.add_row(*_cells(row))
-    console.print(table)
+    console.print(fit(console, table, HEAD[:1]))
     console.print(headline(result), highlight=False, markup=False)
 
 

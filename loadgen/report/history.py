@@ -17,6 +17,7 @@ from rich.table import Table
 
 from loadgen.report.charts import CLASS_COLORS, Chart
 from loadgen.report.console import STYLE, compact
+from loadgen.report.fit import fit
 from loadgen.report.html import chart_section, e, page
 
 TREND_METRICS = {  # column → (summary path, title)
@@ -96,24 +97,49 @@ def spread_text(r: dict[str, Any]) -> str:
     return "CV " + ", ".join(parts) if parts else "–"
 
 
+TIME_FORMAT = "%d %b %H:%M"  # 24-hour: "27 Nov 09:05" (Vega's default time labels read "10 AM" beside "10:15")
+NOISE_SHARE = 0.02  # a panel spans at least ± this share of its metric's median: smaller changes stay small
+
+
+def padded_domains(long: pl.DataFrame) -> pl.DataFrame:
+    """Per metric, the y range each panel must show: [min(values, median·0.98), max(values, median·1.02)], so
+    a change under 2 % of the median (noise) never fills the panel; a metric that is 0 everywhere spans [0, 1]."""
+    stats = long.group_by("metric").agg(lo=pl.col("value").min(), hi=pl.col("value").max(),
+                                         mid=pl.col("value").median())
+    pad = pl.col("mid").abs() * NOISE_SHARE
+    flat_zero = (pl.col("lo") == 0) & (pl.col("hi") == 0)
+    low = pl.when(flat_zero).then(0.0).otherwise(pl.min_horizontal("lo", pl.col("mid") - pad))
+    return stats.select("metric", low=low,
+                        high=pl.when(flat_zero).then(1.0).otherwise(pl.max_horizontal("hi", pl.col("mid") + pad)))
+
+
 def trend_chart(runs: pl.DataFrame) -> alt.TopLevelMixin:
+    """One panel per metric against the start time; each panel's y range padded (``padded_domains``) by two
+    invisible points at its ends, since a faceted chart's independent scales cannot take a domain each."""
     long = runs.unpivot(index=["run", "scenario", "started_at", "verdict"], on=list(TREND_METRICS),
                         variable_name="metric", value_name="value").drop_nulls("value")
-    long = long.with_columns(metric=pl.col("metric").replace({k: t for k, (_, t) in TREND_METRICS.items()}))
-    base = alt.Chart(long).encode(
-        x=alt.X("started_at:T", title="run started"),
-        y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("scenario:N", scale=alt.Scale(range=CLASS_COLORS), legend=alt.Legend(orient="top")),
-        tooltip=["run:N", "scenario:N", "started_at:N", "metric:N", alt.Tooltip("value:Q", format=".4g"),
-                 "verdict:N"])
-    lines = base.mark_line(opacity=0.6)
+    long = long.with_columns(metric=pl.col("metric").replace({k: t for k, (_, t) in TREND_METRICS.items()}),
+                             pad=pl.lit(False))
+    first = long["started_at"].min() if long.height else None
+    ends = padded_domains(long).unpivot(index="metric", on=["low", "high"], value_name="value").select(
+        "metric", "value", started_at=pl.lit(first), pad=pl.lit(True))
+    data = pl.concat([long, ends], how="diagonal_relaxed")
+    x = alt.X("started_at:T", title="run started", axis=alt.Axis(format=TIME_FORMAT, labelAngle=0, tickCount=4))
+    y = alt.Y("value:Q", title=None, scale=alt.Scale(zero=False))
+    tooltip = ["run:N", "scenario:N", alt.Tooltip("started_at:T", format=TIME_FORMAT, title="started"), "metric:N",
+               alt.Tooltip("value:Q", format=".4g"), "verdict:N"]
+    base = alt.Chart().encode(x=x, y=y).transform_filter("!datum.pad")
+    lines = base.mark_line(opacity=0.6).encode(
+        color=alt.Color("scenario:N", scale=alt.Scale(range=CLASS_COLORS), legend=alt.Legend(orient="top")))
     dots = base.mark_point(filled=True, size=45).encode(
+        color=alt.Color("scenario:N", scale=alt.Scale(range=CLASS_COLORS)), tooltip=tooltip,
         shape=alt.Shape("verdict:N", scale=alt.Scale(domain=["pass", "fail", "inconclusive"],
                                                      range=["circle", "cross", "triangle"]),
                         legend=alt.Legend(orient="top")))
-    return (lines + dots).properties(width=420, height=150).facet(
-        facet=alt.Facet("metric:N", title=None, sort=[t for _, t in TREND_METRICS.values()]), columns=2
-    ).resolve_scale(y="independent")
+    span = alt.Chart().transform_filter("datum.pad").mark_point(opacity=0).encode(x=x, y=y)
+    return (span + lines + dots).properties(width=420, height=150).facet(
+        facet=alt.Facet("metric:N", title=None, sort=[t for _, t in TREND_METRICS.values()]), data=data,
+        columns=2).resolve_scale(y="independent")
 
 
 def runs_table(runs: pl.DataFrame, out_dir: Path, reports_dir: Path) -> str:
@@ -152,4 +178,4 @@ def print_history(console: Console, runs: pl.DataFrame, last: int = 20) -> None:
         table.add_row(r["run"], r["scenario"] or "?", f"[{STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
                       compact(r["ttft_p99_ms"]), compact(r["itl_p99_ms"]), compact(r["output_tokens_per_s"]),
                       str(r["runs"] or 1), spread_text(r))
-    console.print(table)
+    console.print(fit(console, table, ("run", "scenario", "verdict")))  # stacked, not cut, at 80 columns

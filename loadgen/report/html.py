@@ -23,7 +23,9 @@ from loadgen.report.misses_report import misses_html
 from loadgen.report.session_report import sessions_html
 from loadgen.report.writers import COLS, culprit_words, fmt, rows_of, target_line
 from loadgen.core.vocabulary import METRICS
-from loadgen.report.wording import decision_words, interval_words, margin_words
+from loadgen.report.fit import legend
+from loadgen.analysis.figures import result_line
+from loadgen.report.wording import decision_words, interval_words, margin_words, throughput_words
 from loadgen.analysis.result import RunResult
 
 CSS = """
@@ -94,7 +96,8 @@ def metrics_table(result: RunResult) -> str:
     body = "".join(f"<tr><td>{row}</td><td>{METRICS[row].unit}</td>"
                    + "".join(f"<td>{e(fmt(result.metrics[row][c]))}</td>" for c in COLS) + "</tr>"
                    for row in rows_of(result))
-    return f"<table>{head}{body}</table>"
+    shown = legend(rows_of(result))  # the rows that look alike told apart (core/vocabulary.py LOOK_ALIKE)
+    return f"<table>{head}{body}</table>" + (f"<p class=\"note\" id=\"legend\">{e(shown)}</p>" if shown else "")
 
 
 def stalls_section(result: RunResult) -> str:
@@ -120,7 +123,7 @@ def stalls_section(result: RunResult) -> str:
 
 def header(result: RunResult, name: str, run_name: str) -> str:
     verdict = result.verdict
-    req, tput = result.requests, result.throughput
+    req = result.requests
     reasons = "".join(f"<li>{e(r)}</li>" for r in result.reasons)
     return (f"<h1>loadgen: {e(name)} <span class=\"badge {verdict}\" id=\"verdict\">{e(verdict.upper())}</span></h1>"
             f"<p class=\"meta\">run {e(run_name)} · {e(target_line(result.target or {}))}</p>"
@@ -128,9 +131,8 @@ def header(result: RunResult, name: str, run_name: str) -> str:
             + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in result.notes)
             + "".join(f"<p class=\"finding\">Finding: {e(f['summary'])}</p>" for f in result.findings)
             + f"<p>{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
-              f"(of {e(fmt(req['planned']))} planned); {tput['requests_per_s']:.2f} req/s, "
-              f"{tput['output_tokens_per_s']:.0f} output tokens/s, goodput {tput['goodput_requests_per_s']:.2f} "
-              f"req/s over {result.window_s:.1f} s.</p>")
+              f"(of {e(fmt(req['planned']))} planned); {e(throughput_words(result))} over {result.window_s:.1f} s.</p>"
+            + (f"<p id=\"figures\">{e(quoted)}</p>" if (quoted := result_line(result)) else ""))
 
 
 def chart_section(chart: Chart, level: int = 2) -> str:

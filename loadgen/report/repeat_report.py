@@ -13,6 +13,7 @@ from rich.table import Table
 
 from loadgen.analysis.repeat_result import ObjectiveSpread, RepeatResult, Spread
 from loadgen.report.console import STYLE
+from loadgen.report.fit import fit, print_legend
 from loadgen.report.html import e, page
 from loadgen.report.writers import fmt, md_escape
 
@@ -39,7 +40,7 @@ def metric_rows(r: RepeatResult) -> list[list[str]]:
 
 
 def headline(r: RepeatResult) -> str:
-    return (f"{r.verdict.upper()} over {len(r.runs)} runs (seeds {r.seeds[0]}…{r.seeds[-1]}; "
+    return (f"{r.verdict.upper()} over {len(r.runs)} runs (seeds {r.seeds[0]} to {r.seeds[-1]}; "
             f"{r.confidence * 100:g}% t-intervals across runs)")
 
 
@@ -51,7 +52,8 @@ def print_repeat(console: Console, r: RepeatResult) -> None:
             table.add_column(col, justify="left" if col in ("objective", "metric", "decision", "runs") else "right")
         for row in rows:
             table.add_row(*row)
-        console.print(table)
+        console.print(fit(console, table, ("objective", "metric", "decision")))
+    print_legend(console, [name.split(".")[0] for name in r.metrics])
     console.print(f"verdict: [{STYLE[r.verdict]}]{headline(r)}[/]" + (f"  ({r.out_dir})" if r.out_dir else ""),
                   highlight=False)
     for reason in r.reasons:

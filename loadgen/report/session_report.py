@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.analysis.result import RunResult
+from loadgen.report.fit import fit
 from loadgen.report.wording import fmt
 
 TTFT_DEFINITION = ("TTFT is the first generated token of any kind (reasoning, tool call or answer), as MLPerf "
@@ -158,13 +159,13 @@ def _table(title: str, head: tuple[str, ...], rows: list[list[str]]) -> Table:
 
 def print_sessions(console: Console, result: RunResult) -> None:
     if _reasoning(result):
-        console.print(_table("reasoning (ms): TTFT counts thinking, answer does not",
-                             REASONING_HEAD, _compact(reasoning_rows(result))))
+        console.print(fit(console, _table("reasoning (ms): TTFT counts thinking, answer does not",
+                                          REASONING_HEAD, _compact(reasoning_rows(result))), REASONING_HEAD[:1]))
         console.print(reasoning_headline(result), highlight=False, markup=False)
     if _tools(result):
         console.print(tools_headline(result), highlight=False, markup=False)
     if _sessions(result):
-        console.print(_table("sessions", SESSION_HEAD, _compact(sessions_rows(result))))
+        console.print(fit(console, _table("sessions", SESSION_HEAD, _compact(sessions_rows(result))), SESSION_HEAD[:1]))
         console.print(sessions_headline(result), highlight=False, markup=False)
 
 

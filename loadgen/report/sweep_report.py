@@ -20,8 +20,19 @@ LATENCY = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"))
 CALL_CLASS = {"pass": "pass", "fail": "fail", "undecided": "inconclusive"}
 
 
+def load_domain(r: SweepResult) -> list[float]:
+    """The tested loads ± half the smallest step between them (± half the load for a single one): the axis
+    starts near the lightest load, not at 0, and no point sits on its edge."""
+    loads = sorted({s.load for s in r.steps}) or [1.0]
+    half = min((b - a for a, b in zip(loads, loads[1:])), default=loads[0] or 1.0) / 2
+    return [max(loads[0] - half, 0.0), loads[-1] + half]
+
+
 def _x(r: SweepResult) -> alt.X:
-    return alt.X("load:Q", title="offered load (requests/s)" if r.mode == "rate" else "concurrent users")
+    """The load axis: ticks at the tested loads (each step a label), over ``load_domain``."""
+    return alt.X("load:Q", title="offered load (requests/s)" if r.mode == "rate" else "concurrent users",
+                 scale=alt.Scale(zero=False, nice=False, domain=load_domain(r)),
+                 axis=alt.Axis(values=sorted({s.load for s in r.steps}), format="~g", labelOverlap="greedy"))
 
 
 def _marks(r: SweepResult) -> list[alt.TopLevelMixin]:
@@ -45,15 +56,33 @@ def _layer(r: SweepResult, main: alt.TopLevelMixin) -> alt.TopLevelMixin:
     return alt.layer(*_marks(r), main).properties(width=WIDE, height=240)
 
 
+SERIES = {  # name → (stroke dash, point shape, label offset in px): lines that coincide stay told apart
+    "completed req/s": ([1, 0], "circle", -8), "goodput req/s": ([6, 3], "triangle-down", 9),
+    "offered req/s": ([2, 2], "square", 0)}
+
+
 def throughput_chart(r: SweepResult) -> alt.TopLevelMixin:
+    """Completed, goodput and offered requests/s against the load: each its own dash, point shape and a label
+    after its last point (goodput equals completed wherever every request met the SLOs)."""
     rows = [{"load": s.load, "series": name, "per_s": value} for s in final_steps(r.steps)
             for name, value in (("completed req/s", s.requests_per_s), ("goodput req/s", s.goodput_requests_per_s),
                                 ("offered req/s", s.offered_per_s)) if value is not None]
     frame = pl.DataFrame(rows, schema={"load": pl.Float64, "series": pl.Utf8, "per_s": pl.Float64})
-    lines = alt.Chart(frame).mark_line(point=True).encode(
-        x=_x(r), y=alt.Y("per_s:Q", title="requests/s"), color=alt.Color("series:N", legend=alt.Legend(orient="top")),
-        tooltip=["load:Q", "series:N", alt.Tooltip("per_s:Q", format=".2f")])
-    return _layer(r, lines)
+    names = list(SERIES)
+    color = alt.Color("series:N", scale=alt.Scale(domain=names), legend=alt.Legend(orient="top"))
+    y = alt.Y("per_s:Q", title="requests/s")
+    tooltip = ["load:Q", "series:N", alt.Tooltip("per_s:Q", format=".2f")]
+    lines = alt.Chart(frame).mark_line().encode(
+        x=_x(r), y=y, color=color, strokeDash=alt.StrokeDash(
+            "series:N", scale=alt.Scale(domain=names, range=[v[0] for v in SERIES.values()]), legend=None))
+    points = alt.Chart(frame).mark_point(filled=True, size=50).encode(
+        x=_x(r), y=y, color=color, tooltip=tooltip, shape=alt.Shape(
+            "series:N", scale=alt.Scale(domain=names, range=[v[1] for v in SERIES.values()]), legend=None))
+    last = frame.sort("load").group_by("series", maintain_order=True).last()
+    labels = [alt.Chart(last.filter(pl.col("series") == name)).mark_text(align="left", dx=7, dy=dy).encode(
+        x=_x(r), y=y, text="series:N", color=color) for name, (_, _, dy) in SERIES.items()
+        if name in last["series"].to_list()]
+    return _layer(r, alt.layer(lines, points, *labels))
 
 
 def latency_chart(r: SweepResult, metric: str, label: str) -> alt.TopLevelMixin:
@@ -66,17 +95,24 @@ def latency_chart(r: SweepResult, metric: str, label: str) -> alt.TopLevelMixin:
         color=alt.Color("stat:N", legend=alt.Legend(orient="top")), tooltip=["load:Q", "stat:N", "ms:Q"])
     limits = slo_lines(r, metric)
     if limits.height:
-        rules = alt.Chart(limits).mark_rule(color="#c62828", strokeDash=[6, 3]).encode(
-            y="ms:Q", tooltip=["objective:N", "ms:Q"])
-        return _layer(r, alt.layer(lines, rules))
+        rule = alt.Chart(limits).encode(y="ms:Q", tooltip=["objective:N", "ms:Q"])
+        rules = rule.mark_rule(color="#c62828", strokeDash=[6, 3])
+        names = rule.mark_text(color="#c62828", align="left", baseline="bottom", dy=-3).encode(
+            x=alt.value(4), text="label:N")
+        return _layer(r, alt.layer(lines, rules, names))
     return _layer(r, lines)
 
 
 def slo_lines(r: SweepResult, metric: str) -> pl.DataFrame:
-    seen = {o["objective"]: o["threshold"] for s in r.steps for o in s.objectives
-            if ObjectiveId.of(o) == ObjectiveId(metric, ObjectiveId.of(o).stat)}  # over every request, no scope
-    return pl.DataFrame({"objective": list(seen), "ms": [float(v) for v in seen.values()]},
-                        schema={"objective": pl.Utf8, "ms": pl.Float64})
+    """The metric's limits over every request (no scope), each with its label: ``ttft_ms.p99 ≤ 500 ms``."""
+    seen = {o["objective"]: (o["threshold"], SIGNS.get(o.get("comparison", "<="), o.get("comparison", "")))
+            for s in r.steps for o in s.objectives if ObjectiveId.of(o) == ObjectiveId(metric, ObjectiveId.of(o).stat)}
+    return pl.DataFrame({"objective": list(seen), "ms": [float(v) for v, _ in seen.values()],
+                         "label": [f"{name} {sign} {fmt(v)} ms" for name, (v, sign) in seen.items()]},
+                        schema={"objective": pl.Utf8, "ms": pl.Float64, "label": pl.Utf8})
+
+
+SIGNS = {"<=": "≤", ">=": "≥", "<": "<", ">": ">"}
 
 
 def stalls_chart(r: SweepResult) -> alt.TopLevelMixin:
@@ -90,12 +126,60 @@ def stalls_chart(r: SweepResult) -> alt.TopLevelMixin:
     return _layer(r, lines)
 
 
-def sweep_charts(r: SweepResult) -> list[Chart]:
+LOAD_KEYS = ("load", "concurrency", "rate")
+
+
+def _load_of(entry: Any) -> float | None:
+    """A ``pareto`` entry's load: the entry itself, or its first of LOAD_KEYS (None: no load to draw)."""
+    if not isinstance(entry, dict):
+        return float(entry) if isinstance(entry, (int, float)) else None
+    return next((float(entry[k]) for k in LOAD_KEYS if isinstance(entry.get(k), (int, float))), None)
+
+
+def pareto_frame(r: SweepResult, pareto: list[Any]) -> pl.DataFrame:
+    """Every step with a TPOT p90 and output tokens/s: tokens/s per user (MLPerf: 1000 / TPOT p90) against
+    output tokens/s, and whether it is on sweep.json's ``pareto`` (its loads, or dicts with ``load`` (or
+    ``concurrency``, ``rate``) and optionally the two figures, which then win over the step's)."""
+    front = {load: p for p in pareto if (load := _load_of(p)) is not None}
+    rows = []
+    for s in final_steps(r.steps):
+        given = front.get(s.load) if isinstance(front.get(s.load), dict) else {}
+        tpot = s.metrics.get("tpot_ms", {}).get("p90")
+        per_user = given.get("tokens_per_s_per_user") or (1000.0 / tpot if tpot else None)
+        total = given.get("output_tokens_per_s") or s.output_tokens_per_s
+        if per_user is not None and total is not None:
+            rows.append({"load": s.load, "per_user": float(per_user), "output_per_s": float(total),
+                         "set": "Pareto front" if s.load in front else "dominated", "label": f"{s.load:g} {r.unit}"})
+    return pl.DataFrame(rows, schema={"load": pl.Float64, "per_user": pl.Float64, "output_per_s": pl.Float64,
+                                      "set": pl.Utf8, "label": pl.Utf8})
+
+
+def pareto_chart(frame: pl.DataFrame) -> alt.TopLevelMixin:
+    x = alt.X("per_user:Q", title="tokens/s per user (1000 / TPOT p90)", scale=alt.Scale(zero=False))
+    y = alt.Y("output_per_s:Q", title="output tokens/s", scale=alt.Scale(zero=False))
+    color = alt.Color("set:N", title=None, scale=alt.Scale(domain=["Pareto front", "dominated"],
+                                                         range=["#4c78a8", "#bbbbbb"]), legend=alt.Legend(orient="top"))
+    tooltip = ["label:N", alt.Tooltip("per_user:Q", format=".1f"), alt.Tooltip("output_per_s:Q", format=".0f"), "set:N"]
+    front = alt.Chart(frame.filter(pl.col("set") == "Pareto front").sort("per_user")).mark_line().encode(
+        x=x, y=y, order="per_user:Q", color=color)
+    dots = alt.Chart(frame).mark_point(filled=True, size=60).encode(x=x, y=y, color=color, tooltip=tooltip)
+    names = alt.Chart(frame).mark_text(align="left", dx=6, dy=-6, color="#444").encode(x=x, y=y, text="label:N")
+    return alt.layer(front, dots, names).properties(width=WIDE, height=260)
+
+
+def sweep_charts(r: SweepResult, pareto: list[Any] | None = None) -> list[Chart]:
     charts = [Chart("throughput", "Throughput and goodput vs load", throughput_chart(r),
-                    "The green band is the capacity interval; dashed rules mark the knee and saturation.")]
+                    "The green band is the capacity interval; dashed rules mark the knee and saturation. Goodput "
+                    "(dashed, triangles) counts the requests that met every SLO: it lies on completed (solid, "
+                    "circles) wherever none missed.")]
     charts += [Chart(f"latency_{m}", f"{label} percentiles vs load", latency_chart(r, m, label),
-                     "Red dashed lines: the scenario's SLO limits.") for m, label in LATENCY]
+                     "Red dashed lines: the scenario's SLO limits, each named.") for m, label in LATENCY]
     charts.append(Chart("stalls", "Stalls per 1k output tokens vs load", stalls_chart(r)))
+    frame = pareto_frame(r, pareto or [])
+    if pareto and (frame["set"] == "Pareto front").any():
+        charts.append(Chart("pareto", "Pareto front: tokens/s per user vs output tokens/s", pareto_chart(frame),
+                            "Each point a load; on the line, the loads no other load beats on both figures "
+                            "(MLPerf's interactivity against throughput)."))
     return charts
 
 
@@ -129,7 +213,10 @@ STEP_HEAD = ["load", "seconds", "call", "done req/s", "goodput req/s", "TTFT p99
              "run"]
 
 
-def render_html(r: SweepResult) -> str:
+def render_html(r: SweepResult, pareto: list[Any] | None = None) -> str:
+    """``pareto``: sweep.json's list of steps on the Pareto front (default: ``r.pareto`` when the result has
+    one); no Pareto chart without it."""
+    pareto = pareto if pareto is not None else getattr(r, "pareto", None)
     code = {0: "pass", 1: "fail", 3: "inconclusive"}.get(r.exit_code, "inconclusive")
     head = "".join(f"<th>{h}</th>" for h in STEP_HEAD)
     body = []
@@ -145,7 +232,7 @@ def render_html(r: SweepResult) -> str:
            f"{r.confidence:.0%} confidence; {e(points_text(r))}; "
            f"stopped: {e(r.stop_reason)}</p>" + (f"<ul>{reasons}</ul>" if reasons else ""))
     table = f"<h2>Steps</h2><table id=\"steps\"><tr>{head}</tr>{''.join(body)}</table>"
-    return page(f"loadgen sweep: {r.name}", top + table + "".join(chart_section(c) for c in sweep_charts(r)))
+    return page(f"loadgen sweep: {r.name}", top + table + "".join(chart_section(c) for c in sweep_charts(r, pareto)))
 
 
 def summary_markdown(r: SweepResult) -> str:

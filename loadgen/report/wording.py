@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadgen.core.vocabulary import METRICS, QUANTILES, ObjectiveId
+
 
 def fmt(value: Any, digits: int = 4) -> str:
     if value is None:
@@ -80,3 +82,50 @@ def decision_words(result: Any, short: bool = False) -> str:
         return f"{100 * confidence:g}% intervals"
     return (f"decided on {100 * confidence:g}% confidence intervals: pass or fail only when the whole interval "
             "is on one side of the limit (docs/verdicts.md)")
+
+
+def throughput_words(result: Any) -> str:
+    """'12.00 req/s · tokens/s in 6,144 · out 1,536 · total 7,680 · goodput 11.80 req/s' (goodput said as equal to
+    the completed rate where no slo.goodput limits it)."""
+    tput = result.throughput
+    prompt, output = tput.get("prompt_tokens_per_s") or 0.0, tput.get("output_tokens_per_s") or 0.0
+    total = tput.get("total_tokens_per_s", prompt + output)
+    good, done = tput["goodput_requests_per_s"], tput["requests_per_s"]
+    declared = tput.get("goodput_declared", any(str(o["objective"]).startswith("goodput") for o in result.slo))
+    goodput = (f"goodput {good:.2f} req/s" if declared or good != done
+               else "goodput = completed (no slo.goodput declared)")
+    return (f"{done:.2f} req/s · tokens/s in {prompt:,.0f} · out {output:,.0f} · total {total:,.0f} · {goodput}")
+
+
+LIFT_WORDS = "lift = stalls per output token while a long prompt prefilled ÷ stalls per token elsewhere"
+
+
+def stall_lines(result: Any, most: int = 5) -> list[str]:
+    """The stall headline, what its lift means (once), and the culprits: up to ``most`` long prefills behind the
+    prefill-induced stalls, longest first."""
+    if not result.stall_headline:
+        return []
+    lines = [result.stall_headline]
+    if "lift ×" in result.stall_headline:
+        lines.append(f"  {LIFT_WORDS} (loadgen explain lift)")
+    culprits = (result.stalls or {}).get("top_culprits") or []
+    if culprits:
+        lines.append("culprits (the long prefills behind stalls, longest first):")
+    for c in culprits[:most]:
+        who = f"#{c['seq']}" + (f" {c['label']}" if c.get("label") else "")
+        tokens = fmt(c.get("prompt_tokens"))
+        lines.append(f"  {who}: {tokens} prompt tokens, {c.get('stalls', 0)} stalls, "
+                     f"{c.get('stalled_ms') or 0:,.0f} ms stalled")
+    return lines
+
+
+TOKEN_SAMPLED = ("stalls", "fluidity")  # objectives whose samples are output tokens (rates per 1k tokens, shares)
+
+
+def samples_words(o: dict[str, Any] | Any) -> str:
+    """An objective's samples with what they count where they are not requests: '6,930 tokens' (a stall rate's,
+    fluidity's, a per-token metric's), else the bare count."""
+    n, objective = o.get("samples"), ObjectiveId.of(o)
+    tokens = objective.metric in TOKEN_SAMPLED or (objective.metric in METRICS and objective.stat in QUANTILES
+                                                   and METRICS[objective.metric].basis == "token")
+    return f"{n:,} tokens" if tokens and isinstance(n, int) else fmt(n)

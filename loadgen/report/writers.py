@@ -14,7 +14,10 @@ from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import conversations_markdown
 from loadgen.report.misses_report import misses_markdown, misses_of
 from loadgen.report.session_report import sessions_markdown
-from loadgen.report.wording import decision_words, fmt, interval_words, margin_words
+from loadgen.report.fit import EXPLAIN, legend
+from loadgen.analysis.figures import result_line
+from loadgen.report.wording import (LIFT_WORDS, decision_words, fmt, interval_words, margin_words, samples_words,
+                                    throughput_words)
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -30,7 +33,7 @@ def md_escape(text: str) -> str:
 
 
 def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]] | None = None) -> str:
-    req, tput = result.requests, result.throughput
+    req = result.requests
     lines = [f"## loadgen: {md_escape(name)} — {ICON[result.verdict]}", ""]
     lines += [f"- {md_escape(r)}" for r in result.reasons]
     lines += ["", target_line(result.target or {})]
@@ -39,8 +42,8 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
     lines += ["", f"Requests: {req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled "
               f"(of {fmt(req['planned'])} planned; {req['warmup']} warm-up excluded"
               f"{_transient_words(result)}). "
-              f"Throughput: {tput['requests_per_s']:.2f} req/s, {tput['output_tokens_per_s']:.0f} output tokens/s, "
-              f"goodput {tput['goodput_requests_per_s']:.2f} req/s.", ""]
+              f"Throughput: {throughput_words(result)}.", ""]
+    lines += [f"{md_escape(quoted)} (docs/figures.md)", ""] if (quoted := result_line(result)) else []
     if result.slo:
         words = decision_words(result)
         lines += [f"SLOs {words}." if words else "SLOs:", "",
@@ -49,13 +52,14 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
         for o in result.slo:
             state = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
             lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {interval_words(dict(o))} | "
-                         f"{o['comparison']} {fmt(o['threshold'])} | {margin_words(dict(o))} | {o['samples']} | "
+                         f"{o['comparison']} {fmt(o['threshold'])} | {margin_words(dict(o))} | {samples_words(o)} | "
                          f"{state} |")
         lines.append("")
     lines += ["| metric | unit | " + " | ".join(COLS) + " |", "| --- | --- |" + " ---: |" * len(COLS)]
     for row in rows_of(result):
         stats = result.metrics[row]
         lines.append(f"| {row} | {METRICS[row].unit} | " + " | ".join(fmt(stats[c]) for c in COLS) + " |")
+    lines += ["", f"*{md_escape(legend(rows_of(result)) or EXPLAIN)}*"]
     errors = req.get("errors_by_kind") or {}
     if errors:
         lines += ["", "Errors by kind: " + ", ".join(f"`{k}` {v}" for k, v in errors.items())]
@@ -166,7 +170,8 @@ def stalls_markdown(result: RunResult) -> list[str]:
     st = result.stalls
     if not st:
         return []
-    lines = ["### Tail spikes", "", md_escape(result.stall_headline), "",
+    lift = f" ({LIFT_WORDS})" if "lift ×" in result.stall_headline else ""
+    lines = ["### Tail spikes", "", md_escape(result.stall_headline + lift), "",
              f"Stalls: {st['count']} ({st['per_1k_tokens']:.2f} per 1k tokens), prefill-induced "
              f"{st['prefill_induced']} ({st['prefill_induced_per_1k_tokens']:.2f} per 1k tokens); "
              f"spike events {st['events']}; tail gaps (>= p99) prefill-induced: "

@@ -29,7 +29,7 @@ def read_run(run_dir: Path) -> RunData:
 
 def advise_run(run_dir: Path, opts: AdviseOptions, progress: Callable[[str], None] = lambda line: None,
                png: bool = True) -> Advice:
-    opts.check()  # bad --seeds or --margin: before the run directory is read
+    opts.check()  # bad --replays or --margin: before the run directory is read
     advice = advise(read_run(run_dir), opts, progress)
     write_text(run_dir / "advice.json", json.dumps(advice.to_dict(), indent=2) + "\n")
     write_text(run_dir / "advice.md", markdown(advice))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from loadgen.drivers import locust_user as lu  # first: Locust monkey-patches the process on import
 
+import logging  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -46,8 +47,24 @@ from loadgen.run.until import refuse_engine  # noqa: E402
 from loadgen.run.session import RunSession, generator_figures  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
-__all__ = ["LocustRun", "RunOptions", "WORKER_GRACE_S", "WorkerLaunch", "run_worker", "send_slices", "start_scraper",
-           "users_for", "workers_left"]
+__all__ = ["LocustRun", "RunOptions", "WORKER_GRACE_S", "WorkerLaunch", "quiet_own_spawn_rate", "run_worker",
+           "send_slices", "start_scraper", "users_for", "workers_left"]
+
+
+class _OwnSpawnRate(logging.Filter):
+    """Locust warns when users start faster than 100/s; loadgen starts its users all at once on purpose (the
+    plan sets the pace, not a ramp-up), so that warning is about a setting the user never made."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "spawn rate is very high" not in record.getMessage()
+
+
+_OWN_SPAWN_RATE = _OwnSpawnRate()
+
+
+def quiet_own_spawn_rate() -> None:
+    """Drop Locust's high-spawn-rate warning in this process (idempotent: one filter instance)."""
+    logging.getLogger("locust.runners").addFilter(_OWN_SPAWN_RATE)
 
 
 @dataclass
@@ -69,7 +86,8 @@ def start_scraper(state: lu.ProcessState, target: Any, opts: RunOptions) -> Scra
     if not opts.server_metrics:
         return None
     scraper = Scraper(target.root + "/metrics", target.headers, opts.server_metrics_period_s,
-                      verify=ssl_context(state.scenario) or True, proxy=target.proxy)
+                      verify=ssl_context(state.scenario) or True, proxy=target.proxy,
+                      power=state.scenario.target.power_metrics)  # GPU power beside /metrics (F's figures)
     state.engine.start_scraper(scraper)
     return scraper
 
@@ -133,7 +151,8 @@ class LocustRun:
         return result
 
     def _drive(self) -> tuple[Any, dict[str, Any]]:
-        prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures)
+        prep = Preparation(self.scenario, self.plan, self.base_url, capture=self.run.captures,
+                           out_dir=self.run.run_dir if self.opts.progress else None)  # None: no start banner
         state = lu.ProcessState(self.scenario, prep, on_record=self._record)
         self.run.stopper = lambda reason: self._stop_early(state)
         try:
@@ -180,6 +199,7 @@ class LocustRun:
         runner = env.create_local_runner()
         state.set_slice(0, 1, time.monotonic_ns() + int(0.2e9))
         n = users_for(self.scenario)
+        quiet_own_spawn_rate()
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
         give_up = time.monotonic() + 0.2 + give_up_s(self.plan, self.scenario)
         self._wait(lambda: state.finished or self.stopped or self._local_gave_up(give_up), runner)
@@ -214,6 +234,7 @@ class LocustRun:
         clients = send_slices(runner)
         # closed loop: the scenario's concurrency in all, shared out by Locust; open loop: each worker's users
         n = users_for(self.scenario) * (1 if self.scenario.load.concurrency else len(clients))
+        quiet_own_spawn_rate()
         runner.start(n, spawn_rate=max(n * 100.0, 1.0))
         self._wait(lambda: self._all_workers_done(runner, clients) or self.stopped or self._gave_up(give_up, clients),
                    runner)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import httpx
+from rich.console import Console
 
 from loadgen.core.apis import PATHS
 from loadgen.drivers.engine_config import EngineConfig
@@ -20,6 +22,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.plan.session_bodies import Transcript, new_messages, session_body
 from loadgen.plan.workload import History, Prompt, PromptFactory, request_body
+from loadgen.report.banner import banner_lines
 from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolve, token_counter
 
 SEND_AHEAD_MS = 1.0  # with the lean transport: sends start this early and are held until their time
@@ -132,6 +135,7 @@ class Preparation:
     plan: Plan
     base_url: str
     capture: Any = None  # run/guards.Captures: failed responses as received (--capture), for the engine
+    out_dir: Path | None = None  # set: the start banner is printed (stderr) once the target resolves
 
     def open_client(self) -> httpx.AsyncClient:
         return open_client(self.scenario, self.base_url)
@@ -142,6 +146,10 @@ class Preparation:
         proxy = target_proxy(self.scenario, self.base_url)
         target = await resolve(self.scenario, client, self.base_url, headers, redact)
         note_proxy(target, proxy)
+        if self.out_dir is not None:
+            err = Console(stderr=True)
+            for line in banner_lines(self.scenario, target, self.out_dir, err.width):
+                err.print(line, highlight=False, markup=False, soft_wrap=True)
         factory = PromptFactory(self.scenario, await token_counter(self.scenario, client, target))
         await factory.prepare_classes()
         return Prepared(self.scenario, self.plan, target, factory)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import yaml
 from pydantic import ValidationError
 
 from loadgen.analysis.advice_result import Advice
@@ -17,6 +18,7 @@ from loadgen.analysis.summary import summarize
 from loadgen.core.secrets import clip
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
+from loadgen.report.llmd_export import benchmark_report
 from loadgen.report.shrink_report import ShrinkEntry
 from loadgen.report.wording import with_headline
 from loadgen.records.client_metrics import read_client_metrics
@@ -118,9 +120,21 @@ def report_records(run_dir: Path, info: dict[str, Any], scenario: Scenario, requ
     try:
         write_reports(run_dir, result, scenario.name, tables, requests, chunks, window, png, server,
                       load_advice(run_dir), run, shrinks=load_shrinks(run_dir))
+        write_benchmark_report(run_dir, result, info)
     except (OSError, pl.exceptions.PolarsError) as exc:
         result.notes.append(f"the report files could not all be written: {as_os_error(exc).strerror or exc}")
     return result
+
+
+def write_benchmark_report(run_dir: Path, result: RunResult, info: dict[str, Any]) -> None:
+    """benchmark_report.yaml beside summary.json: the run as llm-d's Benchmark Report v0.2
+    (report/llmd_export.py), from the scenario as run.json keeps it (secrets masked)."""
+    try:
+        doc = benchmark_report(json.loads(json.dumps(result.to_dict(), default=str)), info["scenario"], run_dir.name)
+    except (KeyError, TypeError, ValueError) as exc:  # a run.json scenario of a shape this loadgen lacks
+        result.notes.append(f"benchmark_report.yaml not written: its scenario lacks {exc}")
+        return
+    (run_dir / "benchmark_report.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
 
 
 def stored_misses(run_dir: Path) -> pl.DataFrame | None:

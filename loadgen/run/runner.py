@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable
 import httpx
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from loadgen import __version__
 from loadgen.run import exits
@@ -27,6 +27,7 @@ from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
+from loadgen.run.progress import RunProgress, bar
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
@@ -168,7 +169,8 @@ class Run:
                 loop.remove_signal_handler(sig)
 
     async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
-        prep = Preparation(horizon(self.scenario), self.plan, base_url)
+        prep = Preparation(horizon(self.scenario), self.plan, base_url,
+                           out_dir=self.run_dir if self.opts.progress else None)  # None: no start banner
         async with prep.open_client() as client:
             prepared = await prep.prepare(client)
             target = prepared.target
@@ -238,7 +240,8 @@ class Run:
             yield
             return
         scraper = Scraper(target.root + "/metrics", target.headers, self.opts.server_metrics_period_s,
-                          verify=ssl_context(self.scenario) or True, proxy=target.proxy)
+                          verify=ssl_context(self.scenario) or True, proxy=target.proxy,
+                          power=self.scenario.target.power_metrics)  # GPU power beside /metrics (F's figures)
         stop = asyncio.Event()
         task = asyncio.create_task(scraper.run_own_client(stop))
         try:
@@ -273,7 +276,7 @@ class Run:
     async def _prepare_prompts(self, factory: PromptFactory) -> dict[int, Prompt]:
         if self.plan.requests is None:
             return {}
-        with self.progress() as progress:
+        with bar(self.opts.progress) as progress:
             task = progress.add_task("preparing prompts", total=len(self.plan.requests))
             return await build_prompts(factory, self.plan.requests, progress=lambda n: progress.advance(task, n))
 
@@ -293,7 +296,7 @@ class Run:
                              capture=self.captures, call_for=call_for)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
-        with self.progress() as progress:
+        with RunProgress(self.plan, self.opts.progress) as progress:
             run_task = asyncio.create_task(engine.run())
             try:
                 await self._tick(run_task, engine, progress)
@@ -302,14 +305,11 @@ class Run:
                     engine.stop()
                 await run_task
 
-    async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: Progress) -> None:
-        task = progress.add_task("running", total=self.plan.size)
+    async def _tick(self, run_task: asyncio.Task[Any], engine: AsyncioEngine, progress: RunProgress) -> None:
         while not run_task.done():
             await asyncio.wait([run_task], timeout=0.25)
             st = engine.stats
-            done = st.completed + st.failed + st.cancelled
-            progress.update(task, completed=done, description=(
-                f"running  in flight {len(st.in_flight):>4}  failed {st.failed:>4}  tokens {st.output_tokens:>8}"))
+            progress.update(st)
             if self.session.flush_due() and await asyncio.to_thread(self.session.flush):
                 engine.stop()  # the disk is full: the session said so and made the run inconclusive
             elapsed_s = (time.monotonic_ns() - st.t0_ns) / 1e9
@@ -327,10 +327,8 @@ class Run:
                                "decided)", highlight=False)
             self.until.stop(engine)
 
-    def progress(self) -> Progress:
-        return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=Console(stderr=True), disable=not self.opts.progress,
-                        transient=False)
+    def progress(self) -> Progress:  # the Locust driver's count bar (run/locust_run.py)
+        return bar(self.opts.progress)
 
     def finish(self, target: ResolvedTarget, generator: dict[str, Any],
                interrupted: bool | None = None) -> RunResult:

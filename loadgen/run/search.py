@@ -197,7 +197,7 @@ class CapacitySearch:
             if again is not None:
                 return again, "again", ""
             why = (f"the loads inside {span.low:g}–{span.high:g} stay undecided: deciding them needs longer "
-                   f"steps than the budget and --max-step-duration-s allow") if inside else why
+                   f"steps than the budget and --max-step-duration allow") if inside else why
         return None, "bisect", why
 
     def _again(self, candidates: list[Trial], plan: Plan) -> float | None:

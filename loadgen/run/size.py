@@ -20,17 +20,17 @@ PILOT_S = 20.0  # the default pilot: this many measured seconds at the scenario'
 def check_options(opts: SizeOptions, pilot_s: float) -> None:
     """InputError (exit 2) for options out of range, before any pilot is run."""
     if not 0.5 <= opts.confidence < 1:
-        raise InputError(f"--confidence {opts.confidence:g}: give a level in [0.5, 1), e.g. 0.95")
+        raise InputError(f"--confidence {opts.confidence:.0%}: give a level from 50% to below 100%, e.g. 95%")
     if not 0.5 <= opts.power < 1:
-        raise InputError(f"--power {opts.power:g}: give a power in [0.5, 1), e.g. 0.8")
+        raise InputError(f"--power {opts.power:.0%}: give a power from 50% to below 100%, e.g. 80%")
     if opts.regression_pct <= opts.compare_threshold_pct or opts.regression_pct <= 0:
         raise InputError(f"--regression {opts.regression_pct:g}%: must be above 0 and above compare's threshold "
                          f"({opts.compare_threshold_pct:g}%)")
     if not 0.5 <= opts.assurance < 1:
-        raise InputError(f"--pilot-assurance {opts.assurance:g}: give a level in [0.5, 1) (0.5: the pilot's "
+        raise InputError(f"--pilot-assurance {opts.assurance:.0%}: give a level from 50% to below 100% (50%: the pilot's "
                          "estimates as measured)")
     if pilot_s <= 0:
-        raise InputError(f"--pilot-s {pilot_s:g}: give a positive number of seconds")
+        raise InputError(f"--pilot-duration {pilot_s:g}: give a positive number of seconds")
 
 
 def pilot_scenario(sc: Scenario, pilot_s: float) -> Scenario:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal
 
 from rich.console import Console
 
+from loadgen.analysis.figures import pareto_steps
 from loadgen.analysis.capacity import ObjectiveCall, attainment_call, backlog, judge, step_call
 from loadgen.analysis.metrics import measured, with_request_metrics
 from loadgen.analysis.result import RunResult, SloResult
@@ -36,8 +37,8 @@ from loadgen.run.target import TargetError
 Mode = Literal["rate", "concurrency"]
 Until = Literal["time", "decided"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
-MAX_STEP_FACTOR = 8.0  # default --max-step-duration-s: this many times the step duration
-MIN_STEP_S = 10.0  # default --min-step-duration-s (or the step duration, if shorter)
+MAX_STEP_FACTOR = 8.0  # default --max-step-duration: this many times the step duration
+MIN_STEP_S = 10.0  # default --min-step-duration (or the step duration, if shorter)
 SATURATION_MIN_SENT = 300  # fewer sends in the backlog's window: 10 % of them is within the in-flight noise
 UNKNOWN_NEED_FACTOR = 4  # an undecided objective without a stated need: 4× its samples halve its interval
 
@@ -64,7 +65,7 @@ class SweepOptions:
     def step_s(self, sc: Scenario) -> float:
         duration = self.step_duration_s or sc.load.duration_s
         if duration is None:
-            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration-s")
+            raise ScenarioError("every sweep step runs for a time: give load.duration_s or --step-duration")
         return float(duration)
 
     def max_s(self, sc: Scenario) -> float:
@@ -87,13 +88,13 @@ class SweepOptions:
             raise ScenarioError("give at least one load, every one above 0")
         if self.mode == "concurrency" and any(x != int(x) for x in self.loads or []):
             raise ScenarioError(f"concurrency steps are whole users: {self.loads}")
-        for name, value, lo in (("--tolerance", self.tolerance, 0.001), ("--budget-s", self.budget_s, 1.0),
+        for name, value, lo in (("--tolerance", self.tolerance, 0.001), ("--budget", self.budget_s, 1.0),
                                 ("--max-steps", self.max_steps, 1)):
             if not value >= lo:
                 raise ScenarioError(f"{name} {value}: must be at least {lo:g}")
         self._check_durations(sc)
         if not 0.5 <= self.confidence < 1:
-            raise ScenarioError(f"--confidence {self.confidence}: must be in [0.5, 1)")
+            raise ScenarioError(f"--confidence {self.confidence:.0%}: must be from 50% to below 100%")
         if self.require is not None and self.require <= 0:
             raise ScenarioError(f"--require {self.require}: must be above 0")
 
@@ -101,10 +102,10 @@ class SweepOptions:
         if self.until not in ("time", "decided"):
             raise ScenarioError(f"--until {self.until!r}: choose time or decided")
         if self.max_s(sc) < self.step_s(sc) and (self.until == "decided" or self.loads is None):
-            raise ScenarioError(f"--max-step-duration-s {self.max_s(sc):g}: at least the step duration "
+            raise ScenarioError(f"--max-step-duration {self.max_s(sc):g}: at least the step duration "
                                 f"{self.step_s(sc):g} s")
         if self.loads is None and self.min_s(sc) > self.max_s(sc):
-            raise ScenarioError(f"--min-step-duration-s {self.min_s(sc):g}: at most --max-step-duration-s "
+            raise ScenarioError(f"--min-step-duration {self.min_s(sc):g}: at most --max-step-duration "
                                 f"{self.max_s(sc):g}")
 
     def start_load(self, sc: Scenario) -> float:
@@ -184,7 +185,7 @@ class Sweep:
 
     def _budget_stop(self, need_s: float) -> None:
         elapsed = time.monotonic() - self.t0
-        self.stop_reason = (f"--budget-s {self.opts.budget_s:g} spent: {elapsed:.0f} s used, the next step "
+        self.stop_reason = (f"--budget {self.opts.budget_s:g} s spent: {elapsed:.0f} s used, the next step "
                             f"needs ~{need_s + self._overhead_s():.0f} s")
 
     def _allowed_s(self, k: int, need_s: float) -> float:
@@ -214,7 +215,7 @@ class Sweep:
             if longer < AGAIN_FACTOR * step.duration_s:
                 self.console.print(f"  {load:g} stays undecided: a longer step would need ~"
                                    f"{self.planner.needed_s(load, [trial_of(step)])[0]:.0f} s, more than "
-                                   f"--max-step-duration-s {self.planner.max_s:g} or the budget allow",
+                                   f"--max-step-duration {self.planner.max_s:g} s or the budget allow",
                                    highlight=False)
                 return
             step = self._step(load, longer, "again", attempt=step.attempt + 1)
@@ -364,12 +365,12 @@ def write_sweep(result: SweepResult) -> None:
     from loadgen.core.secrets import write_bytes, write_text
     from loadgen.report import sweep_report as rep
 
-    out = result.out_dir
-    assert out is not None
-    write_text(out / "sweep.json", json.dumps(result.to_dict(), indent=2, default=str))
+    assert (out := result.out_dir) is not None
+    doc = {**result.to_dict(), "pareto": pareto_steps(result.steps)}  # MLPerf Endpoints' chart (figures.py)
+    write_text(out / "sweep.json", json.dumps(doc, indent=2, default=str))
     write_text(out / "summary.md", rep.summary_markdown(result))
     write_bytes(out / "junit.xml", rep.junit_xml(result))
-    write_text(out / "sweep.html", rep.render_html(result))
+    write_text(out / "sweep.html", rep.render_html(result, doc["pareto"]))  # the front drawn as sweep.json has it
 
 
 def announce(sc: Scenario, opts: SweepOptions, out: Path) -> str:
@@ -381,7 +382,7 @@ def announce(sc: Scenario, opts: SweepOptions, out: Path) -> str:
         what = (f"search by {opts.mode} from {opts.start_load(sc):g}, steps sized by the planner, "
                 f"{opts.min_s(sc):g}–{opts.max_s(sc):g} s each")
     until = (f"; --until decided: an undecided step runs again, as long as its objectives need, up to "
-             f"{opts.max_s(sc):g} s (--max-step-duration-s)") if opts.until == "decided" else ""
+             f"{opts.max_s(sc):g} s (--max-step-duration)") if opts.until == "decided" else ""
     return f"sweep {sc.name!r}: {what} {warmup}{until}; budget {opts.budget_s:g} s → {out}"
 
 

@@ -51,11 +51,13 @@ class ResolvedTarget:
 
 
 def scenario_secrets(scenario: Scenario) -> list[str]:
-    """What must never be shown: sensitive header values, the URL's secrets, the API key (if set; as read and
+    """What must never be shown: sensitive header values, the URLs' secrets (base and power metrics), the API key (if set; as read and
     with surrounding whitespace stripped, as it is sent), a proxy URL's password."""
     secrets = [v for k, v in scenario.target.headers.items() if SENSITIVE_HEADER.search(k)]
     secrets += [v.strip() for v in secrets]
     secrets += url_secrets(scenario.target.base_url) + proxy_secrets()
+    for url in scenario.target.power_metrics:  # a GPU exporter's URL may carry a token too
+        secrets += url_secrets(url)
     if scenario.target.api_key_env:
         key = os.environ.get(scenario.target.api_key_env, "")
         secrets += [key, key.strip()]
@@ -155,7 +157,7 @@ async def _call_once(client: httpx.AsyncClient, method: str, url: str, timeout_s
 async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, headers: dict[str, str],
                   redact: Redactor) -> ResolvedTarget:
     timeout_s, follow = scenario.target.preflight_timeout_s, scenario.target.follow_redirects
-    models = await _get_json(client, f"{base_url}/models", headers, redact, timeout_s, follow)
+    models, base_url, note = await _models(client, base_url, headers, redact, timeout_s, follow)
     if not isinstance(models, dict) or not isinstance(models.get("data", []), list):
         raise TargetError(f"{base_url}/models: the answer is not an OpenAI model list ({{\"data\": [...]}}); "
                           "is this an OpenAI-compatible /v1 URL?")
@@ -174,15 +176,47 @@ async def resolve(scenario: Scenario, client: httpx.AsyncClient, base_url: str, 
         raise TargetError(f"model {model!r} is not served by {base_url}; it serves: {shown}")
     target = ResolvedTarget(base_url, model, headers, redact, scenario.target.continuous_usage_stats,
                             timeout_s=timeout_s, follow=follow)
+    target.notes += [note] if note else []
     await _probe_generation(scenario, client, target)
     target.tokenize_dialect = await _find_tokenizer(client, target)
     await _recognise_engine(client, target)
     return target
 
 
-async def _get_json(client: httpx.AsyncClient, url: str, headers: dict[str, str], redact: Redactor,
-                    timeout_s: float, follow: bool) -> Any:
+async def _models(client: httpx.AsyncClient, base_url: str, headers: dict[str, str], redact: Redactor,
+                  timeout_s: float, follow: bool) -> tuple[Any, str, str | None]:
+    """GET {base_url}/models: the answer, the base URL to use, and a note. A base URL without /v1 (vllm bench's
+    habit) whose /models answers 404 or no model list is tried again with /v1 appended; if that answers a list,
+    the run goes on there and the note says so. A redirect stays a TargetError (``call``)."""
+    url = f"{base_url}/models"
     resp = await call(client, "GET", url, timeout_s, redact, follow, headers=headers)
+    why = _not_models(resp)
+    if why is None or base_url.rstrip("/").endswith("/v1"):
+        return _json(url, resp, redact), base_url, None
+    alt = base_url.rstrip("/") + "/v1"
+    second = await call(client, "GET", f"{alt}/models", timeout_s, redact, follow, headers=headers)
+    why_alt = _not_models(second)
+    if why_alt is not None or second.status_code != 200:
+        raise TargetError(f"{url}: {why}, and {alt}/models: {why_alt or f'HTTP {second.status_code}'}; is this an "
+                          "OpenAI-compatible URL (…/v1)?")
+    return second.json(), alt, redact(f"{url} answered {why}; {alt} does — using it (give --base-url {alt} to "
+                                      "skip this)")
+
+
+def _not_models(resp: httpx.Response) -> str | None:
+    """Why this GET /models answer is not an OpenAI model list (None: it is, or it failed another way)."""
+    if resp.status_code == 404:
+        return "HTTP 404"
+    if resp.status_code != 200:
+        return None
+    try:
+        data = resp.json()
+    except ValueError:
+        return "no JSON" + (" (an HTML page)" if "html" in resp.headers.get("content-type", "") else "")
+    return None if isinstance(data, dict) and isinstance(data.get("data"), list) else "no model list"
+
+
+def _json(url: str, resp: httpx.Response, redact: Redactor) -> Any:
     if resp.status_code in (401, 403):
         raise TargetError(f"{url}: HTTP {resp.status_code}: authentication failed (check target.api_key_env)")
     if resp.status_code != 200:

@@ -48,11 +48,11 @@ class ShrinkOptions:
         if self.max_tries < 1:
             raise ShrinkError(f"--max-tries {self.max_tries}: at least 1")
         if not self.timeout_s > 0:
-            raise ShrinkError(f"--timeout-s {self.timeout_s}: more than 0 seconds")
+            raise ShrinkError(f"--timeout {self.timeout_s:g}: more than 0 seconds")
         if self.confirmations < 0:
             raise ShrinkError(f"--confirmations {self.confirmations}: 0 or more")
         if not 0 < self.share <= 1:
-            raise ShrinkError(f"--share {self.share * 100:g}: a percentage above 0, at most 100")
+            raise ShrinkError(f"--share {self.share * 100:g}%: a percentage above 0, at most 100")
 
 
 @dataclass

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .power import GpuPower
+
 if TYPE_CHECKING:
     from .engine import Engine, SimRequest, Step
 
@@ -56,6 +58,7 @@ class EngineMetrics:
         self.requests_total = 0
         self.input_length = Histogram(LENGTH_BUCKETS)  # TGI observes both when a request finishes
         self.generated_tokens = Histogram(LENGTH_BUCKETS)
+        self.power = GpuPower()  # GET /gpu/metrics: a synthetic DCGM exporter (power.py)
 
     @property
     def iteration_tokens_count(self) -> int:
@@ -69,6 +72,7 @@ class EngineMetrics:
     def record_step(self, engine: "Engine", step: "Step", emitted: list[tuple["SimRequest", int]],
                     t_start: int, t_end: int) -> None:
         self.iteration_tokens.observe(step.num_tokens)
+        self.power.step(step.num_tokens, t_end)
         self.generation_tokens_total += len(emitted)
         for req, index in emitted:
             if index == 0:

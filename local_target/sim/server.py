@@ -141,6 +141,8 @@ class SimApp:
             ("GET", "/health"): lambda c, r, b: c.send(200, b"", "text/plain"),
             ("GET", "/v1/models"): self._models,
             ("GET", "/metrics"): self._metrics,
+            ("GET", "/gpu/metrics"): lambda c, r, b: c.send(200, self.runtime.metrics.power.render(),
+                                                            "text/plain; version=0.0.4; charset=utf-8"),
             ("POST", "/v1/chat/completions"): lambda c, r, b: self._generate("chat", c, r, b),
             ("POST", "/v1/completions"): lambda c, r, b: self._generate("completions", c, r, b),
             ("POST", "/v1/responses"): lambda c, r, b: self._generate("responses", c, r, b),

