@@ -20,6 +20,9 @@ target: {base_url: embedded, ttft_timeout_s: 10}
 load: {arrival: constant, rate_per_s: 20, requests: 4, duration_s: 5, drain_timeout_s: 5}
 workload:
   classes: [{name: c, prompt_tokens: {dist: fixed, value: 16}, output_tokens: {dist: fixed, value: 6}}]
+# These runs judge what the server's answers do, not timing: 4 requests' p99 queue delay is their worst one,
+# which a busy CI core (the default tier runs on every core) pushed to 33 ms once, making a FAIL INCONCLUSIVE.
+slo: {max_generator_lag_ms: 1000}
 """
 
 
