@@ -10,8 +10,10 @@ import loadgen
 from loadgen.cli import advise, commands, dataset, explain, run, scenario, shrink, size, sweep, target
 from loadgen.cli.aliases import AliasGroup
 
+# rich_markup_mode=None: click's plain help, which wraps long option names and help at any width; typer's rich
+# panels cut them with "…" at 80 columns (`loadgen run -h` lost --prompt-tokens, --server-metrics-period).
 app = typer.Typer(cls=AliasGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  context_settings={"help_option_names": ["-h", "--help"]},
+                  rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Load generator and SLO tester for OpenAI-compatible LLM endpoints.")
 
 

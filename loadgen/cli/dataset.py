@@ -18,7 +18,7 @@ from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
 from loadgen.plan.scenario import DatasetSpec, ScenarioError
 from loadgen.plan.session_spec import SessionTrace
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Prompt datasets: the sample, and a check.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Prompt datasets: the sample, and a check.")
 
 
 @app.command()

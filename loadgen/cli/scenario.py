@@ -13,7 +13,7 @@ from rich.table import Table
 from loadgen.cli.common import console, fail
 from loadgen.plan import bundled
 
-app = typer.Typer(no_args_is_help=True, help="The bundled scenarios: list them, show one, copy one to edit.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The bundled scenarios: list them, show one, copy one to edit.")
 
 
 @app.command("list")

@@ -16,7 +16,7 @@ import typer
 
 from loadgen.cli.common import console, fail, seconds_option
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Start a bundled target to test against.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Start a bundled target to test against.")
 
 
 class DeviceChoice(str, enum.Enum):
