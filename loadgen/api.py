@@ -27,6 +27,15 @@ import json
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Sequence, cast
 
+try:  # an interpreter without loadgen's dependencies (a clone's folder on the path, nothing installed): say so
+    importlib.import_module("pydantic")
+    importlib.import_module("yaml")
+except ModuleNotFoundError as exc:
+    import sys
+    raise ModuleNotFoundError(f"loadgen's dependency {exc.name!r} is missing in this interpreter "
+                              f"({sys.executable}): install loadgen into it first (pip install . in a clone, or "
+                              "the wheel)", name=exc.name) from None
+
 from loadgen.core.secrets import RedactingStream, register
 from loadgen.errors import (AdviceError, CompareError, InputError, LoadgenError, RunDirError, ScenarioError,
                             ServerFault, SettingsError, TargetError)

@@ -26,12 +26,19 @@ def readme_example() -> str:
 def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
     out = tmp_path / "api-smoke"
     code = readme_example().replace('"reports/api-smoke"', repr(str(out)))
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stderr
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr  # from a folder with no scenarios/: it runs from anywhere
     verdict, exit_code = res.stdout.splitlines()[0].split()
     summary = json.loads((out / "summary.json").read_text())
     assert verdict == summary["verdict"] and int(exit_code) == {"pass": 0, "fail": 1, "inconclusive": 3}[verdict]
     assert res.stdout.splitlines()[-1] == "False"
+
+
+def test_without_its_dependencies_the_import_says_what_to_install() -> None:
+    """A clone's root on the path and nothing installed (-S: no site-packages): not a bare import error."""
+    res = subprocess.run([sys.executable, "-S", "-c", "from loadgen import api"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "install loadgen into it first" in res.stderr.splitlines()[-1], res.stderr
 
 
 @pytest.mark.slow
