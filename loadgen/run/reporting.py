@@ -15,7 +15,7 @@ from loadgen.analysis.advice_result import Advice
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.summary import summarize
-from loadgen.core.secrets import clip
+from loadgen.core.secrets import clip, write_text
 from loadgen.plan.scenario import Scenario
 from loadgen.report.build import write_report_page, write_reports
 from loadgen.report.llmd_export import benchmark_report
@@ -134,7 +134,7 @@ def write_benchmark_report(run_dir: Path, result: RunResult, info: dict[str, Any
     except (KeyError, TypeError, ValueError) as exc:  # a run.json scenario of a shape this loadgen lacks
         result.notes.append(f"benchmark_report.yaml not written: its scenario lacks {exc}")
         return
-    (run_dir / "benchmark_report.yaml").write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    write_text(run_dir / "benchmark_report.yaml", yaml.safe_dump(doc, sort_keys=False))  # redacted, whole or not at all
 
 
 def stored_misses(run_dir: Path) -> pl.DataFrame | None:
