@@ -104,6 +104,10 @@ def test_tokens_per_second_per_user_is_1000_over_tpot_p90() -> None:
     assert one_token["tokens_per_s_per_user"] is None
     assert one_token["absent"] == dict.fromkeys(("tpot_p90_ms", "tokens_per_s_per_user"),
                                                 "no request had more than one output token")
+    burst = fig.mlperf({"ttft_ms": {"p90": 5.0}, "tpot_ms": {"p90": 0.0}})  # every token in one chunk
+    assert burst["tokens_per_s_per_user"] is None and "is 0" in burst["absent"]["tokens_per_s_per_user"]
+    assert fig.console_line({"mlperf": burst}) == ("figures: MLPerf TTFT p90 5 ms · tok/s/user: TPOT p90 is 0 "
+                                                    "(the tokens came at once)")
 
 
 def test_the_pareto_front_keeps_the_steps_no_other_beats_on_both_axes() -> None:

@@ -78,7 +78,7 @@ def mlperf(metrics: dict[str, Any]) -> dict[str, Any]:
     out = {"ttft_p90_ms": ttft, "tpot_p90_ms": tpot, "tokens_per_s_per_user": 1000.0 / tpot if tpot else None}
     why = {"ttft_p90_ms": "no request had a first token",
            "tpot_p90_ms": "no request had more than one output token"}
-    why["tokens_per_s_per_user"] = why["tpot_p90_ms"]
+    why["tokens_per_s_per_user"] = why["tpot_p90_ms"] if tpot is None else "TPOT p90 is 0 (the tokens came at once)"
     return {**out, "absent": {k: why[k] for k, v in out.items() if v is None}}
 
 
@@ -139,11 +139,11 @@ def console_line(summary: dict[str, Any]) -> str | None:
     for name, label in (("cost_per_1m_output_tokens", "cost"), ("energy_j_per_output_token", "energy")):
         if name in reasons:
             parts.append(f"{label}: {reasons[name]}")
-    if ml.get("ttft_p90_ms") is not None and ml.get("tpot_p90_ms") is not None:
+    if ml.get("ttft_p90_ms") is not None and ml.get("tokens_per_s_per_user") is not None:
         parts.append(f"MLPerf TTFT p90 {ml['ttft_p90_ms']:,.0f} ms · TPOT p90 {ml['tpot_p90_ms']:.1f} ms · "
                      f"{ml['tokens_per_s_per_user']:,.1f} tok/s/user")
     elif ml.get("ttft_p90_ms") is not None:
-        why = (ml.get("absent") or {}).get("tpot_p90_ms", "no TPOT")
+        why = (ml.get("absent") or {}).get("tokens_per_s_per_user", "no TPOT")
         parts.append(f"MLPerf TTFT p90 {ml['ttft_p90_ms']:,.0f} ms · tok/s/user: {why}")
     return "figures: " + " · ".join(parts) if parts else None
 
