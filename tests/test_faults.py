@@ -29,6 +29,9 @@ target: {{base_url: embedded, ttft_timeout_s: 30, idle_timeout_s: 30}}
 load: {{arrival: constant, rate_per_s: 4, duration_s: {DURATION_S}, drain_timeout_s: {DRAIN_S}}}
 workload:
   classes: [{{name: c, prompt_tokens: {{dist: fixed, value: 16}}, output_tokens: {{dist: fixed, value: 8}}}}]
+# The fault runs judge what loadgen does with a misbehaving server, not timing: 8 requests' p99 queue delay is their
+# worst one, which a busy CI core (the default tier runs on every core) pushed past 10 ms (a PASS read INCONCLUSIVE).
+slo: {{max_generator_lag_ms: 1000}}
 """
 
 
