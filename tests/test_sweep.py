@@ -87,6 +87,7 @@ def test_every_step_is_a_full_run_and_the_sweep_files_agree(searched: SweepResul
 @pytest.mark.browser
 @pytest.mark.slow
 def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_path: Path) -> None:
+    from tests import chart_geometry as cg
     from tests.test_report_browser import open_report
 
     assert searched.out_dir is not None
@@ -94,8 +95,9 @@ def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_p
     print(f"screenshot: {tmp_path / 'sweep.png'}")
     assert not seen["errors"] and not seen["blocked"], seen
     assert [c[0] for c in seen["charts"]] == ["throughput", "latency_ttft_ms", "latency_itl_ms",
-                                              "latency_tpot_ms", "stalls"]
+                                              "latency_tpot_ms", "stalls", "pareto"]  # the front sweep.json holds
     assert all(rendered == "yes" and svgs >= 1 for _, rendered, svgs in seen["charts"]), seen["charts"]
+    assert cg.problems(seen["geometry"]) == []  # a real sweep's axes: no labels run together, no empty plot
     assert seen["verdict"].startswith("capacity ")
 
 

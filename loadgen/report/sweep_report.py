@@ -160,11 +160,12 @@ def pareto_chart(frame: pl.DataFrame) -> alt.TopLevelMixin:
     color = alt.Color("set:N", title=None, scale=alt.Scale(domain=["Pareto front", "dominated"],
                                                          range=["#4c78a8", "#bbbbbb"]), legend=alt.Legend(orient="top"))
     tooltip = ["label:N", alt.Tooltip("per_user:Q", format=".1f"), alt.Tooltip("output_per_s:Q", format=".0f"), "set:N"]
-    front = alt.Chart(frame.filter(pl.col("set") == "Pareto front").sort("per_user")).mark_line().encode(
-        x=x, y=y, order="per_user:Q", color=color)
+    on_front = frame.filter(pl.col("set") == "Pareto front").sort("per_user")
+    front = alt.Chart(on_front).mark_line().encode(x=x, y=y, order="per_user:Q", color=color)
     dots = alt.Chart(frame).mark_point(filled=True, size=60).encode(x=x, y=y, color=color, tooltip=tooltip)
     names = alt.Chart(frame).mark_text(align="left", dx=6, dy=-6, color="#444").encode(x=x, y=y, text="label:N")
-    return alt.layer(front, dots, names).properties(width=WIDE, height=260)
+    layers = [front] if on_front.height >= 2 else []  # one step on the front: a point, no line to draw
+    return alt.layer(*layers, dots, names).properties(width=WIDE, height=260)
 
 
 def sweep_charts(r: SweepResult, pareto: list[Any] | None = None) -> list[Chart]:
