@@ -138,9 +138,8 @@ def test_every_printer_fits_its_width_and_keeps_its_key_cells_whole(name: str, w
     if name not in SOFT_WRAPPED:
         assert max(len(line) for line in lines) <= width, "\n".join(line for line in lines if len(line) > width)
     assert "…" not in text, text
-    words = {w for line in lines for w in line.replace("·", " ").split()}
     for key in keys:  # whole: on one line, never folded or cut
-        assert key in words or any(key in line for line in lines), (key, text)
+        assert any(key in line for line in lines), (key, text)
     if name in LEGEND:
         assert "loadgen explain NAME" in text and "from the intended send" in text
 

@@ -160,7 +160,7 @@ def test_power_urls_are_summed_at_one_instant_and_only_the_targets_own_host_gets
 
     async def one_scrape() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            await power.run(client, stop)
+            await asyncio.wait_for(power.run(client, stop), 10)  # a regression fails, never hangs
 
     asyncio.run(one_scrape())
     assert seen == {"http://gw:8000/gpu/metrics": "Bearer sk-secret", "http://dcgm:9400/metrics": None}
@@ -181,7 +181,7 @@ def test_a_power_url_that_fails_ends_the_power_scrape_with_one_warning_and_no_ro
 
     async def scrape() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            await power.run(client, asyncio.Event())
+            await asyncio.wait_for(power.run(client, asyncio.Event()), 10)  # the 404 ends it
 
     asyncio.run(scrape())
     assert power.rows == []

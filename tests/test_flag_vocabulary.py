@@ -137,7 +137,10 @@ def test_seconds_take_units(text: str, value: float) -> None:
 def test_seconds_refuse_what_is_no_time(text: str) -> None:
     with pytest.raises(FlagError, match="^--duration "):
         seconds(text, "--duration")
-    assert seconds("0", "--drain-timeout", zero_ok=True) == 0
+
+
+def test_zero_seconds_only_where_allowed() -> None:
+    assert seconds("0", "--drain-timeout", zero_ok=True) == 0 and seconds("2m", "--duration") == 120
 
 
 def test_percent_reads_n_percent_and_the_old_bare_numbers_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:

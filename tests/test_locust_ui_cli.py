@@ -36,7 +36,9 @@ def test_series_are_ttft_from_the_intended_time_and_itl_per_token_by_bucket():
     assert points[(0.0, "ITL p50")] == pytest.approx(20.0) and points[(2.0, "ITL p99")] == pytest.approx(5.0)
     assert {p["series"] for p in live_series(records)} == {"TTFT p50", "TTFT p99", "ITL p50", "ITL p99"}
     assert live_series([]) == []
-    assert json.dumps(chart_spec())  # the page embeds it as JSON
+    spec = chart_spec()  # the page embeds it as JSON and feeds it live_series' points: every field it reads is there
+    encoded = {e["field"] for e in spec["spec"]["encoding"].values() if isinstance(e, dict)}
+    assert json.loads(json.dumps(spec)) == spec and encoded <= set(live_series(records)[0]), encoded
 
 
 def test_final_rows_carry_the_runs_verdict_and_counts():

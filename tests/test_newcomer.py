@@ -24,6 +24,7 @@ from typing import Iterator
 
 import pytest
 
+from loadgen import __version__  # the clone's, which the wheel is built from
 from tests.run_helpers import ROOT, read_until
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ def test_the_quick_start_passes_with_banner_eta_and_figures(newcomer: Newcomer, 
     assert "SLO: no failed request" in out  # the default objective, said
     assert f"{simulator}/models answered HTTP 404; {simulator}/v1 does — using it" in " ".join(out.split())
     assert "tokens/s in" in out and "total" in out  # input, output and total token throughput
-    assert f"loadgen 0.1.0 → {simulator}/v1" in err and "poisson 4 req/s" in " ".join(err.split())  # the banner
+    assert f"loadgen {__version__} → {simulator}/v1" in err and "poisson 4 req/s" in " ".join(err.split())  # the banner
     assert "ETA " in err  # progress lines where stderr is not a terminal
     (run_dir,) = (newcomer.home / "reports").iterdir()  # the default place, under the folder it ran from
     assert (run_dir / "report.html").is_file()

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
+from loadgen import __version__
 from loadgen.core.records import RequestRecord
 from loadgen.drivers.engine_config import EngineStats
 from loadgen.plan.scenario import Scenario
@@ -38,7 +39,7 @@ def record(seq: int, t_ns: int, ttft_ms: float, tokens: int = 100) -> RequestRec
 
 def test_the_eta_counts_down_to_the_last_send_of_an_open_or_closed_plan() -> None:
     open_plan = Plan(scenario({"arrival": "constant", "rate_per_s": 2, "duration_s": 20}))
-    assert open_plan.offsets_s is not None and sending_end_s(open_plan) == open_plan.offsets_s[-1]
+    assert open_plan.offsets_s is not None
     assert 19 <= (sending_end_s(open_plan) or 0) < 20
     closed = Plan(scenario({"arrival": "concurrency", "concurrency": 4, "duration_s": 60, "warmup_s": 5}))
     assert sending_end_s(closed) == 65
@@ -55,15 +56,13 @@ def test_a_log_gets_a_plain_line_with_the_eta_and_live_figures_every_few_seconds
             now = (100 + second) * S
             for i in range(4):  # 4 requests a second, 50 output tokens each, TTFT 20 ms then 80 ms
                 st.count(record(second * 4 + i, now - S, 20.0 if second < 6 else 80.0, tokens=50))
-            st.recent_ttft_ms = type(st.recent_ttft_ms)(((now, ttft) for _, ttft in st.recent_ttft_ms),
-                                                        maxlen=st.recent_ttft_ms.maxlen)  # stamped "now" in test time
             progress.update(st, now)
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 + 10 // int(PLAIN_PERIOD_S)  # at the start, then every PLAIN_PERIOD_S
     assert lines[0].startswith("running 0:00 · ETA 1:05 ·")
     last = lines[-1]
     assert last.startswith("running 0:10 · ETA 0:55 ·") and "failed 0 · in flight 0" in last
-    assert re.search(r"· 4\.0 req/s · out 200 tok/s · TTFT p50 \d+ ms", last), last
+    assert "· 4.0 req/s · out 200 tok/s · TTFT p50 80 ms" in last, last  # the last 5 s: 80 ms, not the 20 before
     assert st.prompt_tokens == 44 * 500
 
 
@@ -92,7 +91,7 @@ def test_the_banner_at_80_columns_wraps_on_its_separators_and_cuts_nothing() -> 
     lines = banner_lines(sc, target, out, 80)
     text = " · ".join(lines)
     assert all(len(line) <= 80 for line in lines) and len(lines) >= 2 and "…" not in text
-    assert lines[0].startswith("loadgen 0.1.0 → http://user:***@gpu-box.example:8000/v1") and "secret" not in text
+    assert lines[0].startswith(f"loadgen {__version__} → http://user:***@gpu-box.example:8000/v1") and "secret" not in text
     for part in ("model meta-llama/Llama-3.1-8B-Instruct (vllm)", "poisson 4 req/s", "461-563/128 tok",
                  "20 s (+0 s warm-up)", "2 SLOs", out):
         assert part in text, (part, lines)

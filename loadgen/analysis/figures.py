@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import polars as pl
 
+from loadgen.analysis.sweep_result import final_steps
+
 POWER_W, ENERGY_J = "gpu_power_w", "gpu_energy_j"  # server_metrics.parquet names (drivers/scrape.py)
 EDGE_SLACK_NS = 1_000_000_000  # a window edge this close outside the scrapes is extrapolated from the nearest two
 
@@ -151,11 +153,8 @@ def console_line(summary: dict[str, Any]) -> str | None:
 def pareto_steps(steps: Sequence[Any]) -> list[dict[str, Any]]:
     """sweep.json's ``pareto``: the steps (one per load, a re-run replacing its first) that no other step beats
     on both tokens/s per user (1000 / TPOT p90) and output tokens/s, by load; a step without either: on none."""
-    final = sorted({s.load: s for s in steps}.values(), key=lambda s: s.load)
-    points = []
-    for s in final:
-        tpot = (s.metrics.get("tpot_ms") or {}).get("p90")
-        points.append((1000.0 / tpot if tpot else None, s.output_tokens_per_s))
+    final = final_steps(list(steps))
+    points = [(mlperf(s.metrics)["tokens_per_s_per_user"], s.output_tokens_per_s) for s in final]
     return [{"load": final[i].load, "tokens_per_s_per_user": points[i][0], "output_tokens_per_s": points[i][1],
              "run_dir": final[i].run_dir} for i in pareto(points)]
 

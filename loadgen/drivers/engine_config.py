@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -40,7 +39,7 @@ class EngineStats:
             self.completed += 1
             self.prompt_tokens += record.prompt_tokens or record.prompt_tokens_asked
             if record.t_first_token_ns is not None:
-                self.recent_ttft_ms.append((time.monotonic_ns(),
+                self.recent_ttft_ms.append((record.t_done_ns,
                                             (record.t_first_token_ns - record.t_intended_ns) / 1e6))
         self.output_tokens += record.output_tokens
 
