@@ -1,6 +1,6 @@
 """One HTTP/1.1 connection of the lean transport (``lean_transport.py`` has the theory of operation): an
 ``asyncio.Protocol`` that writes a request in one call and parses the response with httptools, stamping each
-read on arrival and handing body bytes to the request's ``StreamContext.feed``, one feed per read.
+read on arrival (``stamped_socket.py``: the kernel's receive time) and handing body bytes to the request's ``StreamContext.feed``, one feed per read.
 
 What servers and proxies send, and what this does with it:
 
@@ -32,6 +32,7 @@ import httpx
 
 from loadgen.drivers.content_coding import BodyDecoder, decoding
 from loadgen.drivers.errors import ClosedIdle, FeedError
+from loadgen.drivers.kernel_stamps import count_events
 from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.timing import sleep_until
 
@@ -75,8 +76,12 @@ class Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        self._t_ns = time.monotonic_ns()  # the read's arrival, before any parsing
+    def data_received(self, data: bytes) -> None:  # asyncio's transports (TLS): stamped here, before any parsing
+        self.received(data, time.monotonic_ns())
+
+    def received(self, data: bytes, t_ns: int) -> None:
+        """One read and its arrival (``stamped_socket.py``: the kernel's receive time of its last packet)."""
+        self._t_ns = t_ns
         self._answered = True
         if self._wire:
             self._keep(data)
@@ -93,7 +98,9 @@ class Connection(asyncio.Protocol):
             pending = self._pending
             if pending and self._feed is not None:  # every HTTP chunk of this read, fed as one
                 self._pending = []
-                self._feed_read(pending[0] if len(pending) == 1 else b"".join(pending))
+                body = pending[0] if len(pending) == 1 else b"".join(pending)
+                count_events(body)
+                self._feed_read(body)
 
     def _feed_read(self, data: bytes) -> None:
         try:

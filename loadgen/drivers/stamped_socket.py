@@ -1,0 +1,165 @@
+"""A plain-TCP ``asyncio.Transport`` of loadgen's own that stamps each read with the kernel's receive time.
+
+asyncio's and uvloop's transports read with ``recv`` and hand a protocol bytes only, never the control messages
+that carry a receive timestamp. Here the connection's socket is loadgen's: opened non-blocking, connected with
+``loop.sock_connect``, receive timestamps turned on (``kernel_stamps.enable``), read with ``recvmsg`` from a
+``loop.add_reader`` callback. Each read goes to the protocol as ``received(data, t_ns)`` with its stamp
+(``kernel_stamps.read_stamp``: when its last packet reached the kernel, on CLOCK_MONOTONIC). Writes go out with
+``send`` at once; what the socket does not take waits for ``loop.add_writer``.
+
+It keeps what ``http_conn.Connection`` relies on of an asyncio transport: ``connection_made`` on creation;
+``connection_lost(None)`` after the peer's close, ``close()`` or ``abort()``, ``connection_lost(exc)`` after a
+failed read or write, always from a later loop callback; ``get_extra_info("socket")``; ``is_closing()``.
+Plain TCP only: ``https://`` stays on asyncio's TLS transport (``lean_transport.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from typing import Any, Callable, Protocol
+
+from loadgen.drivers import kernel_stamps
+from loadgen.drivers.kernel_stamps import ANC_BYTES, read_stamp
+
+READ_BYTES = 64 * 1024  # per recvmsg (below glibc's mmap threshold: the buffer is a plain heap block)
+
+
+class StampedProtocol(Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
+    def received(self, data: bytes, t_ns: int) -> None: ...
+    def connection_lost(self, exc: Exception | None) -> None: ...
+
+
+class StampedTransport(asyncio.Transport):
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol,
+                 kind: tuple[int, struct.Struct] | None) -> None:
+        super().__init__()
+        self._loop, self._sock, self._protocol, self._kind = loop, sock, protocol, kind
+        self._fd = sock.fileno()
+        self._out = bytearray()  # what send did not take yet
+        self._closing = self._lost = False
+        self._extra: dict[str, Any] = {"socket": sock}
+        try:
+            self._extra["peername"], self._extra["sockname"] = sock.getpeername(), sock.getsockname()
+        except OSError:
+            pass
+        protocol.connection_made(self)
+        loop.add_reader(self._fd, self._read_ready)
+
+    def _read_ready(self) -> None:
+        try:
+            data, ancdata, _, _ = self._sock.recvmsg(READ_BYTES, ANC_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return self._force_close(exc)
+        now_ns = time.monotonic_ns()
+        if not data:  # the peer closed its side: asyncio's default for a protocol without eof_received
+            return self.close()
+        self._protocol.received(data, read_stamp(ancdata, self._kind, now_ns))
+
+    # ---- writing ---------------------------------------------------------------------------------------
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        if not self._out:
+            try:
+                sent = self._sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                return self._force_close(exc)
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+            self._loop.add_writer(self._fd, self._write_ready)
+        self._out += data
+
+    def _write_ready(self) -> None:
+        try:
+            sent = self._sock.send(self._out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return self._force_close(exc)
+        del self._out[:sent]
+        if not self._out:
+            self._loop.remove_writer(self._fd)
+            if self._closing:
+                self._loop.call_soon(self._finish, None)
+
+    def get_write_buffer_size(self) -> int:
+        return len(self._out)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    # ---- closing ---------------------------------------------------------------------------------------
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """After what is buffered has gone out."""
+        if self._closing:
+            return
+        self._closing = True
+        self._loop.remove_reader(self._fd)
+        if not self._out:
+            self._loop.call_soon(self._finish, None)
+
+    def abort(self) -> None:
+        self._force_close(None)
+
+    def _force_close(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        if self._out:
+            self._out.clear()
+            self._loop.remove_writer(self._fd)
+        if not self._closing:
+            self._closing = True
+            self._loop.remove_reader(self._fd)
+        self._loop.call_soon(self._finish, exc)
+
+    def _finish(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            self._sock.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._extra.get(name, default)
+
+
+async def open_stamped(host: str, port: int, factory: Callable[[], StampedProtocol]) -> StampedProtocol:
+    """A connection to ``host:port`` (each address getaddrinfo gives, in order, as asyncio's create_connection
+    tries them) read by a ``StampedTransport``; the protocol ``factory`` made. OSError when none connects."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    errors: list[OSError] = []
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            errors.append(exc)
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        protocol = factory()
+        StampedTransport(loop, sock, protocol, kernel_stamps.enable(sock))
+        return protocol
+    if not errors:
+        raise OSError(f"getaddrinfo({host!r}) gave no address")
+    if len({str(e) for e in errors}) == 1:
+        raise errors[0]
+    raise OSError(f"Multiple exceptions: {', '.join(str(e) for e in errors)}")
