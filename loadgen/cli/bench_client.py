@@ -1,0 +1,133 @@
+"""``loadgen bench-client``: a capacity self-test of the client on the user's own machine (run/bench_client.py):
+how many tokens/s loadgen measures with both per-event p99 errors within a tolerance, before a real run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from loadgen.cli.common import console, err, fail, seconds_option
+from loadgen.run import bench_client as bc
+
+MAX_ERROR = seconds_option("1ms", "--max-error", "the tolerance: a step holds when its chunk-gap and TTFT p99 "
+                           "errors are both within it, e.g. 1ms, 0.5ms")
+STEP_DURATION = seconds_option("10s", "--step-duration", "measured time of each step, after its 2 s warm-up, "
+                               "e.g. 10s, 1m")
+
+
+def bench_client(
+    max_streams: int = typer.Option(512, "--max-streams", help=f"the last step's streams (at most "
+                                    f"{bc.MAX_STREAMS}: each holds a connection)"),
+    start: int = typer.Option(32, "--start", help="the first step's streams; then doubling up to 128, then 64 "
+                              "more each step, up to --max-streams"),
+    step_duration: float = STEP_DURATION,
+    max_error: float = MAX_ERROR,
+    engine: str = typer.Option("asyncio", "--engine", help="the engine measured: asyncio or locust, as in run"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write every step and the result to this JSON "
+                                       "file"),
+) -> None:
+    """How many tokens/s loadgen measures within --max-error on this machine: steps up the streams of a closed
+    loop against a precise local SSE emitter (its writes' true times logged), loadgen's own engine as a run
+    uses it, and prints per step tokens/s, the chunk-gap and TTFT p99 errors against the emitter's writes,
+    loadgen's CPU per 1k tokens and the emitter's lateness. Stops after the first step past the tolerance; the
+    last line says the highest load that held. With 2+ CPUs the emitter and loadgen are pinned to different
+    ones. Ends within steps x (--step-duration + 62 s): each step a 2 s warm-up, its duration and at most 60 s
+    for starting, draining, reporting and scoring. Exit 0: a step held; 1: none did; 2: bad flags; 3:
+    interrupted; 4: a step could not be measured."""
+    _check_flags(max_streams, start, max_error, engine, out)
+    settings = bc.Settings(bc.ladder(start, max_streams), step_duration, max_error * 1e3, engine)
+    pin = bc.plan_pinning(sorted(os.sched_getaffinity(0)))
+    _header(settings, pin)
+    rows: list[dict[str, Any]] = []
+    try:
+        rows = bc.bench(settings, pin, lambda i, n: _progress(settings, i, n), lambda r: _row(r, rows))
+        code = 0 if bc.best(rows) is not None else 1
+    except bc.StepError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        code = 4
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False, markup=False)
+        code = 3
+    _finish(settings, pin, rows, out)
+    raise typer.Exit(code)
+
+
+def _check_flags(max_streams: int, start: int, max_error_s: float, engine: str, out: Optional[Path]) -> None:
+    """Every flag before anything starts: one line, exit 2."""
+    if not sys.platform.startswith("linux"):
+        raise fail("bench-client needs Linux: its emitter uses epoll and CPU affinity")
+    if not 1 <= start <= bc.MAX_STREAMS:
+        raise fail(f"--start {start}: give a number of streams from 1 to {bc.MAX_STREAMS}")
+    if not start <= max_streams <= bc.MAX_STREAMS:
+        raise fail(f"--max-streams {max_streams}: give a number of streams from --start ({start}) to "
+                   f"{bc.MAX_STREAMS}")
+    if not (math.isfinite(max_error_s) and max_error_s <= 1.0):
+        raise fail(f"--max-error {max_error_s:g}s: a tolerance of a second or more tests nothing; give e.g. 1ms")
+    if engine not in ("asyncio", "locust"):
+        raise fail(f"--engine {engine!r}: choose asyncio or locust")
+    if out is not None:
+        _check_out(out)
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise fail(f"--out {out}: a directory; give a file name, e.g. bench-client.json")
+    try:  # a real write, now: a bad path must not wait for the end of a long test
+        out.parent.mkdir(parents=True, exist_ok=True)
+        existed = out.exists()
+        with out.open("a"):
+            pass
+        if not existed:
+            out.unlink()
+    except OSError as exc:
+        raise fail(f"--out {out}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _say(line: str, stderr: bool = False) -> None:
+    (err if stderr else console).print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def _header(settings: bc.Settings, pin: bc.Pinning) -> None:
+    steps = settings.steps
+    bound = bc.bound_s(len(steps), settings.duration_s)
+    _say(f"loadgen bench-client: {len(steps)} steps of {', '.join(map(str, steps))} streams, each "
+         f"{bc.WARMUP_S:g} s of warm-up (left out) + {settings.duration_s:g} s; 128-token streams, one token every "
+         f"{bc.ITL_MS:g} ms; ends within {bound / 60:.1f} min")
+    _say(f"pinning: {pin.describe()}")
+    _say(f"| streams | tokens/s | chunk-gap p99 error | TTFT p99 error | CPU per 1k tokens | emitter lateness p99 "
+         f"| within {settings.max_error_ms:g} ms |\n| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+
+
+def _progress(settings: bc.Settings, i: int, streams: int) -> None:
+    _say(f"step {i + 1}/{len(settings.steps)}: {streams} streams for {bc.WARMUP_S:g} s + {settings.duration_s:g} s "
+         "…", stderr=True)
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f} ms"
+
+
+def _row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    rows.append(row)
+    cpu = "-" if math.isnan(row["cpu_ms_per_1k"]) else f"{row['cpu_ms_per_1k']:.1f} ms"
+    failed = f" ({row['failed']} failed)" if row["failed"] else ""
+    _say(f"| {row['streams']} | {row['tokens_per_s']:,.0f} | {_ms(row['gap_p99_ms'])} | {_ms(row['ttft_p99_ms'])} "
+         f"| {cpu} | {row['emitter_lateness_p99_us']:.0f} µs | {'yes' if row['held'] else 'no'}{failed} |")
+
+
+def _finish(settings: bc.Settings, pin: bc.Pinning, rows: list[dict[str, Any]], out: Optional[Path]) -> None:
+    if rows:
+        _say(f"emitter: {rows[0]['emitter_scheduler']}; its lateness is not in the errors (the truth is its "
+             "writes), but a large one means it did not keep the load asked")
+    if rows and all(r["held"] for r in rows) and rows[-1]["streams"] == settings.steps[-1]:
+        _say("every step held: raise --max-streams to find the limit")
+    line = bc.final_line(rows, settings.max_error_ms, max(1, settings.workers))
+    if out is not None:
+        out.write_text(json.dumps(bc.document(settings, pin, rows, line), indent=1) + "\n")
+    _say(line)
