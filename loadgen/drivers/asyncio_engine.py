@@ -4,7 +4,8 @@ Open loop: every planned request is sent at ``t0 + offset`` (absolute deadlines 
 response never delays a later send). The scheduler sleeps until ``SPIN_MS`` before a deadline and then yields
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
 streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
-one ends (its body is built first: the intended time is when it is ready to go). ``max_in_flight`` caps
+one ends; its body is built while the last one streams (a prompt counted by the server's ``/tokenize``, one in
+a sample: plan/prompt_model.py, costs no wait then), and the intended time is when it is ready to go. ``max_in_flight`` caps
 concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body is serialized before
 its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until the deadline.
 
@@ -140,11 +141,18 @@ class AsyncioEngine:
 
     async def _body(self, req: PlannedRequest, t_intended_ns: int) -> bytes | None:
         """The request's JSON body; None (the request recorded as failed) when it cannot be built."""
+        body = await self._build(req)
+        if isinstance(body, Exception):
+            self.record_failure(req, t_intended_ns, body)
+            return None
+        return body
+
+    async def _build(self, req: PlannedRequest) -> bytes | Exception:
+        """The request's JSON body, or what stopped it being built (recorded by the caller, when it is due)."""
         try:
             return json.dumps(await self.body_for(req)).encode()
         except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
-            self.record_failure(req, t_intended_ns, exc)
-            return None
+            return exc
 
     def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
         """Record ``req`` as failed, never sent (its body could not be prepared; a bug unless a ServerFault)."""
@@ -154,24 +162,37 @@ class AsyncioEngine:
     async def _worker(self) -> None:
         end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
                   if self.cfg.duration_s is not None else None)
+        ahead = None if self.conversations else self._ahead()  # its first body builds before t0
         await sleep_until(self.stats.t0_ns, lambda: self._stop_sending)
         if self.conversations:  # the user is a conversation, then the next
             return await self.conversations.user(end_ns)
-        while not self._stop_sending:
-            seq = self.next_seq()
-            if self.plan.size is not None and seq >= self.plan.size:
-                return
-            req = self.plan.request(seq)
-            body = await self._body(req, time.monotonic_ns())  # a prompt may need /tokenize: not lag
+        while ahead is not None and not self._stop_sending:
+            req, building = ahead
+            body = await building  # built while the user's last request streamed: no /tokenize wait here
             await self.ceiling.wait()
             now = time.monotonic_ns()  # the user is ready to send now: the intended time
             if end_ns is not None and now >= end_ns or self._stop_sending:
-                return
-            if body is None:
+                break
+            if isinstance(body, Exception):
+                self.record_failure(req, now, body)
+                ahead = self._ahead()
                 continue
             req = dataclasses.replace(req, t_intended_offset_ns=now - self.stats.t0_ns,
                                       warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
-            await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
+            sending = self._spawn(req, now, body)
+            ahead = self._ahead()  # queued after the send: the next body builds while this one streams
+            await asyncio.gather(sending, return_exceptions=True)
+        if ahead is not None:  # taken but not sent: the run ended first
+            ahead[1].cancel()
+            await asyncio.gather(ahead[1], return_exceptions=True)
+
+    def _ahead(self) -> tuple[PlannedRequest, asyncio.Task[bytes | Exception]] | None:
+        """A closed-loop user's next request, its body building from now on (None: the plan's count is sent)."""
+        seq = self.next_seq()
+        if self.plan.size is not None and seq >= self.plan.size:
+            return None
+        req = self.plan.request(seq)
+        return req, asyncio.create_task(self._build(req))
 
     def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
                after_call: int | None = None) -> asyncio.Task[None]:

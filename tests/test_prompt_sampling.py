@@ -1,0 +1,114 @@
+"""Prompts on a remote counter (the server's /tokenize): built against the word model, a seeded sample counted by
+the server, exact lengths kept; a model that misses makes every later prompt counted (plan/prompt_model.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from loadgen.plan.prompt_model import FIRST_VERIFIED, VERIFY_ONE_IN, sampled
+from loadgen.plan.scenario import Scenario
+from loadgen.plan.schedule import PlannedRequest
+from loadgen.plan.workload import WORDS, LocalTokenizerCounter, PromptFactory, build_prompts
+
+
+def _scenario(**cls: object) -> Scenario:
+    return Scenario.model_validate({"name": "w", "load": {"arrival": "poisson", "rate_per_s": 1, "requests": 1},
+                                    "workload": {"classes": [{"name": "a", "prompt_tokens": {"dist": "fixed",
+                                                 "value": 50}, "output_tokens": {"dist": "fixed", "value": 5},
+                                                 **cls}]}})
+
+
+class Remote:
+    """A /tokenize stand-in: counts by ``tokens`` (the simulator's rule: a word, or one other character, is a
+    token; a chat message adds 4, the generation prompt 2), and counts its calls."""
+
+    exact, remote = True, True
+
+    def __init__(self, tokens=None) -> None:
+        self.calls = 0
+        self.tokens = tokens or (lambda text: len(text.replace(":", " :").split()))
+
+    async def count(self, system: str | None, user: str) -> int:
+        self.calls += 1
+        return self.of(system, user)
+
+    def of(self, system: str | None, user: str) -> int:
+        return 2 + sum(4 + self.tokens(m) for m in ([system] if system else []) + [user])
+
+
+def _requests(n: int, lengths=(67, 120, 333, 1000)) -> list[PlannedRequest]:
+    return [PlannedRequest(i, 0, "a", lengths[i % len(lengths)], 5, False) for i in range(n)]
+
+
+def _build(factory: PromptFactory, requests: list[PlannedRequest]):
+    async def go():
+        await factory.prepare_classes()
+        return await build_prompts(factory, requests)
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("cls", [{}, {"shared_prefix_tokens": 40}, {"shared_prefix_tokens": 40, "cache_bust": True}])
+def test_a_sample_is_counted_and_every_prompt_has_its_asked_length(cls):
+    """On a tokenizer the word model describes (the simulator's), the server counts each class's first 16
+    prompts and ~1 in 32 after, not every one, and every prompt still has exactly its asked length."""
+    remote, n = Remote(), 640
+    factory = PromptFactory(_scenario(**cls), remote)
+    prompts = _build(factory, _requests(n))
+    truth = Remote()
+    for seq, p in prompts.items():
+        assert p.tokens == _requests(n)[seq].prompt_tokens == truth.of(p.system, p.user)
+    sample = sum(1 for r in _requests(n)[FIRST_VERIFIED:] if sampled(0, r.seq))
+    st = factory.stats
+    assert st.counted == FIRST_VERIFIED + sample and st.estimated == n - st.counted and st.missed == 0
+    assert n / VERIFY_ONE_IN / 2 < sample < n / VERIFY_ONE_IN * 2  # the seeded share is about 1 in 32
+    assert remote.calls <= st.counted + 8  # one count a counted prompt; before them the model's, fit's, bases
+    assert [p.estimated for p in prompts.values()].count(False) == st.counted
+    assert "the word model matched all" in (st.note() or "")
+
+
+def test_the_prompts_are_the_ones_counting_every_prompt_builds():
+    """The model changes how many counts a prompt costs, not which prompt it is: the same text, seed for seed."""
+    requests = _requests(80)
+    sampled_prompts = _build(PromptFactory(_scenario(shared_prefix_tokens=40), Remote()), requests)
+
+    class Local(Remote):
+        remote = False
+    every = _build(PromptFactory(_scenario(shared_prefix_tokens=40), Local()), requests)
+    assert {s: (p.system, p.user) for s, p in sampled_prompts.items()} == {
+        s: (p.system, p.user) for s, p in every.items()}
+
+
+def test_a_model_that_misses_makes_every_later_prompt_counted_and_exact():
+    """A tokenizer where the tag's hex costs tokens by its digits (as BPE does): the model's fixed tag is off,
+    the first counted prompt shows it, and from then on every prompt is counted, each at its asked length."""
+    def hex_costly(text: str) -> int:
+        return sum(1 + sum(c.isdigit() for c in w) // 3 for w in text.replace(":", " :").split())
+    remote = Remote(hex_costly)
+    factory = PromptFactory(_scenario(), remote)
+    requests = _requests(200)
+    prompts = _build(factory, requests)
+    st = factory.stats
+    assert st.missed >= 1 and st.policy == "every prompt" and st.max_error_tokens >= 1
+    truth = Remote(hex_costly)
+    late = [p for s, p in prompts.items() if s >= FIRST_VERIFIED]
+    assert all(not p.estimated and p.tokens == truth.of(p.system, p.user) for p in late)
+    assert all(p.tokens == requests[s].prompt_tokens for s, p in prompts.items() if s >= FIRST_VERIFIED)
+    assert "every prompt from the first miss on was counted" in (st.note() or "")
+
+
+def test_a_local_tokenizer_counts_every_prompt(tmp_path: Path):
+    """A local tokenizer is exact and costs no round trip: no model, every prompt counted."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)] * 3, trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    factory = PromptFactory(_scenario(), LocalTokenizerCounter(str(tmp_path / "tokenizer.json")))
+    prompts = _build(factory, _requests(40, (60, 200)))
+    assert factory.model is None and factory.stats.counted == 40 and factory.stats.estimated == 0
+    assert all(not p.estimated and p.tokens == (60, 200)[s % 2] for s, p in prompts.items())
+    assert factory.stats.note() is None
