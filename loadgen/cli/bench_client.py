@@ -43,7 +43,8 @@ def bench_client(
     _check_flags(max_streams, start, max_error, engine, out)
     settings = bc.Settings(bc.ladder(start, max_streams), step_duration, max_error * 1e3, engine)
     pin = bc.plan_pinning(sorted(os.sched_getaffinity(0)))
-    _header(settings, pin)
+    load_1m = os.getloadavg()[0]
+    _header(settings, pin, load_1m)
     rows: list[dict[str, Any]] = []
     try:
         rows = bc.bench(settings, pin, lambda i, n: _progress(settings, i, n), lambda r: _row(r, rows))
@@ -54,7 +55,7 @@ def bench_client(
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False, markup=False)
         code = 3
-    _finish(settings, pin, rows, out)
+    _finish(settings, pin, rows, out, load_1m)
     raise typer.Exit(code)
 
 
@@ -93,12 +94,13 @@ def _say(line: str, stderr: bool = False) -> None:
     (err if stderr else console).print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def _header(settings: bc.Settings, pin: bc.Pinning) -> None:
+def _header(settings: bc.Settings, pin: bc.Pinning, load_1m: float) -> None:
     steps = settings.steps
     bound = bc.bound_s(len(steps), settings.duration_s)
-    _say(f"loadgen bench-client: {len(steps)} steps of {', '.join(map(str, steps))} streams, each "
+    _say(f"loadgen bench-client: {len(steps)} step{'s' if len(steps) > 1 else ''} of {', '.join(map(str, steps))} streams, each "
          f"{bc.WARMUP_S:g} s of warm-up (left out) + {settings.duration_s:g} s; 128-token streams, one token every "
          f"{bc.ITL_MS:g} ms; ends within {bound / 60:.1f} min")
+    _say(bc.machine_line(len(os.sched_getaffinity(0)), load_1m))
     _say(f"pinning: {pin.describe()}")
     _say(f"| streams | tokens/s | chunk-gap p99 error | TTFT p99 error | CPU per 1k tokens | emitter lateness p99 "
          f"| within {settings.max_error_ms:g} ms |\n| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -121,7 +123,8 @@ def _row(row: dict[str, Any], rows: list[dict[str, Any]]) -> None:
          f"| {cpu} | {row['emitter_lateness_p99_us']:.0f} µs | {'yes' if row['held'] else 'no'}{failed} |")
 
 
-def _finish(settings: bc.Settings, pin: bc.Pinning, rows: list[dict[str, Any]], out: Optional[Path]) -> None:
+def _finish(settings: bc.Settings, pin: bc.Pinning, rows: list[dict[str, Any]], out: Optional[Path],
+            load_1m: float) -> None:
     if rows:
         _say(f"emitter: {rows[0]['emitter_scheduler']}; its lateness is not in the errors (the truth is its "
              "writes), but a large one means it did not keep the load asked")
@@ -129,5 +132,5 @@ def _finish(settings: bc.Settings, pin: bc.Pinning, rows: list[dict[str, Any]], 
         _say("every step held: raise --max-streams to find the limit")
     line = bc.final_line(rows, settings.max_error_ms, max(1, settings.workers))
     if out is not None:
-        out.write_text(json.dumps(bc.document(settings, pin, rows, line), indent=1) + "\n")
+        out.write_text(json.dumps(bc.document(settings, pin, rows, line, load_1m), indent=1) + "\n")
     _say(line)

@@ -258,15 +258,23 @@ def _plain(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
-def document(settings: Settings, pin: Pinning, rows: list[dict[str, Any]], line: str) -> dict[str, Any]:
-    """The --out JSON: settings, pinning, every step, the result."""
+def machine_line(cpus: int, load_1m: float) -> str:
+    """The CPUs and what else ran: other work on the same CPUs delays loadgen's reads and shows in the errors."""
+    busy = load_1m >= 0.5
+    return (f"machine: {cpus} CPU{'s' if cpus > 1 else ''}, load average {load_1m:.2f} before the test"
+            + ("; other work competes with loadgen and the emitter: keep the machine otherwise idle" if busy else ""))
+
+
+def document(settings: Settings, pin: Pinning, rows: list[dict[str, Any]], line: str,
+             load_1m: float) -> dict[str, Any]:
+    """The --out JSON: settings, pinning, the machine, every step, the result."""
     top = best(rows)
     rows = [{k: _plain(v) for k, v in r.items()} for r in rows]
     return {"settings": {**asdict(settings), "warmup_s": WARMUP_S, "ttft_ms": TTFT_MS, "itl_ms": ITL_MS,
                          "output_tokens": OUTPUT_TOKENS, "prompt_tokens": PROMPT_TOKENS},
             "pinning": {"emitter_cpu": pin.emitter_cpu, "loadgen_cpus": pin.loadgen_cpus,
                         "line": pin.describe()},
-            "cpus": len(os.sched_getaffinity(0)), "steps": rows,
+            "cpus": len(os.sched_getaffinity(0)), "load_average_1m_before": load_1m, "steps": rows,
             "result": {"tokens_per_s": top["tokens_per_s"] if top else None,
                        "streams": top["streams"] if top else None, "max_error_ms": settings.max_error_ms,
                        "line": line}}
