@@ -1,12 +1,13 @@
 """``loadgen bench-client``: bad flags are one line and exit 2 before anything starts; the ladder, the pinning
-and the stopping rule; and a short real self-test (two small steps) whose table, last line and JSON agree, its
-throughput checked against the emitter's configured schedule."""
+and the stopping rule; a short real self-test (two small steps) whose table, last line and JSON agree, its
+throughput checked against the emitter's configured schedule; and a kill that stops the step's processes."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from loadgen.cli.app import app
 from loadgen.run import bench_client as bc
-from tests.run_helpers import run_cli
+from tests.run_helpers import run_cli, start_cli, wait_for
 
 
 @pytest.mark.parametrize("args, message", [
@@ -80,6 +81,9 @@ def test_no_step_held_says_so_with_the_first_steps_errors() -> None:
     line = bc.final_line(rows, 1.0, 1)
     assert line.startswith("loadgen measured no step within 1 ms on this machine (one process): at 32 streams")
     assert "chunk-gap p99 error 1.50 ms" in line
+    assert bc.final_line([{**_row(32, float("nan"), float("nan"), failed=32), "held": False}], 1.0, 1).endswith(
+        "chunk-gap p99 error not measured, TTFT p99 error not measured, 32 failed")
+    assert bc.final_line([], 1.0, 1) == "loadgen measured no step on this machine (one process): none ended"
 
 
 @pytest.mark.parametrize("row", [_row(32, float("nan"), 0.1), _row(32, 0.1, 0.1, failed=1),
@@ -128,3 +132,34 @@ def test_a_short_self_test_prints_its_table_last_line_and_json(tmp_path: Path) -
         assert lines[-1] == f"loadgen measures up to {top['tokens_per_s']:,.0f} tokens/s within 1 ms on this " \
                             "machine (one process)"
     assert not math.isnan(doc["steps"][0]["emitter_lateness_p99_us"])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="replace")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_kill_stops_the_step_and_its_processes_and_still_writes_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = start_cli("bench-client", "--start", "8", "--max-streams", "8", "--step-duration", "30s", "--out",
+                     str(out))
+    try:
+        wait_for(lambda: len(_children(proc.pid)) == 2, 30, "the emitter and loadgen run started")
+        children = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3 and "interrupted" in stderr
+    assert not [c for c in children if _running(c)]
+    assert stdout.strip().splitlines()[-1] == json.loads(out.read_text())["result"]["line"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +47,8 @@ def bench_client(
     load_1m = os.getloadavg()[0]
     _header(settings, pin, load_1m)
     rows: list[dict[str, Any]] = []
+    # Ctrl-C and `kill PID` both stop it in order (SIGINT explicitly: a shell's background job inherits it ignored)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         rows = bc.bench(settings, pin, lambda i, n: _progress(settings, i, n), lambda r: _row(r, rows))
         code = 0 if bc.best(rows) is not None else 1
@@ -55,8 +58,15 @@ def bench_client(
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False, markup=False)
         code = 3
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     _finish(settings, pin, rows, out, load_1m)
     raise typer.Exit(code)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _check_flags(max_streams: int, start: int, max_error_s: float, engine: str, out: Optional[Path]) -> None:

@@ -241,16 +241,21 @@ def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max((r for r in rows if r["held"]), key=lambda r: r["streams"], default=None)
 
 
+def _ms(value: float) -> str:
+    return "not measured" if value != value else f"{value:.2f} ms"
+
+
 def final_line(rows: list[dict[str, Any]], max_error_ms: float, processes: int) -> str:
     within = f"within {max_error_ms:g} ms"
     where = f"on this machine ({'one process' if processes <= 1 else f'{processes} processes'})"
     top = best(rows)
     if top is not None:
         return f"loadgen measures up to {top['tokens_per_s']:,.0f} tokens/s {within} {where}"
-    first = rows[0] if rows else None
-    why = (f": at {first['streams']} streams, chunk-gap p99 error {first['gap_p99_ms']:.2f} ms, TTFT p99 error "
-           f"{first['ttft_p99_ms']:.2f} ms, {first['failed']} failed") if first else ""
-    return f"loadgen measured no step {within} {where}{why}"
+    if not rows:
+        return f"loadgen measured no step {where}: none ended"
+    first = rows[0]
+    return (f"loadgen measured no step {within} {where}: at {first['streams']} streams, chunk-gap p99 error "
+            f"{_ms(first['gap_p99_ms'])}, TTFT p99 error {_ms(first['ttft_p99_ms'])}, {first['failed']} failed")
 
 
 def _plain(value: Any) -> Any:
