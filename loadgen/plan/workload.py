@@ -95,16 +95,14 @@ class PromptFactory:
         self._systems: dict[tuple[str, int], str | None] = {}
         self._per_word: float | None = None
         self._template_tokens: int | None = None  # what the chat template adds to a message (Mooncake blocks)
-        self.model: WordModel | None = None  # set for a remote counter: prompts are built against it, sampled
+        self.model: WordModel | None = None  # a remote counter's: prompts are built against it, a sample counted
+        self._learns = bool(getattr(counter, "remote", False) and counter.exact)
+        self._learning = asyncio.Lock()
         self.stats = PromptStats()
         self._built: dict[str, int] = {}  # prompts built so far, by class (its first ones are all counted)
 
     async def prepare_classes(self) -> None:
-        """Build each class's (first) shared system prompt and fit words→tokens on the target; for a remote
-        counter, learn the word model too."""
-        if getattr(self.counter, "remote", False) and self.counter.exact:
-            self.model = await WordModel.learn(self.counter.count, [*WORDS, PAD_WORD], request_tag(0, 0))
-            self.stats.policy = "sampled"
+        """Build each class's (first) shared system prompt and fit words→tokens on the target."""
         for cls in self.scenario.workload.classes:
             if cls.dataset is None:
                 self._fits[cls.name] = await fit(self.counter, await self._system(cls, 0))
@@ -129,6 +127,8 @@ class PromptFactory:
         dataset class's prompt is its row's text, counted. With ``cache_bust`` the request's unique tag opens
         the system prompt, so no two requests (nor two turns) share a prefix."""
         cls = self._classes[req.class_name]
+        if self._learns and self.model is None:
+            await self._learn()
         if cls.dataset is not None:
             return await self._from_row(cls, req)
         if req.blocks is not None:
@@ -139,6 +139,13 @@ class PromptFactory:
         system = _busted(system, tag) if tag else system
         prompt = await self._build(req, system if fresh else None, self._fits[req.class_name if fresh else ""])
         return Prompt(system, prompt.user, prompt.tokens, prompt.estimated)
+
+    async def _learn(self) -> None:
+        """The word model, learned on the counter at the first prompt's build (a failure is that prompt's)."""
+        async with self._learning:
+            if self.model is None:
+                self.model = await WordModel.learn(self.counter.count, [*WORDS, PAD_WORD], request_tag(0, 0))
+                self.stats.policy = "sampled"
 
     async def _from_blocks(self, req: PlannedRequest) -> Prompt:
         """A Mooncake trace's request: block ``h``'s text is the same wherever hash id ``h`` appears (seeded by
