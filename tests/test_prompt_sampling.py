@@ -99,6 +99,15 @@ def test_a_model_that_misses_makes_every_later_prompt_counted_and_exact():
     assert "every prompt from the first miss on was counted" in (st.note() or "")
 
 
+def test_count_every_prompt_counts_every_prompt_on_a_remote_counter():
+    remote = Remote()
+    factory = PromptFactory(_scenario(), remote)
+    factory.count_every_prompt()
+    prompts = _build(factory, _requests(40))
+    assert factory.stats.counted == 40 and not any(p.estimated for p in prompts.values()) and factory.model is None
+    assert all(p.tokens == _requests(40)[s].prompt_tokens for s, p in prompts.items())
+
+
 def test_a_local_tokenizer_counts_every_prompt(tmp_path: Path):
     """A local tokenizer is exact and costs no round trip: no model, every prompt counted."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -101,6 +101,12 @@ class PromptFactory:
         self.stats = PromptStats()
         self._built: dict[str, int] = {}  # prompts built so far, by class (its first ones are all counted)
 
+    def count_every_prompt(self) -> None:
+        """Count every prompt on the counter, sampling none (where each length must be the target's own count:
+        shrink's bodies)."""
+        self._learns, self.model = False, None
+        self.stats.policy = "every prompt"
+
     async def prepare_classes(self) -> None:
         """Build each class's (first) shared system prompt and fit words→tokens on the target."""
         for cls in self.scenario.workload.classes:
