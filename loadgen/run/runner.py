@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import platform
-import signal
 import socket
 import sys
 import time
@@ -28,6 +26,7 @@ from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.run.progress import RunProgress, bar
+from loadgen.run.loops import event_loop_run, handle_signals
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
@@ -90,40 +89,12 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     return result
 
 
-def event_loop_run(coro: Any) -> Any:
-    """The run on an event loop of its own: on this thread, or on a fresh one (waited for) when this thread
-    already runs a loop (a notebook, an async caller of loadgen.api)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _new_loop_run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loadgen-run") as pool:
-        return pool.submit(_new_loop_run, coro).result()
-
-
-def _new_loop_run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
-def _handle_signals(loop: asyncio.AbstractEventLoop, handler: Any) -> list[int]:
-    """SIGINT and SIGTERM to ``handler`` where this thread may take them; the signals handled."""
-    handled = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, handler)
-        except (ValueError, RuntimeError, NotImplementedError):  # only the main thread gets signals
-            break
-        handled.append(sig)
-    return handled
-
-
 class Run:
     """One run's state on its way to the run directory: run.json, the guards, the summary (the directory, the
-    record sink and its flush policy are the session's, shared with the Locust driver)."""
+    record sink and its flush policy are the session's, shared with the Locust driver). A ``--workers`` process
+    (run/worker_process.py) is a Run with its own engine class and a wait for the common start."""
+
+    engine_class: type[AsyncioEngine] = AsyncioEngine
     def __init__(self, scenario: Scenario, plan: Plan, session: RunSession, console: Console, opts: RunOptions,
                  engine_name: str = "asyncio") -> None:
         self.scenario, self.plan, self.session, self.console, self.opts = scenario, plan, session, console, opts
@@ -157,7 +128,7 @@ class Run:
                 self._engine.stop()
             elif main is not None:
                 main.cancel()
-        handled = _handle_signals(loop, on_signal)  # not on a thread other than the main one
+        handled = handle_signals(loop, on_signal)  # not on a thread other than the main one
         try:
             return await self._execute(base_url, sim)
         except asyncio.CancelledError:
@@ -194,6 +165,9 @@ class Run:
             if engine.conversations.failed:
                 target.notes.append(engine.conversations.note())
         return target
+
+    async def before_sending(self, engine: AsyncioEngine) -> None:
+        """The engine is ready, the prompts built: the moment before the first send (a hook; nothing here)."""
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
         """Every record of the run: into the sink, then past the fail-fast guard. A fault on the way (a bug)
@@ -292,11 +266,12 @@ class Run:
             return await prepared.call(req, transcript, parents,
                                        prompts.get(req.seq) if not self.plan.closed_loop else None)
 
-        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
-                             capture=self.captures, call_for=call_for)
+        return self.engine_class(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
+                                 capture=self.captures, call_for=call_for)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with RunProgress(self.plan, self.opts.progress) as progress:
+            await self.before_sending(engine)
             run_task = asyncio.create_task(engine.run())
             try:
                 await self._tick(run_task, engine, progress)
