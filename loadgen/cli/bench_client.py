@@ -107,9 +107,10 @@ def _say(line: str, stderr: bool = False) -> None:
 def _header(settings: bc.Settings, pin: bc.Pinning, load_1m: float) -> None:
     steps = settings.steps
     bound = bc.bound_s(len(steps), settings.duration_s)
-    _say(f"loadgen bench-client: {len(steps)} step{'s' if len(steps) > 1 else ''} of {', '.join(map(str, steps))} streams, each "
-         f"{bc.WARMUP_S:g} s of warm-up (left out) + {settings.duration_s:g} s; 128-token streams, one token every "
-         f"{bc.ITL_MS:g} ms; ends within {bound / 60:.1f} min")
+    plural = "s" if len(steps) > 1 else ""
+    _say(f"loadgen bench-client: {len(steps)} step{plural} of {', '.join(map(str, steps))} streams, each "
+         f"{bc.WARMUP_S:g} s of warm-up (left out) + {settings.duration_s:g} s; {bc.OUTPUT_TOKENS}-token streams, "
+         f"one token every {bc.ITL_MS:g} ms; ends within {bound / 60:.1f} min")
     _say(bc.machine_line(len(os.sched_getaffinity(0)), load_1m))
     _say(f"pinning: {pin.describe()}")
     _say(f"| streams | tokens/s | chunk-gap p99 error | TTFT p99 error | CPU per 1k tokens | emitter lateness p99 "

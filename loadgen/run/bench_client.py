@@ -117,13 +117,15 @@ def start_emitter(log: Path, cpu: int | None) -> tuple[subprocess.Popen[str], in
     if not line.startswith("listening "):
         stop(proc)
         err = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
-        raise StepError(f"the emitter did not start: {err[-1] if err else 'no line in ' + str(READY_TIMEOUT_S) + ' s'}")
+        if proc.stderr:
+            proc.stderr.close()
+        raise StepError("the emitter did not start: " + (err[-1] if err else f"no line in {READY_TIMEOUT_S:g} s"))
     _, port, scheduler = line.strip().split(" ", 2)
     return proc, int(port), scheduler
 
 
 def stop(proc: subprocess.Popen[str], timeout_s: float = 5.0) -> None:
-    """SIGTERM (the emitter then writes its log), SIGKILL after ``timeout_s``."""
+    """SIGTERM (the emitter then writes its log), SIGKILL after ``timeout_s``; its stdout closed."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -131,6 +133,8 @@ def stop(proc: subprocess.Popen[str], timeout_s: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
 
 
 def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: str = "asyncio",
@@ -152,13 +156,18 @@ def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: 
                         f"{duration_s + WARMUP_S + STARTUP_S:g} s") from None
     finally:
         stop(emitter)
+        if emitter.stderr:
+            emitter.stderr.close()
     if res.returncode not in (0, 1, 3):  # 1: a failed request fails the default SLO; 3: inconclusive
         tail = (res.stderr or res.stdout).strip().splitlines()
         raise StepError(f"{streams} streams: loadgen run exited {res.returncode}: {tail[-1] if tail else ''}")
     if not log.exists():
         raise StepError(f"{streams} streams: the emitter wrote no log (exit code {emitter.returncode})")
-    return {"streams": streams, **measure(json.loads(log.read_text()), run_dir), "emitter_scheduler": scheduler,
-            "run_exit_code": res.returncode}
+    try:
+        figures = measure(json.loads(log.read_text()), run_dir)
+    except (OSError, ValueError, KeyError) as exc:  # interrupted before its records: nothing to score
+        raise StepError(f"{streams} streams: the run's records could not be scored: {exc}") from None
+    return {"streams": streams, **figures, "emitter_scheduler": scheduler, "run_exit_code": res.returncode}
 
 
 def pct(values: list[float], q: float) -> float:
