@@ -5,9 +5,10 @@ response never delays a later send). The scheduler sleeps until ``SPIN_MS`` befo
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
 streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
 one ends; its body is built while the last one streams (a prompt counted by the server's ``/tokenize``, one in
-a sample: plan/prompt_model.py, costs no wait then), and the intended time is when it is ready to go. ``max_in_flight`` caps
-concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body is serialized before
-its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until the deadline.
+a sample: plan/prompt_model.py, costs no wait then), and the intended time is when it is ready to go.
+``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body
+is serialized before its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until
+the deadline.
 
 Each response's bytes go to a ``StreamTracker`` with a timestamp; nothing is parsed here. A watchdog task
 checks every request in flight every 100 ms and cancels, with its reason, one that passed ``ttft_timeout_s``

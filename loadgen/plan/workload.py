@@ -6,14 +6,14 @@ defeats accidental prefix-cache hits; ``shared_prefix_tokens`` puts the same sys
 request of a class (``prefix_groups`` K: one of K system prompts, arrival i taking group i mod K), which a
 prefix cache may serve; ``cache_bust`` puts the tag before the system prompt too, so nothing is shared. A
 dataset class's prompt is its row's text as it is (plan/datasets.py); a conversation's later turn is its new
-message, and ``request_body`` puts the history before it. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
-measured on the target, then each request is checked and nudged until the counter agrees (exact where the
-counter is exact: the server's ``/tokenize`` or a local tokenizer file): whole words first, then single-token
-padding words (``a``) for the last few tokens, which whole words of 1–3 tokens cannot hit. A length shorter
-than the request's unique tag cannot be met: such a prompt is the tag alone, and its real length is recorded.
-Where the counter is the server's ``/tokenize`` (a round trip), prompts are nudged against a word model learned
-from it and only a seeded sample is counted by the server (plan/prompt_model.py); a local counter counts every
-prompt.
+message, and ``request_body`` (plan/request_bodies.py) puts the history before it. The number of filler words
+for a length comes from a linear fit ``tokens = a + b·words`` measured on the target, then each request is
+checked and nudged until the counter agrees (exact where the counter is exact: the server's ``/tokenize`` or a
+local tokenizer file): whole words first, then single-token padding words (``a``) for the last few tokens,
+which whole words of 1–3 tokens cannot hit. A length shorter than the request's unique tag cannot be met: such
+a prompt is the tag alone, and its real length is recorded. Where the counter is the server's ``/tokenize`` (a
+round trip a count), prompts are nudged against a word model learned from it and a seeded sample is counted by
+the server (plan/prompt_model.py; docs/metrics.md, Prompt lengths); a local counter counts every prompt.
 """
 
 from __future__ import annotations
