@@ -46,7 +46,6 @@ _TIMESPEC_OLD = struct.Struct("ll")  # struct timespec (native long)
 class StampStats:
     """Counts over the process's stamped reads (``as_dict`` for a summary; LOADGEN_STAMP_STATS: written at exit)."""
 
-    reads: int = 0  # reads with bytes, on connections read by stamped_socket.py
     kernel: int = 0  # stamped with the kernel's receive time
     fallback: int = 0  # stamped with time.monotonic_ns() after recvmsg (no timestamp came)
     clamped: int = 0  # a kernel stamp mapped later than the read's return, set to that return
@@ -59,6 +58,7 @@ class StampStats:
 
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = dict(asdict(self))
+        out["reads"] = self.kernel + self.fallback  # reads with bytes, on connections read by stamped_socket.py
         out["multi_event_share"] = self.multi_event_reads / self.body_reads if self.body_reads else 0.0
         out["events_sharing_a_stamp_share"] = (self.events - (self.body_reads - self.multi_event_reads)) \
             / self.events if self.events else 0.0
@@ -144,7 +144,6 @@ def enable(sock: socket.socket) -> tuple[int, struct.Struct] | None:
 def read_stamp(ancdata: list[tuple[int, int, bytes]], kind: tuple[int, struct.Struct] | None, now_ns: int) -> int:
     """A read's stamp on the monotonic clock: the kernel's, mapped, else ``now_ns`` (counted)."""
     stats = STATS
-    stats.reads += 1
     if kind is not None:
         for level, ctype, data in ancdata:
             if ctype == kind[0] and level == socket.SOL_SOCKET and len(data) >= kind[1].size:
@@ -157,7 +156,7 @@ def read_stamp(ancdata: list[tuple[int, int, bytes]], kind: tuple[int, struct.St
 
 def _dump_at_exit() -> None:
     path = os.environ.get("LOADGEN_STAMP_STATS")
-    if path and (STATS.reads or STATS.body_reads):
+    if path and (STATS.kernel or STATS.fallback or STATS.body_reads):
         with open(path, "a", encoding="utf-8") as out:
             out.write(json.dumps({"pid": os.getpid(), **STATS.as_dict()}) + "\n")
 

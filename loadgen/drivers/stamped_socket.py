@@ -22,7 +22,9 @@ import time
 from typing import Any, Callable, Protocol
 
 from loadgen.drivers import kernel_stamps
-from loadgen.drivers.kernel_stamps import ANC_BYTES, read_stamp
+from loadgen.drivers.kernel_stamps import ANC_BYTES, CLOCK as _CLOCK, STATS as _STATS, read_stamp
+
+_monotonic_ns = time.monotonic_ns
 
 READ_BYTES = 64 * 1024  # per recvmsg (below glibc's mmap threshold: the buffer is a plain heap block)
 
@@ -39,6 +41,8 @@ class StampedTransport(asyncio.Transport):
         super().__init__()
         self._loop, self._sock, self._protocol, self._kind = loop, sock, protocol, kind
         self._fd = sock.fileno()
+        self._recvmsg, self._received = sock.recvmsg, protocol.received
+        self._ctype, self._unpack = (kind[0], kind[1].unpack_from) if kind is not None else (-1, None)
         self._out = bytearray()  # what send did not take yet
         self._closing = self._lost = False
         self._extra: dict[str, Any] = {"socket": sock}
@@ -50,16 +54,25 @@ class StampedTransport(asyncio.Transport):
         loop.add_reader(self._fd, self._read_ready)
 
     def _read_ready(self) -> None:
+        """One ``recvmsg``: the hot path (``kernel_stamps.read_stamp`` inlined for the common case: one control
+        message of the expected type, the offset fresh)."""
         try:
-            data, ancdata, _, _ = self._sock.recvmsg(READ_BYTES, ANC_BYTES)
+            data, ancdata, _, _ = self._recvmsg(READ_BYTES, ANC_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             return self._force_close(exc)
-        now_ns = time.monotonic_ns()
+        now_ns = _monotonic_ns()
         if not data:  # the peer closed its side: asyncio's default for a protocol without eof_received
             return self.close()
-        self._protocol.received(data, read_stamp(ancdata, self._kind, now_ns))
+        clock = _CLOCK
+        if len(ancdata) == 1 and ancdata[0][1] == self._ctype and now_ns - clock.sampled_ns <= clock.refresh_ns:
+            sec, nsec = self._unpack(ancdata[0][2])
+            t_ns = sec * 1_000_000_000 + nsec - clock.offset_ns
+            _STATS.kernel += 1
+            self._received(data, t_ns if t_ns <= now_ns else clock.to_monotonic(t_ns + clock.offset_ns, now_ns))
+        else:
+            self._received(data, read_stamp(ancdata, self._kind, now_ns))
 
     # ---- writing ---------------------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
