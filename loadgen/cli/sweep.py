@@ -23,7 +23,8 @@ def _numbers(text: str, flag: str) -> list[float]:
 
 
 def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Optional[str], engine: str,
-                 until: str) -> None:
+                 until: str, workers_: str) -> int:
+    """The flags' combinations (exit 2); the number of sending processes."""
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
         raise fail("give exactly one of --rate, --concurrency or --find-max rate|concurrency")
     if find_max is not None and find_max not in ("rate", "concurrency"):
@@ -34,6 +35,7 @@ def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Opt
         raise fail(f"--until {until!r}: choose time (each step its duration) or decided")
     if concurrency is not None and any(x != int(x) for x in _numbers(concurrency, "--concurrency")):
         raise fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
+    return workers_flag(workers_)
 
 
 # the step-duration flags (docs/verdicts.md, "sweep"): one line each in the command's signature below
@@ -90,8 +92,7 @@ def sweep(
     with steps sized to decide their objectives, within --budget. Writes every step's run directory,
     sweep.json, summary.md, junit.xml and sweep.html. Exit 0: capacity meets --require (or, without
     one, was bracketed); 1: below it or no load passed; 2: bad input; 3: undecided within the budget."""
-    _check_flags(rates, concurrency, find_max, engine, until)
-    workers = workers_flag(workers_)
+    workers = _check_flags(rates, concurrency, find_max, engine, until, workers_)
     if out is not None:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
