@@ -5,7 +5,7 @@ choose and no stopping rule.
 
     python bench/capacity.py                       # asyncio and --engine locust, 64/128/192/256 streams
     python bench/capacity.py --engines asyncio --streams 256 --duration-s 20
-    python bench/capacity.py --engines locust:1,locust:2 --streams 256 --cpus 0,1   # scale-out: 1 and 2 workers
+    python bench/capacity.py --engines asyncio:1,asyncio:2 --streams 256 --cpus 1-2   # scale-out: 1 and 2 processes
 
 The emitter runs on CPU 0 (real-time priority where allowed), ``loadgen run`` on CPU 1 (sched_setaffinity), both reading
 CLOCK_MONOTONIC. Closed loop: N users each send one streaming request after another; every stream is 128 tokens,
@@ -37,10 +37,11 @@ __all__ = ["measure", "run_once"]
 
 
 def run_once(engine: str, streams: int, duration_s: float, tmp: Path, cpus: str = "1") -> dict:
-    """``engine``: asyncio, locust (one process) or locust:N (a master and N local workers); ``cpus``: loadgen's
-    (taskset -c syntax: 1 or 1,2 or 1-3), the emitter keeps CPU 0. The step is ``loadgen bench-client``'s."""
+    """``engine``: asyncio or locust, ``:N`` for N sending processes (run --workers N; Locust: N workers and a
+    master); ``cpus``: loadgen's (taskset -c syntax: 1 or 1,2 or 1-3), the emitter keeps CPU 0. The step is
+    ``loadgen bench-client``'s."""
     engine, _, workers = engine.partition(":")
-    row = run_step(streams, duration_s, tmp, Pinning(0, tuple(sorted(_cpus(cpus)))), engine, int(workers or 0))
+    row = run_step(streams, duration_s, tmp, Pinning(0, tuple(sorted(_cpus(cpus)))), engine, int(workers or 1))
     row.pop("streams")
     return row
 
@@ -56,7 +57,8 @@ def _cpus(text: str) -> set[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default="asyncio,locust",
-                    help="asyncio, locust (one process), locust:N (a master and N local workers), comma-separated")
+                    help="asyncio or locust, :N for N sending processes (asyncio:2; locust:2 is a master and 2 "
+                    "workers), comma-separated")
     ap.add_argument("--cpus", default="1", help="loadgen's CPUs (taskset -c); the emitter keeps CPU 0")
     ap.add_argument("--streams", default="64,128,192,256")
     ap.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per row (after the warm-up)")

@@ -27,6 +27,7 @@ from tests.run_helpers import run_cli, start_cli, wait_for
     (["--max-error", "x"], "--max-error x: give a time"),
     (["--step-duration", "0"], "--step-duration 0: give a finite time above 0"),
     (["--engine", "trio"], "--engine 'trio': choose asyncio or locust"),
+    (["--workers", "two"], "--workers 'two': give a number of processes or auto"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     res = CliRunner().invoke(app, ["bench-client", *args], env={"COLUMNS": "200"})
@@ -49,10 +50,11 @@ def test_the_ladder_doubles_to_128_then_climbs_by_64_to_the_maximum() -> None:
 
 
 def test_the_emitter_and_loadgen_get_different_cpus_when_there_are_two() -> None:
-    assert bc.plan_pinning([0]) == bc.Pinning(None, None)
+    assert bc.plan_pinning([0]) == bc.Pinning(None, None, 1)
     assert "not pinned" in bc.plan_pinning([3]).describe()
     assert bc.plan_pinning([2, 0, 1, 3]) == bc.Pinning(0, (1,))
-    assert bc.plan_pinning([0, 1, 2, 3], processes=2) == bc.Pinning(0, (1, 2))
+    assert bc.plan_pinning([0, 1, 2, 3], processes=2) == bc.Pinning(0, (1, 2), 2)
+    assert bc.plan_pinning([0, 1], processes=2).describe().endswith("; its 2 processes share 1 CPU")
     assert bc.plan_pinning([0, 1, 2, 3]).describe().startswith("emitter on CPU 0, loadgen on CPU 1")
 
 
@@ -163,3 +165,16 @@ def test_kill_stops_the_step_and_its_processes_and_still_writes_the_json(tmp_pat
     assert proc.returncode == 3 and "interrupted" in stderr
     assert not [c for c in children if _running(c)]
     assert stdout.strip().splitlines()[-1] == json.loads(out.read_text())["result"]["line"]
+
+
+@pytest.mark.slow
+def test_workers_are_passed_to_the_run_and_named_in_the_last_line(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    res = run_cli("bench-client", "--workers", "2", "--start", "8", "--max-streams", "8", "--step-duration", "2s",
+                  "--out", str(out), timeout=bc.bound_s(1, 2.0) + 30)
+    assert res.returncode in (0, 1), res.stderr
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["workers"] == 2 and doc["steps"][0]["processes"] == 2
+    assert res.stdout.strip().splitlines()[-1].endswith("on this machine (2 processes)" if res.returncode == 0
+                                                        else "")
+    assert "(2 processes)" in doc["result"]["line"]

@@ -13,13 +13,15 @@ from typing import Any, Optional
 
 import typer
 
-from loadgen.cli.common import console, err, fail, seconds_option
+from loadgen.cli.common import console, err, fail, seconds_option, workers_flag, workers_option
 from loadgen.run import bench_client as bc
 
 MAX_ERROR = seconds_option("1ms", "--max-error", "the tolerance: a step holds when its chunk-gap and TTFT p99 "
                            "errors are both within it, e.g. 1ms, 0.5ms")
 STEP_DURATION = seconds_option("10s", "--step-duration", "measured time of each step, after its 2 s warm-up, "
                                "e.g. 10s, 1m")
+WORKERS = workers_option("sending processes measured together, as in run: N, or auto (one per core beside the "
+                         "emitter's); default 1. Each step's streams are split between them")
 
 
 def bench_client(
@@ -30,6 +32,7 @@ def bench_client(
     step_duration: float = STEP_DURATION,
     max_error: float = MAX_ERROR,
     engine: str = typer.Option("asyncio", "--engine", help="the engine measured: asyncio or locust, as in run"),
+    workers_: str = WORKERS,
     out: Optional[Path] = typer.Option(None, "--out", help="also write every step and the result to this JSON "
                                        "file"),
 ) -> None:
@@ -41,9 +44,9 @@ def bench_client(
     ones. Ends within steps x (--step-duration + 62 s): each step a 2 s warm-up, its duration and at most 60 s
     for starting, draining, reporting and scoring. Exit 0: a step held; 1: none did; 2: bad flags; 3:
     interrupted; 4: a step could not be measured."""
-    _check_flags(max_streams, start, max_error, engine, out)
-    settings = bc.Settings(bc.ladder(start, max_streams), step_duration, max_error * 1e3, engine)
-    pin = bc.plan_pinning(sorted(os.sched_getaffinity(0)))
+    workers = _check_flags(max_streams, start, max_error, engine, workers_, out)
+    settings = bc.Settings(bc.ladder(start, max_streams), step_duration, max_error * 1e3, engine, workers)
+    pin = bc.plan_pinning(sorted(os.sched_getaffinity(0)), workers + (engine == "locust" and workers > 1))
     load_1m = os.getloadavg()[0]
     _header(settings, pin, load_1m)
     rows: list[dict[str, Any]] = []
@@ -69,8 +72,9 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _check_flags(max_streams: int, start: int, max_error_s: float, engine: str, out: Optional[Path]) -> None:
-    """Every flag before anything starts: one line, exit 2."""
+def _check_flags(max_streams: int, start: int, max_error_s: float, engine: str, workers: str,
+                 out: Optional[Path]) -> int:
+    """Every flag before anything starts: one line, exit 2; the number of sending processes."""
     if not sys.platform.startswith("linux"):
         raise fail("bench-client needs Linux: its emitter uses epoll and CPU affinity")
     if not 1 <= start <= bc.MAX_STREAMS:
@@ -84,6 +88,9 @@ def _check_flags(max_streams: int, start: int, max_error_s: float, engine: str, 
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
     if out is not None:
         _check_out(out)
+    if str(workers).strip() == "auto":  # one per core, the emitter's left to it
+        return max(1, len(os.sched_getaffinity(0)) - 1)
+    return workers_flag(workers)
 
 
 def _check_out(out: Path) -> None:
@@ -141,7 +148,7 @@ def _finish(settings: bc.Settings, pin: bc.Pinning, rows: list[dict[str, Any]], 
              "writes), but a large one means it did not keep the load asked")
     if rows and all(r["held"] for r in rows) and rows[-1]["streams"] == settings.steps[-1]:
         _say("every step held: raise --max-streams to find the limit")
-    line = bc.final_line(rows, settings.max_error_ms, max(1, settings.workers))
+    line = bc.final_line(rows, settings.max_error_ms, settings.workers)
     if out is not None:
         out.write_text(json.dumps(bc.document(settings, pin, rows, line, load_1m), indent=1) + "\n")
     _say(line)

@@ -42,21 +42,24 @@ class StepError(RuntimeError):
 class Pinning:
     emitter_cpu: int | None
     loadgen_cpus: tuple[int, ...] | None
+    processes: int = 1  # loadgen's
 
     def describe(self) -> str:
         if self.emitter_cpu is None or not self.loadgen_cpus:
             return ("not pinned: one CPU, so the emitter and loadgen share it (their contention is in the errors "
                     "measured)")
         cpus = ",".join(map(str, self.loadgen_cpus))
-        return f"emitter on CPU {self.emitter_cpu}, loadgen on CPU {cpus} (sched_setaffinity, as taskset -c)"
+        shared = (f"; its {self.processes} processes share {len(self.loadgen_cpus)} CPU"
+                  f"{'s' if len(self.loadgen_cpus) > 1 else ''}" if self.processes > len(self.loadgen_cpus) else "")
+        return f"emitter on CPU {self.emitter_cpu}, loadgen on CPU {cpus} (sched_setaffinity, as taskset -c){shared}"
 
 
 def plan_pinning(available: Sequence[int], processes: int = 1) -> Pinning:
     """The emitter on the first CPU, loadgen on the next (``processes`` > 1: up to that many of the rest)."""
     cpus = sorted(available)
     if len(cpus) < 2:
-        return Pinning(None, None)
-    return Pinning(cpus[0], tuple(cpus[1:1 + max(1, processes)]))
+        return Pinning(None, None, processes)
+    return Pinning(cpus[0], tuple(cpus[1:1 + max(1, processes)]), processes)
 
 
 def ladder(start: int, max_streams: int) -> list[int]:
@@ -138,7 +141,7 @@ def stop(proc: subprocess.Popen[str], timeout_s: float = 5.0) -> None:
 
 
 def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: str = "asyncio",
-             workers: int = 0) -> dict[str, Any]:
+             workers: int = 1) -> dict[str, Any]:
     """One step: the emitter and ``loadgen run`` at ``streams``, scored; within duration + warm-up + STARTUP_S."""
     deadline = time.monotonic() + duration_s + WARMUP_S + STARTUP_S
     work.mkdir(parents=True, exist_ok=True)
@@ -148,7 +151,7 @@ def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: 
         (work / "scenario.yaml").write_text(scenario_yaml(port, streams, duration_s))
         cmd = [sys.executable, "-m", "loadgen", "run", str(work / "scenario.yaml"), "--out", str(run_dir),
                "--no-progress", "--no-png", "--no-server-metrics", "--engine", engine]
-        cmd += ["--workers", str(workers)] if workers else []
+        cmd += ["--workers", str(workers)] if workers > 1 else []
         res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), preexec_fn=_child_setup(
             pin.loadgen_cpus), timeout=max(1.0, deadline - time.monotonic() - 10))
     except subprocess.TimeoutExpired:
@@ -208,7 +211,8 @@ def measure(truth: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     cpu_ms = gen["cpu_s"] / tokens * 1e6 if gen.get("cpu_s") is not None and tokens else float("nan")
     return {"tokens_per_s": summary["throughput"]["output_tokens_per_s"], "gap_p99_ms": pct(gaps, 0.99),
             "ttft_p99_ms": pct(ttft, 0.99), "cpu_ms_per_1k": cpu_ms,
-            "cpu_utilization": gen.get("cpu_utilization") or float("nan"),
+            "cpu_utilization": gen.get("cpu_utilization") or float("nan"), "processes": gen.get("processes") or 1,
+            "max_cpu_utilization": gen.get("max_cpu_utilization") or float("nan"),
             "emitter_lateness_p99_us": emitter["lateness_us"]["p99"], "requests": requests.height,
             "measured": len(ttft), "failed": int(requests.filter(pl.col("error_kind").is_not_null()).height)}
 
@@ -225,7 +229,7 @@ class Settings:
     duration_s: float
     max_error_ms: float
     engine: str = "asyncio"
-    workers: int = 0
+    workers: int = 1  # sending processes (loadgen run --workers)
 
 
 def bench(settings: Settings, pin: Pinning, on_start: Callable[[int, int], None],
@@ -287,7 +291,7 @@ def document(settings: Settings, pin: Pinning, rows: list[dict[str, Any]], line:
     return {"settings": {**asdict(settings), "warmup_s": WARMUP_S, "ttft_ms": TTFT_MS, "itl_ms": ITL_MS,
                          "output_tokens": OUTPUT_TOKENS, "prompt_tokens": PROMPT_TOKENS},
             "pinning": {"emitter_cpu": pin.emitter_cpu, "loadgen_cpus": pin.loadgen_cpus,
-                        "line": pin.describe()},
+                        "processes": pin.processes, "line": pin.describe()},
             "cpus": len(os.sched_getaffinity(0)), "load_average_1m_before": load_1m, "steps": rows,
             "result": {"tokens_per_s": top["tokens_per_s"] if top else None,
                        "streams": top["streams"] if top else None, "max_error_ms": settings.max_error_ms,
