@@ -27,6 +27,8 @@ from tests.run_helpers import run_cli, start_cli, wait_for
     (["--max-error", "x"], "--max-error x: give a time"),
     (["--step-duration", "0"], "--step-duration 0: give a finite time above 0"),
     (["--engine", "trio"], "--engine 'trio': choose asyncio or locust"),
+    (["--max-streams", "abc"], "--max-streams 'abc': give a whole number of streams"),
+    (["--start", "1.5"], "--start '1.5': give a whole number of streams"),
     (["--workers", "two"], "--workers 'two': give a number of processes or auto"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(args: list[str], message: str) -> None:

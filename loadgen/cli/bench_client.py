@@ -13,8 +13,19 @@ from typing import Any, Optional
 
 import typer
 
-from loadgen.cli.common import console, err, fail, seconds_option, workers_flag, workers_option
+from loadgen.cli.common import Parser, console, err, fail, seconds_option, workers_flag, workers_option
+from loadgen.cli.vocabulary import FlagError
 from loadgen.run import bench_client as bc
+
+def _streams(flag: str) -> Parser:
+    """A whole number of streams: a bad one is one line, exit 2 (not click's usage box)."""
+    def parse(text: str) -> int:
+        try:
+            return int(str(text).strip())
+        except ValueError:
+            raise FlagError(f"{flag} {text!r}: give a whole number of streams, e.g. {flag} 64") from None
+    return Parser("count", flag, parse)
+
 
 MAX_ERROR = seconds_option("1ms", "--max-error", "the tolerance: a step holds when its chunk-gap and TTFT p99 "
                            "errors are both within it, e.g. 1ms, 0.5ms")
@@ -25,9 +36,9 @@ WORKERS = workers_option("sending processes measured together, as in run: N, or 
 
 
 def bench_client(
-    max_streams: int = typer.Option(512, "--max-streams", help=f"the last step's streams (at most "
+    max_streams: int = typer.Option(512, "--max-streams", metavar="N", parser=_streams("--max-streams"), help=f"the last step's streams (at most "
                                     f"{bc.MAX_STREAMS}: each holds a connection)"),
-    start: int = typer.Option(32, "--start", help="the first step's streams; then doubling up to 128, then 64 "
+    start: int = typer.Option(32, "--start", metavar="N", parser=_streams("--start"), help="the first step's streams; then doubling up to 128, then 64 "
                               "more each step, up to --max-streams"),
     step_duration: float = STEP_DURATION,
     max_error: float = MAX_ERROR,
