@@ -18,6 +18,7 @@ from loadgen.analysis.sessions import SessionFrames
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.objective_samples import ObjectiveSamples
+from loadgen.analysis.generator_load import saturated_processes
 from loadgen.analysis.slo import evaluate, evidence, verdict
 from loadgen.analysis.slo_stalls import stall_objectives
 
@@ -53,6 +54,9 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary, samples)
     lag = metric_table["queue_delay_ms"]["p99"]
     result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
+    cpu_bound = saturated_processes((extra or {}).get("generator"), scenario.slo.max_generator_cpu)
+    if cpu_bound:  # the other rule of the generator's health (analysis/generator_load.py)
+        result, reasons = "inconclusive", cpu_bound + (reasons if result == "inconclusive" else [])
     result, reasons = evidence(result, reasons, counts, extra or {})
     if run.steady.reached is False:  # the figures are over a run that never settled: say so beside the verdict
         reasons = reasons + [f"steady state was not reached ({run.steady.reason}): the figures are over every "
