@@ -91,6 +91,7 @@ class WordModel:
 
     def __init__(self, count: Count, costs: dict[str, int], tag: str) -> None:
         self._count, self.costs, self.tag = count, costs, tag
+        self.unit = set(costs.values()) == {1}  # every word one token
         self._bases: dict[tuple[str | None, str], int] = {}
 
     @classmethod

@@ -205,10 +205,11 @@ class PromptFactory:
             return " ".join([tag, *_take(words, n, rng), *[PAD_WORD] * pad])
 
         if self.model is not None:
-            base, costs = await self.model.base(system, tag), self.model.costs
+            base, costs, unit = await self.model.base(system, tag), self.model.costs, self.model.unit
 
-            async def by_model(n: int, pad: int) -> int:
-                return base + sum(costs[w] for w in _take(words, n, rng)) + pad * costs[PAD_WORD]
+            async def by_model(n: int, pad: int) -> int:  # every word one token (the simulator's): no sum
+                taken = _take(words, n, rng)
+                return base + (len(taken) if unit else sum(costs[w] for w in taken)) + pad * costs[PAD_WORD]
             estimate, start = await self._nudge(req, fit_, start, by_model)
         if not self._to_count(req) and estimate is not None:
             self.stats.estimated += 1
