@@ -54,7 +54,7 @@ def bench_client(
     last line says the highest load that held. With 2+ CPUs the emitter and loadgen are pinned to different
     ones. Ends within steps x (--step-duration + 62 s): each step a 2 s warm-up, its duration and at most 60 s
     for starting, draining, reporting and scoring. Exit 0: a step held; 1: none did; 2: bad flags; 3:
-    interrupted; 4: a step could not be measured."""
+    interrupted, or a step could not be measured; 4: a bug in loadgen (a step's run exited 4)."""
     workers = _check_flags(max_streams, start, max_error, engine, workers_, out)
     settings = bc.Settings(bc.ladder(start, max_streams), step_duration, max_error * 1e3, engine, workers)
     pin = bc.plan_pinning(sorted(os.sched_getaffinity(0)), workers + (engine == "locust" and workers > 1))
@@ -68,7 +68,7 @@ def bench_client(
         code = 0 if bc.best(rows) is not None else 1
     except bc.StepError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        code = 4
+        code = 4 if exc.bug else 3  # exit 4 is loadgen's bug only (docs/exit-codes.md)
     except KeyboardInterrupt:
         err.print("interrupted", highlight=False, markup=False)
         code = 3

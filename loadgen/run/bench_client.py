@@ -35,7 +35,12 @@ _ROOT = Path(__file__).resolve().parents[2]  # the folder that holds loadgen/ an
 
 
 class StepError(RuntimeError):
-    """A step could not be measured (a child did not start, failed or overran its time): one line."""
+    """A step could not be measured (a child did not start, failed or overran its time): one line. ``bug``: the
+    step's ``loadgen run`` exited 4 (a bug in loadgen; docs/exit-codes.md), else the step is inconclusive."""
+
+    def __init__(self, message: str, bug: bool = False) -> None:
+        super().__init__(message)
+        self.bug = bug
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,8 @@ def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: 
             emitter.stderr.close()
     if res.returncode not in (0, 1, 3):  # 1: a failed request fails the default SLO; 3: inconclusive
         tail = (res.stderr or res.stdout).strip().splitlines()
-        raise StepError(f"{streams} streams: loadgen run exited {res.returncode}: {tail[-1] if tail else ''}")
+        raise StepError(f"{streams} streams: loadgen run exited {res.returncode}: {tail[-1] if tail else ''}",
+                        bug=res.returncode == 4)
     if not log.exists():
         raise StepError(f"{streams} streams: the emitter wrote no log (exit code {emitter.returncode})")
     try:
