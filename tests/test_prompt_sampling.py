@@ -50,21 +50,28 @@ def _build(factory: PromptFactory, requests: list[PlannedRequest]):
     return asyncio.run(go())
 
 
+def _long_words_split(text: str) -> int:  # a word over 6 letters is two tokens: words cost 1 or 2
+    return sum(1 + (len(w) > 6) for w in text.replace(":", " :").split())
+
+
+@pytest.mark.parametrize("tokens", [None, _long_words_split], ids=["simulator", "subword"])
 @pytest.mark.parametrize("cls", [{}, {"shared_prefix_tokens": 40}, {"shared_prefix_tokens": 40, "cache_bust": True}])
-def test_a_sample_is_counted_and_every_prompt_has_its_asked_length(cls):
-    """On a tokenizer the word model describes (the simulator's), the server counts each class's first 16
-    prompts and ~1 in 32 after, not every one, and every prompt still has exactly its asked length."""
-    remote, n = Remote(), 640
+def test_a_sample_is_counted_and_every_prompt_has_its_asked_length(cls, tokens):
+    """On a tokenizer the word model describes (the simulator's; one splitting long words), the server counts
+    each class's first 16 prompts and ~1 in 32 after, not every one, and every prompt has its asked length."""
+    remote, n = Remote(tokens), 640
     factory = PromptFactory(_scenario(**cls), remote)
     prompts = _build(factory, _requests(n))
-    truth = Remote()
+    truth = Remote(tokens)
     for seq, p in prompts.items():
         assert p.tokens == _requests(n)[seq].prompt_tokens == truth.of(p.system, p.user)
+    assert factory.model is not None and factory.model.unit == (tokens is None)
     sample = sum(1 for r in _requests(n)[FIRST_VERIFIED:] if sampled(0, r.seq))
     st = factory.stats
     assert st.counted == FIRST_VERIFIED + sample and st.estimated == n - st.counted and st.missed == 0
     assert n / VERIFY_ONE_IN / 2 < sample < n / VERIFY_ONE_IN * 2  # the seeded share is about 1 in 32
-    assert remote.calls <= st.counted + 8  # one count a counted prompt; before them the model's, fit's, bases
+    learning = 2 if tokens is None else 2 + 101  # the vocabulary at once, then (words not all one) word by word
+    assert remote.calls <= st.counted + learning + 6  # one count a counted prompt; + the fits', the bases
     assert [p.estimated for p in prompts.values()].count(False) == st.counted
     assert "the word model matched all" in (st.note() or "")
 
