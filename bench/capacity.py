@@ -54,6 +54,12 @@ def _cpus(text: str) -> set[int]:
     return out
 
 
+def _diff(row: dict, name: str) -> str:
+    """summary.json's p99 − the emitter's true p99 over the same requests (ms)."""
+    reported, true = row.get(f"reported_{name}_p99_ms"), row.get(f"true_{name}_p99_ms")
+    return "-" if reported is None or true != true else f"{reported - true:+.2f} ms"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default="asyncio,locust",
@@ -63,18 +69,21 @@ def main() -> None:
     ap.add_argument("--streams", default="64,128,192,256")
     ap.add_argument("--duration-s", type=float, default=10.0, help="measured seconds per row (after the warm-up)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each row (each reported)")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for engine in args.engines.split(","):
             print(f"\n{engine}:\n| streams | tokens/s | chunk-gap p99 error | TTFT p99 error | loadgen CPU per 1k "
-                  "tokens | loadgen CPU use | emitter lateness p99 |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-            for n in (int(x) for x in args.streams.split(",")):
-                r = run_once(engine, n, args.duration_s, Path(d) / f"{engine.replace(':', '-')}-{n}", args.cpus)
+                  "tokens | loadgen CPU use | emitter lateness p99 | reported − true gap p99 | reported − true "
+                  "TTFT p99 |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            for n in (int(x) for x in args.streams.split(",") for _ in range(args.repeat)):
+                r = run_once(engine, n, args.duration_s, Path(d) / f"{engine.replace(':', '-')}-{n}-{len(rows)}",
+                             args.cpus)
                 rows.append({"engine": engine, "streams": n, **r})
                 print(f"| {n} | {r['tokens_per_s']:,.0f} | {r['gap_p99_ms']:.2f} ms | {r['ttft_p99_ms']:.2f} ms | "
                       f"{r['cpu_ms_per_1k']:.1f} ms | {r['cpu_utilization']:.2f} | "
-                      f"{r['emitter_lateness_p99_us']:.0f} µs |", flush=True)
+                      f"{r['emitter_lateness_p99_us']:.0f} µs | {_diff(r, 'gap')} | {_diff(r, 'ttft')} |", flush=True)
     print(f"\nemitter: {rows[0]['emitter_scheduler'] if rows else '-'}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
