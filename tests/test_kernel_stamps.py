@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -165,6 +166,10 @@ import json, socket, sys, time
 CHUNKS, EVERY_NS = int(sys.argv[1]), int(sys.argv[2])
 srv = socket.create_server(("127.0.0.1", 0)); print(srv.getsockname()[1], flush=True)
 conn, _ = srv.accept(); conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+if len(sys.argv) > 3:  # TLS: a PEM with the server's key and certificate chain
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(sys.argv[3])
+    conn = ctx.wrap_socket(conn, server_side=True)
 head = b""
 while b"\r\n\r\n" not in head:
     head += conn.recv(65536)
@@ -186,7 +191,7 @@ print(json.dumps(writes), flush=True)
 
 
 def _stream_under_blocks(port: int, blocks: ClientBlocks, run: Callable[[Any], Any] = asyncio.run,
-                         ) -> list[tuple[list[int], int, int]]:
+                         tls: ssl.SSLContext | None = None) -> list[tuple[list[int], int, int]]:
     """Each read of one streamed response as (its events' numbers, its stamp, the clock when it was fed)."""
     reads: list[tuple[list[int], int, int]] = []
 
@@ -196,8 +201,8 @@ def _stream_under_blocks(port: int, blocks: ClientBlocks, run: Callable[[Any], A
         reads.append((numbers, t_ns, fed_ns))
 
     async def go() -> None:
-        transport = LeanTransport(use_proxy_env=False)
-        prepared = transport.prepare_post(f"http://127.0.0.1:{port}/v1/completions", {})
+        transport = LeanTransport(use_proxy_env=False, ssl_context=tls)
+        prepared = transport.prepare_post(f"http{'s' if tls else ''}://127.0.0.1:{port}/v1/completions", {})
         with blocks.running():
             await transport.post(prepared, b"{}", StreamContext(feed=feed))
         await transport.aclose()
@@ -216,10 +221,24 @@ def _loops() -> list[Any]:
     return [*loops, pytest.param(uvloop.run, id="uvloop")]
 
 
+@pytest.fixture(scope="module")
+def tls_pem(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ssl.SSLContext]:
+    """A server's key and certificate (for 127.0.0.1) as a PEM file, and a client context that trusts it."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    pem = tmp_path_factory.mktemp("tls") / "server.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(pem))
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return str(pem), client
+
+
 @pytest.mark.timing
 @needs_kernel_stamps
+@pytest.mark.parametrize("scheme", ["http", "https"])
 @pytest.mark.parametrize("run", _loops())
-def test_chunk_stamps_stay_on_the_servers_writes_while_the_loop_is_blocked(run: Callable[[Any], Any]):
+def test_chunk_stamps_stay_on_the_servers_writes_while_the_loop_is_blocked(run: Callable[[Any], Any], scheme: str,
+                                                                           request: pytest.FixtureRequest):
     """A server in another process writes an SSE event every 7 ms (300 of them), logging each write; the client's
     loop busy-waits 5 ms in every 8, so most events arrive while it is blocked, one at a time. Each read's stamp
     is checked against the write of the last event it carries (a TCP read's timestamp is that of its last
@@ -227,11 +246,12 @@ def test_chunk_stamps_stay_on_the_servers_writes_while_the_loop_is_blocked(run: 
     read in ``feed``, as ``data_received`` did) is off by up to the block: more than 2 ms for many reads, so
     the check tells the two apart."""
     chunks, every_ns = 300, 7_000_000
-    proc = subprocess.Popen([sys.executable, "-c", EMITTER, str(chunks), str(every_ns)], stdout=subprocess.PIPE,
-                            text=True)
+    pem, client_tls = request.getfixturevalue("tls_pem") if scheme == "https" else ("", None)
+    proc = subprocess.Popen([sys.executable, "-c", EMITTER, str(chunks), str(every_ns), *([pem] if pem else [])],
+                            stdout=subprocess.PIPE, text=True)
     try:
         port = int(proc.stdout.readline())  # type: ignore[union-attr]
-        reads = _stream_under_blocks(port, ClientBlocks(block_ms=5.0, every_s=0.008), run)
+        reads = _stream_under_blocks(port, ClientBlocks(block_ms=5.0, every_s=0.008), run, client_tls)
         writes = json.loads(proc.communicate(timeout=30)[0])
     finally:
         proc.kill()

@@ -10,7 +10,7 @@ that carry a receive timestamp. Here the connection's socket is loadgen's: opene
 It keeps what ``http_conn.Connection`` relies on of an asyncio transport: ``connection_made`` on creation;
 ``connection_lost(None)`` after the peer's close, ``close()`` or ``abort()``, ``connection_lost(exc)`` after a
 failed read or write, always from a later loop callback; ``get_extra_info("socket")``; ``is_closing()``.
-Plain TCP only: ``https://`` stays on asyncio's TLS transport (``lean_transport.py``).
+``stamped_tls.py`` runs TLS over it (``ssl.SSLObject`` on memory BIOs): a read's stamp is its raw bytes'.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class StampedTransport(asyncio.Transport):
         super().__init__()
         self._loop, self._sock, self._protocol, self._kind = loop, sock, protocol, kind
         self._fd = sock.fileno()
-        self._recvmsg, self._received = sock.recvmsg, protocol.received
+        self._recvmsg = sock.recvmsg
+        self._received: Callable[[bytes, int], None] = protocol.received  # a read, stamped (TLS: decrypts first)
         self._ctype, self._unpack = (kind[0], kind[1].unpack_from) if kind is not None else (-1, None)
         self._out = bytearray()  # what send did not take yet
         self._closing = self._lost = False
@@ -151,8 +152,16 @@ class StampedTransport(asyncio.Transport):
 
 
 async def open_stamped(host: str, port: int, factory: Callable[[], StampedProtocol]) -> StampedProtocol:
-    """A connection to ``host:port`` (each address getaddrinfo gives, in order, as asyncio's create_connection
-    tries them) read by a ``StampedTransport``; the protocol ``factory`` made. OSError when none connects."""
+    """A connection to ``host:port`` read by a ``StampedTransport``; the protocol ``factory`` made."""
+    sock = await connected_socket(host, port)
+    protocol = factory()
+    StampedTransport(asyncio.get_running_loop(), sock, protocol, kernel_stamps.enable(sock))
+    return protocol
+
+
+async def connected_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking socket connected to ``host:port`` (each address getaddrinfo gives, in order, as asyncio's
+    create_connection tries them). OSError when none connects."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     errors: list[OSError] = []
@@ -168,9 +177,7 @@ async def open_stamped(host: str, port: int, factory: Callable[[], StampedProtoc
         except BaseException:
             sock.close()
             raise
-        protocol = factory()
-        StampedTransport(loop, sock, protocol, kernel_stamps.enable(sock))
-        return protocol
+        return sock
     if not errors:
         raise OSError(f"getaddrinfo({host!r}) gave no address")
     if len({str(e) for e in errors}) == 1:
