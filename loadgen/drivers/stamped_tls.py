@@ -34,13 +34,16 @@ class StampedTLSTransport(StampedTransport):
         self._incoming.write(data)
         plain: list[bytes] = []
         closed = False
+        tls, incoming = self._tls, self._incoming
         try:
-            while True:
-                chunk = self._tls.read(READ_BYTES)
+            while True:  # one record a call; no call left to raise SSLWantReadError when the read ended on a record
+                chunk = tls.read(READ_BYTES)
                 if not chunk:
                     closed = True
                     break
                 plain.append(chunk)
+                if not incoming.pending and not tls.pending():
+                    break
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLZeroReturnError:  # the server's close_notify
