@@ -1,6 +1,7 @@
 """One HTTP/1.1 connection of the lean transport (``lean_transport.py`` has the theory of operation): an
 ``asyncio.Protocol`` that writes a request in one call and parses the response with httptools, stamping each
-read on arrival (``stamped_socket.py``: the kernel's receive time) and handing body bytes to the request's ``StreamContext.feed``, one feed per read.
+read on arrival (``stamped_socket.py``: the kernel's receive time) and handing body bytes to the request's
+``StreamContext.feed``, one feed per read.
 
 What servers and proxies send, and what this does with it:
 

@@ -124,7 +124,9 @@ CLOCK = ClockMap()
 def supported() -> bool:
     """Whether this platform can stamp reads in the kernel (Linux with recvmsg and the generic socket ABI), and
     LOADGEN_READ_STAMPS is not ``loop`` (stamps taken in the loop's callback, as before: for comparisons)."""
-    return os.environ.get("LOADGEN_READ_STAMPS", "kernel") != "loop" and sys.platform.startswith("linux") and hasattr(socket.socket, "recvmsg") and ANC_BYTES > 0 \
+    if os.environ.get("LOADGEN_READ_STAMPS", "kernel") == "loop":
+        return False
+    return sys.platform.startswith("linux") and hasattr(socket.socket, "recvmsg") and ANC_BYTES > 0 \
         and platform.machine().lower() in _GENERIC_ABI
 
 

@@ -15,6 +15,7 @@ failed read or write, always from a later loop callback; ``get_extra_info("socke
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import socket
 import struct
@@ -153,22 +154,25 @@ class StampedTransport(asyncio.Transport):
 
 async def open_stamped(host: str, port: int, factory: Callable[[], StampedProtocol]) -> StampedProtocol:
     """A connection to ``host:port`` read by a ``StampedTransport``; the protocol ``factory`` made."""
-    sock = await connected_socket(host, port)
+    sock, kind = await connected_socket(host, port)
     protocol = factory()
-    StampedTransport(asyncio.get_running_loop(), sock, protocol, kernel_stamps.enable(sock))
+    StampedTransport(asyncio.get_running_loop(), sock, protocol, kind)
     return protocol
 
 
-async def connected_socket(host: str, port: int) -> socket.socket:
+async def connected_socket(host: str, port: int) -> tuple[socket.socket, tuple[int, struct.Struct] | None]:
     """A non-blocking socket connected to ``host:port`` (each address getaddrinfo gives, in order, as asyncio's
-    create_connection tries them). OSError when none connects."""
+    create_connection tries them), receive timestamps on from before the first byte can come
+    (``kernel_stamps.enable``: their control message's type and layout). OSError when none connects."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     errors: list[OSError] = []
     for family, kind, proto, _, address in infos:
-        sock = socket.socket(family, kind, proto)
+        # the C class: under gevent (the Locust engine's process) socket.socket is gevent's, a Python wrapper
+        sock: socket.socket = _socket.socket(family, kind, proto)  # type: ignore[assignment]
         try:
             sock.setblocking(False)
+            stamps = kernel_stamps.enable(sock)
             await loop.sock_connect(sock, address)
         except OSError as exc:
             sock.close()
@@ -177,7 +181,7 @@ async def connected_socket(host: str, port: int) -> socket.socket:
         except BaseException:
             sock.close()
             raise
-        return sock
+        return sock, stamps
     if not errors:
         raise OSError(f"getaddrinfo({host!r}) gave no address")
     if len({str(e) for e in errors}) == 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import struct
 from typing import Callable
 
 from loadgen.drivers import kernel_stamps
@@ -23,9 +24,10 @@ from loadgen.drivers.stamped_socket import READ_BYTES, StampedProtocol, StampedT
 
 class StampedTLSTransport(StampedTransport):
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol,
+                 kind: tuple[int, struct.Struct] | None,
                  tls: tuple[ssl.SSLObject, ssl.MemoryBIO, ssl.MemoryBIO]) -> None:
         self._tls, self._incoming, self._outgoing = tls
-        super().__init__(loop, sock, protocol, kernel_stamps.enable(sock))
+        super().__init__(loop, sock, protocol, kind)
         self._deliver = protocol.received
         self._received = self._decrypt
         self._extra["ssl_object"] = self._tls
@@ -86,7 +88,9 @@ async def open_stamped_tls(host: str, port: int, factory: Callable[[], StampedPr
     """A TLS connection to ``host:port`` (or over ``sock``, a proxy's tunnel), read by a StampedTLSTransport."""
     loop = asyncio.get_running_loop()
     if sock is None:
-        sock = await connected_socket(host, port)
+        sock, kind = await connected_socket(host, port)
+    else:  # a proxy's tunnel: nothing of the server's has come yet (the ClientHello has not gone)
+        kind = kernel_stamps.enable(sock)
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_side=False, server_hostname=server_hostname)
     try:
@@ -95,7 +99,7 @@ async def open_stamped_tls(host: str, port: int, factory: Callable[[], StampedPr
         sock.close()
         raise
     protocol = factory()
-    StampedTLSTransport(loop, sock, protocol, (tls, incoming, outgoing))
+    StampedTLSTransport(loop, sock, protocol, kind, (tls, incoming, outgoing))
     return protocol
 
 
