@@ -184,7 +184,7 @@ class Parent:
         with self.run.progress() as progress:
             task = progress.add_task(f"running ({self.n} processes)", total=self.run.plan.size)
             stopped_at: float | None = None
-            while any(p.is_alive() for p in self.procs) or any(c.poll() for c in self._open()):
+            while any(p.is_alive() for p in self.procs) or any(self._poll(c) for c in self._open()):
                 self._read()
                 progress.update(task, completed=sum(self.counts.values()))
                 if time.monotonic_ns() >= give_up_ns and not self.stopping:
