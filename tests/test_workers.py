@@ -111,6 +111,7 @@ def _check_one_run(out, planned):
     assert gen["processes"] == 2 and [p["process"] for p in gen["per_process"]] == [0, 1]
     assert all(p["cpu_s"] is not None and p["cpu_utilization"] is not None for p in gen["per_process"])
     assert gen["max_cpu_utilization"] == max(p["cpu_utilization"] for p in gen["per_process"])
+    assert gen["master_cpu_s"] >= 0  # the coordinating process's own, beside the senders'
     assert s["verdict"] in ("pass", "fail", "inconclusive")  # one verdict, from the merged records
     return requests
 

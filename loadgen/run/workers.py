@@ -99,6 +99,7 @@ class Parent:
         self.counts: dict[int, int] = {}
         self.gone: dict[int, str] = {}  # processes that ended without their figures: why
         self.started = self.stopping = False
+        self.master_cpu_s: float | None = None  # this (coordinating, not sending) process's CPU while they sent
         self.merged = False
 
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
@@ -133,8 +134,10 @@ class Parent:
             conn.send(("start", t0_ns))
         self.started = True
         run.session.phase("running")
+        cpu0 = time.process_time()
         async with run._server_metrics(target):
             await self._watch(t0_ns + int(give_up_s(run.plan, self.scenario) * 1e9))
+        self.master_cpu_s = round(time.process_time() - cpu0, 3)
         self.note(target)
         return target
 
@@ -288,4 +291,5 @@ class Parent:
     def generator(self) -> dict[str, Any]:
         per = [self.figures.get(k, {"process": k, "pid": self.procs[k].pid if self.procs else None})
                for k in range(self.n)]
-        return processes_figures("asyncio", per)
+        return processes_figures("asyncio", per, **({} if self.master_cpu_s is None else
+                                                    {"master_cpu_s": self.master_cpu_s}))
