@@ -112,7 +112,7 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
     ``console``: where the progress, warnings and summary go (default: nowhere)."""
     from rich.console import Console
 
-    from loadgen.plan.shares import process_count
+    from loadgen.plan.shares import process_count, processes_for
     from loadgen.run.runner import RunOptions, run_scenario
 
     if engine not in ("asyncio", "locust"):
@@ -130,6 +130,10 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
     console = console or Console(quiet=True)
+    if processes_for(sc, n) < n:  # a process without a user would send nothing
+        console.print(f"note: {sc.load.concurrency} user(s) run on {processes_for(sc, n)} process(es), not {n}",
+                      highlight=False, markup=False)
+        n = processes_for(sc, n)
     if engine == "locust":
         refuse_locust_sessions(sc, "drop --engine locust")
     with _redacted(console):

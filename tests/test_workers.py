@@ -90,6 +90,15 @@ def test_workers_flag_values():
             process_count(bad)
 
 
+def test_workers_0_is_one_process_with_a_notice_and_bad_values_exit_2():
+    res = run_cli("run", str(SMOKE), "--workers", "0", "--server-metrics-period", "0.01")  # exit 2 before sending
+    assert res.returncode == 2 and "--workers 0 is deprecated" in res.stderr and "--server-metrics-period" in res.stderr
+    res = run_cli("run", str(SMOKE), "--workers", "many")
+    assert res.returncode == 2 and "--workers 'many'" in res.stderr
+    res = run_cli("run", str(SMOKE), "--workers", "2", "--capture", "3")
+    assert res.returncode == 2 and "--capture" in res.stderr
+
+
 def test_cpu_saturation_names_the_process():
     gen = processes_figures("asyncio", [{"process": 0, "pid": 11, "cpu_s": 0.5, "wall_s": 10.0},
                                         {"process": 1, "pid": 12, "cpu_s": 9.7, "wall_s": 10.0}])
