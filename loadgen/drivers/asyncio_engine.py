@@ -3,7 +3,7 @@
 Open loop: every planned request is sent at ``t0 + offset`` (absolute deadlines from the seeded plan; a slow
 response never delays a later send). The scheduler sleeps until ``SPIN_MS`` before a deadline and then yields
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
-streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
+streams keep being read. Closed loop (``concurrency``, drivers/closed_loop.py): N users each send the next request when their last
 one ends; its body is built while the last one streams (a prompt counted by the server's ``/tokenize``, one in
 a sample: plan/prompt_model.py, costs no wait then), and the intended time is when it is ready to go.
 ``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body
@@ -25,7 +25,6 @@ failed it (/tokenize mid-run), else ``internal``, as any exception while a reque
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import time
@@ -40,6 +39,7 @@ from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation
 from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
+from loadgen.drivers.closed_loop import closed_loop_user
 from loadgen.drivers.fast_parse import FAST_PARSERS
 from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 
@@ -85,7 +85,7 @@ class AsyncioEngine:
 
     async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
         """Send ``req`` now and stream it to its end (drivers/sender.py's port, for the schedulers)."""
-        task = self._spawn(req, t_intended_ns, body, after)
+        task = self.spawn(req, t_intended_ns, body, after)
         tracker = self.stats.in_flight[req.seq][1]
         await asyncio.gather(task, return_exceptions=True)
         return Outcome(tracker.record, tracker.answer if tracker.meta.keep_text else "", tracker.tool_calls)
@@ -106,7 +106,7 @@ class AsyncioEngine:
         watchdog = asyncio.create_task(self._watchdog())
         try:
             if self.plan.closed_loop:
-                await asyncio.gather(*(self._worker() for _ in range(self.cfg.concurrency or 1)))
+                await asyncio.gather(*(closed_loop_user(self) for _ in range(self.cfg.concurrency or 1)))
             else:
                 await self._open_loop()
             if self.conversations:
@@ -123,7 +123,7 @@ class AsyncioEngine:
     async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
         """Send ``req`` at ``t_intended_ns`` and stream it to the end; the record goes to ``on_record``."""
         await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stop_sending)
-        await self._spawn(req, t_intended_ns, body)
+        await self.spawn(req, t_intended_ns, body)
 
     async def _open_loop(self) -> None:
         assert self.plan.requests is not None
@@ -138,17 +138,17 @@ class AsyncioEngine:
             if self._stop_sending:
                 return
             if body is not None:
-                self._spawn(req, deadline, body)
+                self.spawn(req, deadline, body)
 
     async def _body(self, req: PlannedRequest, t_intended_ns: int) -> bytes | None:
         """The request's JSON body; None (the request recorded as failed) when it cannot be built."""
-        body = await self._build(req)
+        body = await self.build(req)
         if isinstance(body, Exception):
             self.record_failure(req, t_intended_ns, body)
             return None
         return body
 
-    async def _build(self, req: PlannedRequest) -> bytes | Exception:
+    async def build(self, req: PlannedRequest) -> bytes | Exception:
         """The request's JSON body, or what stopped it being built (recorded by the caller, when it is due)."""
         try:
             return json.dumps(await self.body_for(req)).encode()
@@ -160,42 +160,7 @@ class AsyncioEngine:
         tracker = StreamTracker(request_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
         self._record(tracker, 0, *preparation_error(exc))
 
-    async def _worker(self) -> None:
-        end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
-                  if self.cfg.duration_s is not None else None)
-        ahead = None if self.conversations else self._ahead()  # its first body builds before t0
-        await sleep_until(self.stats.t0_ns, lambda: self._stop_sending)
-        if self.conversations:  # the user is a conversation, then the next
-            return await self.conversations.user(end_ns)
-        while ahead is not None and not self._stop_sending:
-            req, building = ahead
-            body = await building  # built while the user's last request streamed: no /tokenize wait here
-            await self.ceiling.wait()
-            now = time.monotonic_ns()  # the user is ready to send now: the intended time
-            if end_ns is not None and now >= end_ns or self._stop_sending:
-                break
-            if isinstance(body, Exception):
-                self.record_failure(req, now, body)
-                ahead = self._ahead()
-                continue
-            req = dataclasses.replace(req, t_intended_offset_ns=now - self.stats.t0_ns,
-                                      warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
-            sending = self._spawn(req, now, body)
-            ahead = self._ahead()  # queued after the send: the next body builds while this one streams
-            await asyncio.gather(sending, return_exceptions=True)
-        if ahead is not None:  # taken but not sent: the run ended first
-            ahead[1].cancel()
-            await asyncio.gather(ahead[1], return_exceptions=True)
-
-    def _ahead(self) -> tuple[PlannedRequest, asyncio.Task[bytes | Exception]] | None:
-        """A closed-loop user's next request, its body building from now on (None: the plan's count is sent)."""
-        seq = self.next_seq()
-        if self.plan.size is not None and seq >= self.plan.size:
-            return None
-        req = self.plan.request(seq)
-        return req, asyncio.create_task(self._build(req))
-
-    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
+    def spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
                after_call: int | None = None) -> asyncio.Task[None]:
         tracker = StreamTracker(request_meta(req, t_intended_ns, after_call), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves

@@ -152,7 +152,7 @@ class Run:
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
             self.session.phase("running")
-            async with self._server_metrics(target), self._client_metrics(target):
+            async with self.server_metrics(target), self._client_metrics(target):
                 with client_blocks(self.blocks, target.notes):
                     await self._drive(engine)
         self.close_sink()
@@ -208,7 +208,7 @@ class Run:
         self.session.close()
 
     @contextlib.asynccontextmanager
-    async def _server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
+    async def server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
         """Scrape the target's /metrics while the block runs (server_metrics.parquet); a note if it cannot."""
         if not self.opts.server_metrics:
             yield

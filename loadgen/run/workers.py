@@ -135,7 +135,7 @@ class Parent:
         self.started = True
         run.session.phase("running")
         cpu0 = time.process_time()
-        async with run._server_metrics(target):
+        async with run.server_metrics(target):
             await self._watch(t0_ns + int(give_up_s(run.plan, self.scenario) * 1e9))
         self.master_cpu_s = round(time.process_time() - cpu0, 3)
         self.note(target)
