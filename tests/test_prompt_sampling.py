@@ -4,6 +4,7 @@ the server, exact lengths kept; a model that misses makes every later prompt cou
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,21 @@ def test_a_local_tokenizer_counts_every_prompt(tmp_path: Path):
     assert factory.model is None and factory.stats.counted == 40 and factory.stats.estimated == 0
     assert all(not p.estimated and p.tokens == (60, 200)[s % 2] for s, p in prompts.items())
     assert factory.stats.note() is None
+
+
+@pytest.mark.slow
+def test_a_closed_loop_run_records_how_its_prompt_lengths_were_had(tmp_path: Path):
+    """Against the embedded simulator (its /tokenize: one token per word): a closed loop past the sample's start
+    sends most prompts on the model's estimate, and run.json's ``prompts`` and notes say so."""
+    from tests.run_helpers import run_cli
+
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png",
+                  "--set", "load.arrival=concurrency", "--set", "load.concurrency=4", "--set", "load.requests=60",
+                  "--set", "load.duration_s=60", "--set", "load.warmup_s=0")
+    assert res.returncode in (0, 1, 3), res.stdout + res.stderr
+    info = json.loads((out / "run.json").read_text())
+    stats = info["prompts"]
+    assert stats["built"] == 60 and stats["missed"] == 0 and stats["policy"] == "sampled"
+    assert stats["counted"] + stats["estimated"] == 60 and stats["estimated"] >= 60 - FIRST_VERIFIED - 60 // VERIFY_ONE_IN - 1
+    assert any(n.startswith("prompt lengths: ") and "estimates" in n for n in info["notes"])

@@ -66,8 +66,9 @@ class PromptStats:
         return {**asdict(self), "first_verified_per_class": FIRST_VERIFIED, "verify_one_in": VERIFY_ONE_IN}
 
     def note(self) -> str | None:
-        """One line for the run's notes (None when every prompt was counted and no model was used)."""
-        if self.estimated == 0 and self.checked == 0:
+        """One line for the run's notes (None when every prompt was counted by the target and the model, if
+        any, never missed: each length is then the target's own count, nothing to say)."""
+        if self.estimated == 0 and self.missed == 0:
             return None
         if self.missed == 0:
             return (f"prompt lengths: {self.counted:,} of {self.built:,} prompts counted by the target's tokenizer "

@@ -102,6 +102,7 @@ class Run:
         self.interrupted = False
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
+        self.prompt_stats: dict[str, Any] | None = None  # run.json's ``prompts`` (keep_prompt_stats)
         self.findings: list[dict[str, Any]] = []  # loadgen check's signs in the records (analysis/run_findings.py)
         self.engine_name = engine_name
         self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
@@ -159,12 +160,21 @@ class Run:
         self.note_stopped_early(target)
         st = engine.stats
         self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
+        self.keep_prompt_stats(prepared.factory, target)
         self.note_cut_at_end(target, st.cut_at_end)
         if isinstance(engine.conversations, Sessions):
             self.sessions_not_finished = sorted(engine.conversations.unfinished)
             if engine.conversations.failed:
                 target.notes.append(engine.conversations.note())
         return target
+
+    def keep_prompt_stats(self, factory: PromptFactory, target: ResolvedTarget) -> None:
+        """How the prompts' lengths were had (counted, the word model's estimates: docs/metrics.md) into
+        run.json's ``prompts``, and one line of it into the notes."""
+        self.prompt_stats = factory.stats.to_dict()
+        note = factory.stats.note()
+        if note:
+            target.notes.append(note)
 
     async def before_sending(self, engine: AsyncioEngine) -> None:
         """The engine is ready, the prompts built: the moment before the first send (a hook; nothing here)."""
@@ -364,6 +374,7 @@ class Run:
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
                 "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
                 "generator": self.generator, "sessions_not_finished": self.sessions_not_finished,
+                "prompts": self.prompt_stats,
                 "scenario": scenario}
         if self.until is not None:
             info.update(self.until.info(finished, self.interrupted))
