@@ -55,6 +55,7 @@ class StampStats:
     max_bracket_ns: int = 0  # the widest bracket a kept offset sample had (its error: half of it)
     max_step_ns: int = 0  # the largest change of offset seen between two refreshes (drift or a step)
     refreshes: int = 0
+    split_reads: int = 0  # reads that ended at an SSE event's end, taken one event at a time while the loop was late
 
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = dict(asdict(self))

@@ -28,6 +28,10 @@ from loadgen.drivers.kernel_stamps import ANC_BYTES, CLOCK as _CLOCK, STATS as _
 _monotonic_ns = time.monotonic_ns
 
 READ_BYTES = 64 * 1024  # per recvmsg (below glibc's mmap threshold: the buffer is a plain heap block)
+LATE_NS = 1_000_000  # a read taken this long after its bytes came, or one of several SSE events: reads are split ...
+SPLIT_FOR_NS = 100_000_000  # ... for this long after the last such read
+PEEK_BYTES = 16 * 1024  # looked at per split read (what lies beyond is read as one)
+_late_until_ns = [0]  # until when reads are split (0: not now); one loop per process in practice, any is fine
 
 
 class StampedProtocol(Protocol):
@@ -47,6 +51,8 @@ class StampedTransport(asyncio.Transport):
         self._ctype, self._unpack = (kind[0], kind[1].unpack_from) if kind is not None else (-1, None)
         self._out = bytearray()  # what send did not take yet
         self._closing = self._lost = False
+        self._splits = True  # split late reads at SSE events (not TLS: its bytes are records)
+        self._peek: bytearray | None = None
         self._extra: dict[str, Any] = {"socket": sock}
         try:
             self._extra["peername"], self._extra["sockname"] = sock.getpeername(), sock.getsockname()
@@ -56,10 +62,17 @@ class StampedTransport(asyncio.Transport):
         loop.add_reader(self._fd, self._read_ready)
 
     def _read_ready(self) -> None:
+        if _late_until_ns[0] and self._splits:
+            if _monotonic_ns() < _late_until_ns[0]:
+                return self._read_split()
+            _late_until_ns[0] = 0
+        self._read_one(READ_BYTES)
+
+    def _read_one(self, size: int) -> None:
         """One ``recvmsg``: the hot path (``kernel_stamps.read_stamp`` inlined for the common case: one control
         message of the expected type, the offset fresh)."""
         try:
-            data, ancdata, _, _ = self._recvmsg(READ_BYTES, ANC_BYTES)
+            data, ancdata, _, _ = self._recvmsg(size, ANC_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -72,9 +85,36 @@ class StampedTransport(asyncio.Transport):
             sec, nsec = self._unpack(ancdata[0][2])
             t_ns = sec * 1_000_000_000 + nsec - clock.offset_ns
             _STATS.kernel += 1
-            self._received(data, t_ns if t_ns <= now_ns else clock.to_monotonic(t_ns + clock.offset_ns, now_ns))
+            if t_ns > now_ns:
+                t_ns = clock.to_monotonic(t_ns + clock.offset_ns, now_ns)
+            elif now_ns - t_ns > LATE_NS or data.count(b"\n\n") > 1:  # the loop is late, or events queued up
+                _late_until_ns[0] = now_ns + SPLIT_FOR_NS  # split the reads for a while
+            self._received(data, t_ns)
         else:
             self._received(data, read_stamp(ancdata, self._kind, now_ns))
+
+    def _read_split(self) -> None:
+        """While the loop is late: a peek at what waits, then one read per SSE event (each ending where an event
+        ends, ``\n\n``), so that each carries the stamp of the segment that ended its event instead of all
+        sharing the last one's."""
+        if self._peek is None:
+            self._peek = bytearray(PEEK_BYTES)
+        try:
+            n = self._sock.recv_into(self._peek, PEEK_BYTES, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            return self._force_close(exc)
+        peek, start = self._peek, 0
+        end = peek.find(b"\n\n", 0, n)
+        while end >= 0 and not self._closing:
+            end += 4 if peek[end + 2:end + 4] == b"\r\n" else 2  # with its HTTP chunk's CRLF (RFC 9112 §7.1)
+            _STATS.split_reads += 1
+            self._read_one(min(end, n) - start)
+            start = end
+            end = peek.find(b"\n\n", start, n)
+        if not self._closing and (start < n or n == 0):
+            self._read_one(n - start if n else READ_BYTES)  # what was peeked beyond the last event (or the close)
 
     # ---- writing ---------------------------------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:

@@ -31,6 +31,7 @@ class StampedTLSTransport(StampedTransport):
         self._deliver = protocol.received
         self._received = self._decrypt
         self._extra["ssl_object"] = self._tls
+        self._splits = False
 
     def _decrypt(self, data: bytes, t_ns: int) -> None:
         self._incoming.write(data)
