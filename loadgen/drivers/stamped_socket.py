@@ -34,6 +34,12 @@ PEEK_BYTES = 16 * 1024  # looked at per split read (what lies beyond is read as 
 _late_until_ns = [0]  # until when reads are split (0: not now); one loop per process in practice, any is fine
 
 
+def _queued(data: bytes) -> bool:
+    """Whether a read holds more than one SSE event, not counting ``[DONE]`` (sent with the last one)."""
+    ends = data.count(b"\n\n")
+    return ends > 1 and ends - data.count(b"data: [DONE]") > 1
+
+
 class StampedProtocol(Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None: ...
     def received(self, data: bytes, t_ns: int) -> None: ...
@@ -87,7 +93,7 @@ class StampedTransport(asyncio.Transport):
             _STATS.kernel += 1
             if t_ns > now_ns:
                 t_ns = clock.to_monotonic(t_ns + clock.offset_ns, now_ns)
-            elif now_ns - t_ns > LATE_NS or data.count(b"\n\n") > 1:  # the loop is late, or events queued up
+            elif now_ns - t_ns > LATE_NS or _queued(data):  # the loop is late, or events queued up
                 _late_until_ns[0] = now_ns + SPLIT_FOR_NS  # split the reads for a while
             self._received(data, t_ns)
         else:
