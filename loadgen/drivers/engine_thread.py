@@ -28,7 +28,7 @@ import httpx
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from loadgen.drivers.scrape import Scraper
-from loadgen.drivers.timing import RateCeiling
+from loadgen.drivers.timing import RateCeiling, quiet_runtime
 from loadgen.plan.deadlines import SHUTDOWN_S
 from loadgen.plan.schedule import Plan, PlannedRequest
 
@@ -186,7 +186,6 @@ class EngineThread:
 
     _scrape_done = True
 
-    # ---- the engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
         try:
             import uvloop
@@ -194,7 +193,8 @@ class EngineThread:
         except ImportError:
             self.loop = asyncio.new_event_loop()
         try:
-            self.loop.run_until_complete(self._serve())
+            with quiet_runtime():  # no collection on the users' thread holds the GIL past a token (fidelity.md)
+                self.loop.run_until_complete(self._serve())
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
             self.error = exc
         finally:
