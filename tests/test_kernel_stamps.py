@@ -290,3 +290,25 @@ def test_events_that_queue_behind_a_blocked_loop_keep_their_own_stamps(run: Call
     assert len(errors_ms) == chunks
     assert kernel_stamps.STATS.split_reads - split_before >= chunks // 2
     assert sum(e <= 0.5 for e in errors_ms) >= 0.9 * chunks, sorted(errors_ms)[-20:]
+
+
+@pytest.mark.slow
+def test_a_runs_summary_carries_its_own_read_stamp_counts(tmp_path):
+    """summary.json's generator.read_stamps: this run's reads, every one stamped by the kernel on Linux, the
+    clock map's bracket under a microsecond."""
+    from tests.run_helpers import run_cli, summary
+
+    out = tmp_path / "run"
+    res = run_cli("run", "scenarios/smoke.yaml", "--out", str(out), "--no-progress", "--no-png", "--duration", "2")
+    assert res.returncode in (0, 1, 3), res.stdout + res.stderr
+    stamps = summary(out)["generator"]["read_stamps"]
+    assert stamps["kernel"] > 0 and stamps["fallback"] == 0 and stamps["reads"] == stamps["kernel"]
+    assert stamps["body_reads"] <= stamps["reads"] and 0 < stamps["max_bracket_ns"] < 1000
+
+
+def test_a_reset_zeroes_every_count():
+    """``loadgen run`` resets the counts as it starts sending: a run's figures are its own, not the process's."""
+    stats = StampStats(kernel=5, fallback=1, body_reads=4, multi_event_reads=2, events=7, max_bracket_ns=90,
+                       split_reads=3)
+    stats.reset()
+    assert stats.as_dict() == StampStats().as_dict() and stats.as_dict()["kernel"] == 0

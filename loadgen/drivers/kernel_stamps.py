@@ -30,7 +30,7 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Callable
 
 REFRESH_NS = 1_000_000_000  # the offset is sampled again after this long (a realtime step lasts at most this)
@@ -56,6 +56,11 @@ class StampStats:
     max_step_ns: int = 0  # the largest change of offset seen between two refreshes (drift or a step)
     refreshes: int = 0
     split_reads: int = 0  # reads that ended at an SSE event's end, taken one event at a time while the loop was late
+
+    def reset(self) -> None:
+        """Zero every count (a run's own figures: ``loadgen run`` resets them as it starts sending)."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)
 
     def as_dict(self) -> dict[str, float]:
         out: dict[str, float] = dict(asdict(self))

@@ -22,6 +22,7 @@ from loadgen import __version__
 from loadgen.run import exits
 from loadgen.analysis.result import RunResult
 from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.drivers import kernel_stamps
 from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
@@ -153,13 +154,14 @@ class Run:
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
             self.session.phase("running")
+            kernel_stamps.STATS.reset()  # this run's reads (generator.read_stamps)
             async with self.server_metrics(target), self._client_metrics(target):
                 with client_blocks(self.blocks, target.notes):
                     await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
-        self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
+        self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s, read_stamps=kernel_stamps.STATS.as_dict())
         self.keep_prompt_stats(prepared.factory, target)
         self.note_cut_at_end(target, st.cut_at_end)
         if isinstance(engine.conversations, Sessions):

@@ -161,4 +161,6 @@ def _process_row(p: dict[str, Any]) -> dict[str, Any]:
            "cpu_utilization": round(cpu_s / wall_s, 3) if cpu_s is not None and wall_s else None}
     if p.get("t0_skew_ms") is not None:
         row["t0_skew_ms"] = p["t0_skew_ms"]
+    if p.get("read_stamps") is not None:
+        row["read_stamps"] = p["read_stamps"]
     return row

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.core.secrets import register
+from loadgen.drivers import kernel_stamps
 from loadgen.drivers.asyncio_engine import START_LEAD_MS, AsyncioEngine
 from loadgen.errors import ServerFault, TargetError
 from loadgen.plan.scenario import Scenario
@@ -122,6 +123,7 @@ class ShareRun(Run):
         st = self._engine.stats if self._engine is not None else None
         return {"process": self.share.index, "pid": os.getpid(), "records": self.recorded,
                 "cpu_s": st.cpu_s if st else None, "wall_s": st.wall_s if st else None,
+                "read_stamps": kernel_stamps.STATS.as_dict(),
                 "t0_skew_ms": round((st.t0_ns - self.start_ns) / 1e6, 3) if st and st.t0_ns and self.start_ns
                 else None, "notes": notes, "stopped_early": self.fail_fast.reason, "interrupted": self.interrupted,
                 "disk_error": self.disk_error, "sessions_not_finished": self.sessions_not_finished}
