@@ -101,24 +101,28 @@ def load_scenario(path: str | Path, overrides: Overrides = (), flags: Mapping[st
 
 
 def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: str | Path | None = None,
-        engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0, progress: bool = False,
-        png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
+        engine: Literal["asyncio", "locust"] = "asyncio", workers: int | Literal["auto"] = 1,
+        progress: bool = False, png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
         server_metrics_period_s: float = 0.5, capture: int = 0, console: Console | None = None) -> RunResult:
     """Run a scenario (a ``Scenario`` or a file's path) and write its run directory (``out``, default
     ``reports_dir/<time>-<name>/``); returns the result (``run_dir`` set). ``base_url`` overrides the target's.
     ``capture``: keep the first N failed responses as received (``captures/``: heads as sent, bodies de-chunked and decoded, redacted).
+    ``workers``: sending processes on this machine (N, or ``"auto"``: one per usable core; 0 is 1): one plan
+    split between them, one run directory, one verdict (engine locust: N local Locust workers and a master).
     ``console``: where the progress, warnings and summary go (default: nowhere)."""
     from rich.console import Console
 
+    from loadgen.plan.shares import process_count, processes_for
     from loadgen.run.runner import RunOptions, run_scenario
 
     if engine not in ("asyncio", "locust"):
         raise ScenarioError(f"engine {engine!r}: choose asyncio or locust")
-    if workers < 0 or (workers and engine != "locust"):
-        raise ScenarioError("workers=N needs engine='locust' and N >= 0")
+    n = process_count(workers)
+    if capture and n > 1:
+        raise ScenarioError("capture keeps what one process received: it works with workers=1")
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     source = sc.source
-    if workers and source is None:
+    if engine == "locust" and n > 1 and source is None:
         raise ScenarioError("workers need a scenario loaded from a file (api.load_scenario or a path): each "
                             "worker process loads it again")
     sc = _with_base_url(sc, base_url)
@@ -126,17 +130,25 @@ def run(scenario: Scenario | str | Path, *, base_url: str | None = None, out: st
                       png=png, server_metrics=server_metrics, server_metrics_period_s=server_metrics_period_s,
                       capture=capture)
     console = console or Console(quiet=True)
+    if processes_for(sc, n) < n:  # a process without a user would send nothing
+        console.print(f"note: {sc.load.concurrency} user(s) run on {processes_for(sc, n)} process(es), not {n}",
+                      highlight=False, markup=False)
+        n = processes_for(sc, n)
     if engine == "locust":
         refuse_locust_sessions(sc, "drop --engine locust")
     with _redacted(console):
-        if engine == "locust":
-            return _run_locust(sc, opts, console, workers, source, base_url)
+        if engine == "locust":  # Locust's own meaning: 0 one process, N ≥ 2 N workers and a master
+            return _run_locust(sc, opts, console, n if n > 1 else 0, source, base_url)
+        if n > 1:
+            from loadgen.run.workers import run_workers
+
+            return run_workers(sc, opts, console, n)
         return run_scenario(sc, opts, console)
 
 
 def repeat(scenario: Scenario | str | Path, n: int, *, base_url: str | None = None, out: str | Path | None = None,
-           engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0, progress: bool = False,
-           png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
+           engine: Literal["asyncio", "locust"] = "asyncio", workers: int | Literal["auto"] = 1,
+           progress: bool = False, png: bool = False, reports_dir: str | Path = "reports", server_metrics: bool = True,
            console: Console | None = None) -> RepeatResult:
     """``loadgen run --repeat N``: the scenario ``n`` times (2 ≤ n ≤ 100) with fresh seeds — the scenario's seed,
     seed + 1, …, seed + n − 1 — each a full run in ``out/run-01-seed<S>/`` … (``out`` default
@@ -283,7 +295,8 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
           start: float | None = None, step_duration_s: float | None = None,
           until: Literal["time", "decided"] = "time", max_step_duration_s: float | None = None,
           min_step_duration_s: float | None = None, confidence: float | None = None, base_url: str | None = None,
-          out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio", workers: int = 0,
+          out: str | Path | None = None, engine: Literal["asyncio", "locust"] = "asyncio",
+          workers: int | Literal["auto"] = 1,
           png: bool = False, progress: bool = False, reports_dir: str | Path = "reports",
           console: Console | None = None) -> SweepResult:
     """The scenario at several loads (``loadgen sweep``): fixed ``rates`` or ``concurrency`` steps, or a search
@@ -296,6 +309,7 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
     progress bar per step on stderr."""
     from rich.console import Console
 
+    from loadgen.plan.shares import process_count
     from loadgen.run.sweep import SweepOptions, run_sweep, sweep_dir
 
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
@@ -309,7 +323,7 @@ def sweep(scenario: Scenario | str | Path, *, rates: Sequence[float] | None = No
         [float(x) for x in concurrency] if concurrency is not None else None
     opts = SweepOptions(mode, loads, require, tolerance, budget_s, max_steps, start, step_duration_s, until,
                         max_step_duration_s, min_step_duration_s, confidence=sc.slo.confidence, engine=engine,
-                        workers=workers, png=png)
+                        workers=process_count(workers), png=png)
     console = console or Console(quiet=True)
 
     def run_step(step: Scenario, run_dir: Path) -> RunResult:

@@ -70,7 +70,7 @@ def test_bad_input_raises_one_clear_error_before_anything_is_sent(tmp_path: Path
         api.report(tmp_path)
     built = sc.with_source(None)  # a scenario built in code cannot be handed to Locust workers
     with pytest.raises(api.ScenarioError, match="workers need a scenario loaded from a file"):
-        api.run(built, engine="locust", workers=1, out=tmp_path / "w")
+        api.run(built, engine="locust", workers=2, out=tmp_path / "w")
 
 
 @pytest.mark.slow

@@ -19,7 +19,8 @@ from hypothesis import given, strategies as st
 
 from loadgen import api
 from loadgen.core.secrets import CUT
-from loadgen.drivers.http_conn import CAPTURE_BYTES, REDIRECTS, Connection, StreamContext
+from loadgen.drivers.http_conn import REDIRECTS, Connection, StreamContext
+from loadgen.drivers.wire_capture import CAPTURE_BYTES
 from loadgen.run.guards import Captures
 from tests.shape_server import ShapeServer, chunk
 from tests.test_properties import splits

@@ -32,7 +32,7 @@ def test_a_request_cancelled_before_its_task_ran_is_recorded_once_and_leaves_in_
         async with httpx.AsyncClient() as client:
             engine = AsyncioEngine(cfg, plan, body_for, on_record, client)
             assert plan.requests is not None
-            task = engine._spawn(plan.requests[0], 0, b"{}")  # noqa: SLF001 - the edge under test
+            task = engine.spawn(plan.requests[0], 0, b"{}")
             engine.stop("the disk is full")  # before the task's first step: its coroutine never runs
             await asyncio.gather(task, return_exceptions=True)
             await asyncio.sleep(0)  # the done callbacks run on the loop's next turn

@@ -241,7 +241,7 @@ def test_rate_ceiling_under_locust_and_a_sweep_through_locust_workers(tmp_path: 
                   "--no-progress", "--no-png")
     assert res.returncode in (0, 3), res.stdout + res.stderr
     _assert_capped(tmp_path / "run", 10, 4)
-    res = run_cli("sweep", str(known_scenario), "--rate", "8,16", "--engine", "locust", "--workers", "1",
+    res = run_cli("sweep", str(known_scenario), "--rate", "8,16", "--engine", "locust", "--workers", "2",
                   "--step-duration", "5", "--no-png", "--out", str(tmp_path / "sweep"))
     doc = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [s["load"] for s in doc["steps"] if s["attempt"] == 1] == [8.0, 16.0], res.stdout + res.stderr

@@ -134,6 +134,10 @@ class GeneratorFigures(TypedDict, total=False):
     cpu_utilization: Optional[float]
     workers: int
     left: list[str]
+    processes: int  # sending processes (--workers N)
+    max_cpu_utilization: Optional[float]  # the busiest sending process's, of one core (slo.max_generator_cpu)
+    per_process: list[dict[str, Any]]  # each sending process's pid, cpu_s, wall_s, cpu_utilization
+    master_cpu_s: float  # Locust with workers: the master's own CPU
 
 
 class ServerFigures(TypedDict, total=False):

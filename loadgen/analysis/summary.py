@@ -18,6 +18,7 @@ from loadgen.analysis.sessions import SessionFrames
 from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.objective_samples import ObjectiveSamples
+from loadgen.analysis.generator_load import saturated_processes
 from loadgen.analysis.slo import evaluate, evidence, verdict
 from loadgen.analysis.slo_stalls import stall_objectives
 
@@ -51,8 +52,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"], samples, sessions)
     objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary, samples)
-    lag = metric_table["queue_delay_ms"]["p99"]
-    result, reasons = verdict(objectives, lag, scenario.slo.max_generator_lag_ms)
+    result, reasons = _verdict(scenario, objectives, metric_table["queue_delay_ms"]["p99"], extra or {})
     result, reasons = evidence(result, reasons, counts, extra or {})
     if run.steady.reached is False:  # the figures are over a run that never settled: say so beside the verdict
         reasons = reasons + [f"steady state was not reached ({run.steady.reason}): the figures are over every "
@@ -121,6 +121,17 @@ def prefilled(requests: pl.DataFrame) -> pl.DataFrame:
     if requests["cached_tokens"].null_count() == requests.height:
         return requests
     return requests.with_columns(prompt_tokens=pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0))
+
+
+def _verdict(scenario: Scenario, objectives: list[Any], lag_p99_ms: float | None,
+             extra: dict[str, Any]) -> tuple[str, list[str]]:
+    """The objectives' verdict under the generator's two health rules: its lag (analysis/slo.py) and the CPU
+    of each sending process (analysis/generator_load.py); either makes the run inconclusive."""
+    result, reasons = verdict(objectives, lag_p99_ms, scenario.slo.max_generator_lag_ms)
+    cpu_bound = saturated_processes(extra.get("generator"), scenario.slo.max_generator_cpu)
+    if cpu_bound:
+        result, reasons = "inconclusive", cpu_bound + (reasons if result == "inconclusive" else [])
+    return result, reasons
 
 
 def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import typer
 
 import loadgen
-from loadgen.cli import advise, commands, dataset, explain, run, scenario, shrink, size, sweep, target
+from loadgen.cli import advise, bench_client, commands, dataset, explain, run, scenario, shrink, size, sweep, target
 from loadgen.cli.aliases import AliasGroup
 
 # rich_markup_mode=None: click's plain help, which wraps long option names and help at any width; typer's rich
@@ -33,6 +33,7 @@ for command in (run.run, commands.ui, commands.worker, commands.validate, comman
                 commands.report, commands.compare, commands.history, sweep.sweep, advise.advise, size.size,
                 shrink.shrink, explain.explain):
     app.command()(command)
+app.command("bench-client")(bench_client.bench_client)
 app.add_typer(target.app, name="target")
 app.add_typer(dataset.app, name="dataset")
 app.add_typer(scenario.app, name="scenario")

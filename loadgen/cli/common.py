@@ -115,3 +115,30 @@ def check_out_dir(out: Path) -> None:
     finally:
         if not existed and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+
+
+WORKERS_HELP = ("sending processes on this machine: N, or auto (one per usable core); default 1. One plan split "
+                "between them, their records merged into one run directory, one verdict (--engine locust: N "
+                "local Locust workers and a master)")
+
+
+def workers_option(help_text: str = WORKERS_HELP) -> Any:
+    return typer.Option("1", "--workers", metavar="N|auto", help=help_text)
+
+
+def workers_flag(text: str, capture: int = 0) -> int:
+    """``--workers N|auto`` as a number of processes (exit 2 on anything else); ``0``, its old meaning under
+    Locust (one process), is 1, with a one-line notice."""
+    from loadgen.plan.scenario import ScenarioError
+    from loadgen.plan.shares import process_count
+
+    try:
+        n = process_count(text)
+    except ScenarioError as exc:
+        raise fail(str(exc)) from None
+    if str(text).strip() == "0":
+        err.print("note: --workers 0 is deprecated: it means one process, --workers 1 (the default)",
+                  highlight=False, markup=False)
+    if capture and n > 1:
+        raise fail("--capture keeps what one process received: it works without --workers")
+    return n

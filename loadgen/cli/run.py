@@ -14,7 +14,7 @@ import typer
 from loadgen import api
 from loadgen.cli import vocabulary
 from loadgen.cli.common import FLAGS, Parser, check_out_dir, console, err, fail, percent_option, \
-    scenario_overrides, seconds_option
+    scenario_overrides, seconds_option, workers_flag, workers_option
 from loadgen.plan import bundled, quick
 from loadgen.plan.scenario import ScenarioError
 
@@ -77,7 +77,7 @@ SERVER_METRICS_PERIOD = seconds_option(0.5, "--server-metrics-period", "time bet
                                        "least 50ms)")
 ENGINE = typer.Option("asyncio", "--engine", help="asyncio (default) or locust (Locust users in front of the same "
                       "streaming engine; with --workers, Locust's master/worker mode)")
-WORKERS = typer.Option(0, "--workers", help="--engine locust: start N local worker processes (0: one process)")
+WORKERS = workers_option()
 CAPTURE = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N failed responses as received "
                        "(headers as sent, body de-chunked and decoded, redacted) in the run directory's captures/")
 FAIL_FAST = typer.Option(True, "--fail-fast/--no-fail-fast", help="stop when the first requests all fail "
@@ -94,7 +94,7 @@ def run(
     api_: Optional[str] = API, out: Optional[Path] = OUT, duration: Optional[float] = DURATION,
     request_timeout: Optional[float] = REQUEST_TIMEOUT, drain_timeout: Optional[float] = DRAIN_TIMEOUT,
     set_: list[str] = SET, progress: bool = PROGRESS, png: bool = PNG, server_metrics: bool = SERVER_METRICS,
-    server_metrics_period: float = SERVER_METRICS_PERIOD, engine: str = ENGINE, workers: int = WORKERS,
+    server_metrics_period: float = SERVER_METRICS_PERIOD, engine: str = ENGINE, workers_: str = WORKERS,
     capture: int = CAPTURE, fail_fast: bool = FAIL_FAST, repeat: int = REPEAT,
 ) -> None:
     """Run a scenario (a file, a bundled one by name, or a quick start from --base-url and the load flags), write
@@ -102,7 +102,7 @@ def run(
     if scenario is None and base_url is None:
         err.print(NO_ARGUMENT, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
-    _check_flags(engine, workers, capture, server_metrics_period, api_, out)
+    workers = _check_flags(engine, workers_, capture, server_metrics_period, api_, out)
     q = quick.QuickLoad(rate, None if concurrency is None else int(concurrency), prompt_tokens, output_tokens,
                         spread, None if dataset is None else bundled.dataset_path(dataset), tuple(slo), api_)
     try:
@@ -120,15 +120,12 @@ def run(
     raise typer.Exit(result.exit_code)
 
 
-def _check_flags(engine: str, workers: int, capture: int, server_metrics_period: float, api_: Optional[str],
-                 out: Optional[Path]) -> None:
-    """The flags' combinations, before anything is loaded or sent (exit 2)."""
+def _check_flags(engine: str, workers_: str, capture: int, server_metrics_period: float, api_: Optional[str],
+                 out: Optional[Path]) -> int:
+    """The flags' combinations, before anything is loaded or sent (exit 2); the number of sending processes."""
     if engine not in ("asyncio", "locust"):
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
-    if workers < 0 or (workers and engine != "locust"):
-        raise fail("--workers N needs --engine locust and N >= 0")
-    if capture and workers:
-        raise fail("--capture keeps what this process received: it works without --workers")
+    workers = workers_flag(workers_, capture)
     if server_metrics_period < 0.05:
         raise fail(f"--server-metrics-period {server_metrics_period:g}s: give 50ms or more")
     if api_ is not None and api_ not in ("chat", "completions"):
@@ -137,6 +134,7 @@ def _check_flags(engine: str, workers: int, capture: int, server_metrics_period:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
         importlib.import_module("loadgen.run.locust_run")
+    return workers
 
 
 def _load(path: Path, items: list[str], q: quick.QuickLoad) -> api.Scenario:

@@ -10,7 +10,7 @@ import typer
 
 from loadgen import api
 from loadgen.cli.common import (LEVEL, check_out_dir, console, fail, load, percent_option, scenario_overrides,
-                                seconds_option)
+                                seconds_option, workers_flag, workers_option)
 from loadgen.cli.vocabulary import FlagError, numbers
 from loadgen.plan.scenario import ScenarioError
 
@@ -23,19 +23,19 @@ def _numbers(text: str, flag: str) -> list[float]:
 
 
 def _check_flags(rates: Optional[str], concurrency: Optional[str], find_max: Optional[str], engine: str,
-                 workers: int, until: str) -> None:
+                 until: str, workers_: str) -> int:
+    """The flags' combinations (exit 2); the number of sending processes."""
     if sum(x is not None for x in (rates, concurrency, find_max)) != 1:
         raise fail("give exactly one of --rate, --concurrency or --find-max rate|concurrency")
     if find_max is not None and find_max not in ("rate", "concurrency"):
         raise fail(f"--find-max {find_max!r}: choose rate or concurrency")
     if engine not in ("asyncio", "locust"):
         raise fail(f"--engine {engine!r}: choose asyncio or locust")
-    if workers < 0 or (workers and engine != "locust"):
-        raise fail("--workers N needs --engine locust and N >= 0")
     if until not in ("time", "decided"):
         raise fail(f"--until {until!r}: choose time (each step its duration) or decided")
     if concurrency is not None and any(x != int(x) for x in _numbers(concurrency, "--concurrency")):
         raise fail(f"--concurrency {concurrency!r}: concurrent users are whole numbers")
+    return workers_flag(workers_)
 
 
 # the step-duration flags (docs/verdicts.md, "sweep"): one line each in the command's signature below
@@ -83,7 +83,7 @@ def sweep(
                                        "reports/<time>-<name>-sweep)"),
     set_: list[str] = typer.Option([], "--set", help="override any field (repeatable), as in run"),
     engine: str = typer.Option("asyncio", "--engine", help="asyncio or locust, as in run"),
-    workers: int = typer.Option(0, "--workers", help="--engine locust: N local worker processes"),
+    workers_: str = workers_option("sending processes per step, N or auto (default 1), as in run"),
     png: bool = typer.Option(True, "--png/--no-png", help="each step's chart PNGs too"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="a live progress bar per step"),
 ) -> None:
@@ -92,7 +92,7 @@ def sweep(
     with steps sized to decide their objectives, within --budget. Writes every step's run directory,
     sweep.json, summary.md, junit.xml and sweep.html. Exit 0: capacity meets --require (or, without
     one, was bracketed); 1: below it or no load passed; 2: bad input; 3: undecided within the budget."""
-    _check_flags(rates, concurrency, find_max, engine, workers, until)
+    workers = _check_flags(rates, concurrency, find_max, engine, until, workers_)
     if out is not None:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported

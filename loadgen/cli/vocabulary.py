@@ -59,6 +59,7 @@ FLAGS: dict[str, Flag] = _flags(
     ("--pilot-duration", "seconds", "measured time of size's pilot"),
     ("--timeout", "seconds", "wall time of shrink's search"),
     ("--startup-timeout", "seconds", "time a bundled target gets to answer /health"),
+    ("--max-error", "seconds", "the largest p99 error a step may have (bench-client)"),
     ("--window", "text", "START:END seconds of the request timeline"),
     # shares and levels
     ("--threshold", "percent", "the change a regression must exceed"),
@@ -93,7 +94,8 @@ FLAGS: dict[str, Flag] = _flags(
     ("--replicates", "count", "bootstrap replicates"),
     ("--repeat", "count", "runs of the scenario"),
     ("--capture", "count", "failed responses kept"),
-    ("--workers", "count", "local Locust worker processes"),
+    ("--workers", "count", "N|auto sending processes on this machine (both engines)"),
+    ("--max-streams", "count", "the last step's streams (bench-client)"),
     ("--max-steps", "count", "sweep steps at most"),
     ("--max-tries", "count", "replays shrink may make"),
     ("--confirmations", "count", "confirmation runs of shrink's set"),

@@ -64,6 +64,13 @@ ENGINES: dict[str, EngineInfo] = {e.name: e for e in (VLLM, SGLANG, LLAMACPP, TG
 SERIES: dict[str, str] = {name: col for e in ENGINES.values() for name, col in e.series.items()}
 PREFIXES: tuple[str, ...] = tuple(e.metric_prefix for e in ENGINES.values())
 
+# The GPUs' exporters (``target.power_metrics``, docs/figures.md), read by the same parser as the engines' series:
+# family → column, and the factor to the column's unit where the family's differs.
+POWER_SERIES: dict[str, str] = {"DCGM_FI_DEV_POWER_USAGE": "gpu_power_w",  # DCGM exporter: W
+                                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "gpu_energy_j",  # DCGM exporter: mJ counter
+                                "nvidia_smi_power_draw_watts": "gpu_power_w"}  # utkuozdemir/nvidia_gpu_exporter: W
+POWER_SCALE: dict[str, float] = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 1e-3}  # mJ → J
+
 
 def detect_from_metrics(text: str) -> str | None:
     """The engine whose series the exposition holds (the most samples wins), or None."""

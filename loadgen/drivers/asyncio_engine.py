@@ -3,10 +3,12 @@
 Open loop: every planned request is sent at ``t0 + offset`` (absolute deadlines from the seeded plan; a slow
 response never delays a later send). The scheduler sleeps until ``SPIN_MS`` before a deadline and then yields
 to the loop (``sleep(0)``) until it passes, so sends are not late by asyncio's millisecond timer grain while
-streams keep being read. Closed loop (``concurrency``): N workers each send the next request when their last
-one ends (its body is built first: the intended time is when it is ready to go). ``max_in_flight`` caps
-concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body is serialized before
-its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until the deadline.
+streams keep being read. Closed loop (``concurrency``, drivers/closed_loop.py): N users each send the next request when their last
+one ends; its body is built while the last one streams (a prompt counted by the server's ``/tokenize``, one in
+a sample: plan/prompt_model.py, costs no wait then), and the intended time is when it is ready to go.
+``max_in_flight`` caps concurrent requests; the wait shows as ``queue_delay_ms``. Each open-loop request's body
+is serialized before its deadline and sent ``send_ahead_ms`` early; the lean transport holds the bytes until
+the deadline.
 
 Each response's bytes go to a ``StreamTracker`` with a timestamp; nothing is parsed here. A watchdog task
 checks every request in flight every 100 ms and cancels, with its reason, one that passed ``ttft_timeout_s``
@@ -23,7 +25,6 @@ failed it (/tokenize mid-run), else ``internal``, as any exception while a reque
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import time
@@ -38,6 +39,7 @@ from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation
 from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
 from loadgen.drivers.engine_config import EngineConfig, EngineStats
 from loadgen.drivers.sender import Outcome, finish_tracker, request_meta
+from loadgen.drivers.closed_loop import closed_loop_user
 from loadgen.drivers.fast_parse import FAST_PARSERS
 from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 
@@ -83,7 +85,7 @@ class AsyncioEngine:
 
     async def send(self, req: PlannedRequest, t_intended_ns: int, body: bytes, after: int | None = None) -> Outcome:
         """Send ``req`` now and stream it to its end (drivers/sender.py's port, for the schedulers)."""
-        task = self._spawn(req, t_intended_ns, body, after)
+        task = self.spawn(req, t_intended_ns, body, after)
         tracker = self.stats.in_flight[req.seq][1]
         await asyncio.gather(task, return_exceptions=True)
         return Outcome(tracker.record, tracker.answer if tracker.meta.keep_text else "", tracker.tool_calls)
@@ -104,7 +106,7 @@ class AsyncioEngine:
         watchdog = asyncio.create_task(self._watchdog())
         try:
             if self.plan.closed_loop:
-                await asyncio.gather(*(self._worker() for _ in range(self.cfg.concurrency or 1)))
+                await asyncio.gather(*(closed_loop_user(self) for _ in range(self.cfg.concurrency or 1)))
             else:
                 await self._open_loop()
             if self.conversations:
@@ -121,7 +123,7 @@ class AsyncioEngine:
     async def execute_one(self, req: PlannedRequest, t_intended_ns: int, body: bytes) -> None:
         """Send ``req`` at ``t_intended_ns`` and stream it to the end; the record goes to ``on_record``."""
         await sleep_until(t_intended_ns - int(self.cfg.send_ahead_ms * 1e6), lambda: self._stop_sending)
-        await self._spawn(req, t_intended_ns, body)
+        await self.spawn(req, t_intended_ns, body)
 
     async def _open_loop(self) -> None:
         assert self.plan.requests is not None
@@ -136,44 +138,29 @@ class AsyncioEngine:
             if self._stop_sending:
                 return
             if body is not None:
-                self._spawn(req, deadline, body)
+                self.spawn(req, deadline, body)
 
     async def _body(self, req: PlannedRequest, t_intended_ns: int) -> bytes | None:
         """The request's JSON body; None (the request recorded as failed) when it cannot be built."""
+        body = await self.build(req)
+        if isinstance(body, Exception):
+            self.record_failure(req, t_intended_ns, body)
+            return None
+        return body
+
+    async def build(self, req: PlannedRequest) -> bytes | Exception:
+        """The request's JSON body, or what stopped it being built (recorded by the caller, when it is due)."""
         try:
             return json.dumps(await self.body_for(req)).encode()
         except Exception as exc:  # noqa: BLE001 - a fault during the run is a counted error, never a crash
-            self.record_failure(req, t_intended_ns, exc)
-            return None
+            return exc
 
     def record_failure(self, req: PlannedRequest, t_intended_ns: int, exc: Exception) -> None:
         """Record ``req`` as failed, never sent (its body could not be prepared; a bug unless a ServerFault)."""
         tracker = StreamTracker(request_meta(req, t_intended_ns), t_sent_ns=t_intended_ns)
         self._record(tracker, 0, *preparation_error(exc))
 
-    async def _worker(self) -> None:
-        end_ns = (self.stats.t0_ns + int((self.cfg.warmup_s + self.cfg.duration_s) * 1e9)
-                  if self.cfg.duration_s is not None else None)
-        await sleep_until(self.stats.t0_ns, lambda: self._stop_sending)
-        if self.conversations:  # the user is a conversation, then the next
-            return await self.conversations.user(end_ns)
-        while not self._stop_sending:
-            seq = self.next_seq()
-            if self.plan.size is not None and seq >= self.plan.size:
-                return
-            req = self.plan.request(seq)
-            body = await self._body(req, time.monotonic_ns())  # a prompt may need /tokenize: not lag
-            await self.ceiling.wait()
-            now = time.monotonic_ns()  # the user is ready to send now: the intended time
-            if end_ns is not None and now >= end_ns or self._stop_sending:
-                return
-            if body is None:
-                continue
-            req = dataclasses.replace(req, t_intended_offset_ns=now - self.stats.t0_ns,
-                                      warmup=now - self.stats.t0_ns < self.cfg.warmup_s * 1e9)
-            await asyncio.gather(self._spawn(req, now, body), return_exceptions=True)
-
-    def _spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
+    def spawn(self, req: PlannedRequest, t_intended_ns: int, body: bytes,
                after_call: int | None = None) -> asyncio.Task[None]:
         tracker = StreamTracker(request_meta(req, t_intended_ns, after_call), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves

@@ -3,9 +3,10 @@
 Theory of operation: the thread runs a uvloop loop (libuv does the socket I/O, so gevent's monkey-patching of
 ``socket``/``select`` in the same process does not reach it) with one httpx client on the lean transport and
 one ``AsyncioEngine`` used request by request (``execute_one``). A caller hands a planned request over with
-``submit``; the body is built on the loop (prompts may need the server's /tokenize), the request leaves at its
-intended time exactly as in ``loadgen run``, and ``on_done(record, chunks)`` is called *on the engine thread*
-when it ends: the caller must hand the result back to its own world thread-safely.
+``submit``; the body is built on the loop (a prompt in the counted sample waits for the server's /tokenize,
+plan/prompt_model.py; the others are built locally), the request leaves at its intended time exactly as in
+``loadgen run``, and ``on_done(record, chunks)`` is called *on the engine thread* when it ends: the caller
+must hand the result back to its own world thread-safely.
 
 This module imports neither locust nor gevent; the thread is started with a function the caller supplies
 (under gevent, the original ``_thread.start_new_thread``). What to send is prepared by the run stage's
@@ -27,7 +28,7 @@ import httpx
 from loadgen.core.records import ChunkRecord, RequestRecord
 from loadgen.drivers.asyncio_engine import AsyncioEngine, EngineConfig
 from loadgen.drivers.scrape import Scraper
-from loadgen.drivers.timing import RateCeiling
+from loadgen.drivers.timing import RateCeiling, quiet_runtime
 from loadgen.plan.deadlines import SHUTDOWN_S
 from loadgen.plan.schedule import Plan, PlannedRequest
 
@@ -185,7 +186,6 @@ class EngineThread:
 
     _scrape_done = True
 
-    # ---- the engine thread --------------------------------------------------------------------------
     def _main(self) -> None:
         try:
             import uvloop
@@ -193,7 +193,8 @@ class EngineThread:
         except ImportError:
             self.loop = asyncio.new_event_loop()
         try:
-            self.loop.run_until_complete(self._serve())
+            with quiet_runtime():  # no collection on the users' thread holds the GIL past a token (fidelity.md)
+                self.loop.run_until_complete(self._serve())
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
             self.error = exc
         finally:

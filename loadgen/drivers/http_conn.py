@@ -1,6 +1,7 @@
 """One HTTP/1.1 connection of the lean transport (``lean_transport.py`` has the theory of operation): an
 ``asyncio.Protocol`` that writes a request in one call and parses the response with httptools, stamping each
-read on arrival and handing body bytes to the request's ``StreamContext.feed``, one feed per read.
+read on arrival (``stamped_socket.py``: the kernel's receive time) and handing body bytes to the request's
+``StreamContext.feed``, one feed per read.
 
 What servers and proxies send, and what this does with it:
 
@@ -21,7 +22,6 @@ What servers and proxies send, and what this does with it:
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import time
 from collections import deque
@@ -32,12 +32,12 @@ import httpx
 
 from loadgen.drivers.content_coding import BodyDecoder, decoding
 from loadgen.drivers.errors import ClosedIdle, FeedError
+from loadgen.drivers.kernel_stamps import count_events
 from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.timing import sleep_until
+from loadgen.drivers.wire_capture import WireCapture
 
 REDIRECTS = (301, 302, 303, 307, 308)
-CAPTURE_BYTES = 64 * 1024  # of a captured response, at most (one byte more is kept: it tells that there was more)
-_BLANK_LINE = re.compile(rb"\r?\n\r?\n")  # where a head ends (RFC 9112 §2.1; a bare LF is tolerated, §2.2)
 
 
 class Connection(asyncio.Protocol):
@@ -62,8 +62,7 @@ class Connection(asyncio.Protocol):
         self._until_close = False  # its body ends when the connection closes (RFC 9112 §6.3 rule 8)
         self._discard = False  # its body is not the answer (a redirect's)
         self._decode: BodyDecoder | None = None
-        self._capture: bytearray | None = None  # the context's ``raw``
-        self._wire, self._head_end = False, 0  # capturing the reads as they come (until the final head ends)
+        self._capture: WireCapture | None = None  # into the context's ``raw`` (--capture)
         self.requests_sent = 0  # on this connection: more than one, and it was reused
         self.idle_since_ns = 0  # when it went back to the pool (lean_transport.py expires idle connections)
         self._answered = False  # some byte of the current request's response has come
@@ -75,11 +74,15 @@ class Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        self._t_ns = time.monotonic_ns()  # the read's arrival, before any parsing
+    def data_received(self, data: bytes) -> None:  # asyncio's transports (TLS): stamped here, before any parsing
+        self.received(data, time.monotonic_ns())
+
+    def received(self, data: bytes, t_ns: int) -> None:
+        """One read and its arrival (``stamped_socket.py``: the kernel's receive time of its last packet)."""
+        self._t_ns = t_ns
         self._answered = True
-        if self._wire:
-            self._keep(data)
+        if self._capture is not None:
+            self._capture.read(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -93,7 +96,9 @@ class Connection(asyncio.Protocol):
             pending = self._pending
             if pending and self._feed is not None:  # every HTTP chunk of this read, fed as one
                 self._pending = []
-                self._feed_read(pending[0] if len(pending) == 1 else b"".join(pending))
+                body = pending[0] if len(pending) == 1 else b"".join(pending)
+                count_events(body)
+                self._feed_read(body)
 
     def _feed_read(self, data: bytes) -> None:
         try:
@@ -126,8 +131,8 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         self._interim = 100 <= status < 200  # RFC 9110 §15.2: skip it, the final response follows
-        if self._wire:
-            self._keep(b"", head_ended=True)
+        if self._capture is not None:
+            self._capture.head_ended(self._interim)
         if self._interim:
             self.headers = []
             return
@@ -156,7 +161,7 @@ class Connection(asyncio.Protocol):
                 self._discard = True
                 return self._fail(exc)
         if self._capture is not None:
-            self._keep(body)
+            self._capture.keep(body)
         if self._feed is not None:
             self._pending.append(body)
         else:
@@ -171,19 +176,6 @@ class Connection(asyncio.Protocol):
             return self._fail(self._decode.cut_short(self._until_close))  # cut short, or a bad response
         self.done = True
         self.wakeup.set()
-
-    def _keep(self, data: bytes, head_ended: bool = False) -> None:
-        """Capturing: ``data`` kept (up to CAPTURE_BYTES + 1: one more tells a cut). Reads are kept as they come
-        until the final head ends (1xx heads, a head that fails to parse: as they came); the body is kept as fed."""
-        capture: bytearray = self._capture  # type: ignore[assignment] - capturing
-        if head_ended:
-            end = _BLANK_LINE.search(capture, self._head_end)
-            self._head_end = end.end() if end else len(capture)
-            if not self._interim:
-                del capture[self._head_end:]
-                self._wire = False
-        elif len(capture) <= CAPTURE_BYTES:
-            capture += data[:CAPTURE_BYTES + 1 - len(capture)]
 
     def _fail(self, error: Exception) -> None:
         if self.done and self.head is not None and self.head.done():
@@ -205,8 +197,8 @@ class Connection(asyncio.Protocol):
         self.headers, self.done, self.error = [], False, None
         self.requests_sent, self._answered = self.requests_sent + 1, False
         self._interim = self._until_close = self._discard = False
-        self._decode, self._capture = None, (ctx.raw if ctx is not None else None)
-        self._wire, self._head_end = self._capture is not None, len(self._capture or b"")
+        self._decode = None
+        self._capture = WireCapture(ctx.raw) if ctx is not None and ctx.raw is not None else None
         self.body.clear()
         if ctx is not None:  # a fresh connection's opening time goes with its first request only
             ctx.connect_ns, ctx.t_headers_ns, self.connect_ns = self.connect_ns, None, 0

@@ -7,16 +7,18 @@ writes the request (serialized by h11) and parses the response with httptools (l
 chunked reader cost ~20 µs a chunk, the largest item in a profile at 64 streams), and:
 
 - stamps the send just before the request's single ``transport.write`` (``StreamContext.t_sent_ns``);
-- stamps each read on arrival, in ``data_received``, before parsing; when the request carries a
+- stamps each read with its arrival: with ``kernel_stamps`` on (the default where the platform has them) the
+  kernel's receive time of the read's last packet, read with ``recvmsg`` by ``stamped_socket.py`` (https: TLS on
+  memory BIOs fed from it, ``stamped_tls.py``) — not delayed by the loop's other work; else (asyncio's
+  transports) a clock read in ``data_received``, before parsing; when the request carries a
   ``StreamContext`` with ``feed``, the read's body bytes (every HTTP chunk in it, joined) go straight to it as
   one ``feed(bytes, t_ns)`` and the response's stream yields nothing (the caller just drains it) — the hot
   path is one callback per read, no task switch. Under load a read holds several chunks (four on average at
   128 streams): one feed decodes them together.
 
 Without a context it behaves as an ordinary transport (body bytes are yielded), so the same client serves
-``/models`` and ``/tokenize``. ``https://`` runs over asyncio's TLS transport with the same protocol object
-(``ssl_context``): the send stamp is taken just before the plaintext goes to the TLS layer's ``write`` (which
-encrypts and writes at once), reads are stamped when the TLS layer hands over decrypted bytes.
+``/models`` and ``/tokenize``. ``https://`` runs the same protocol object over TLS (``ssl_context``): the send
+stamp is taken just before the plaintext goes to the TLS layer's ``write`` (which encrypts and writes at once).
 
 Proxies named by the environment are used as curl and httpx use them (``proxy.py``: absolute-form requests for
 http, a CONNECT tunnel for https); ``use_proxy_env=False`` (the embedded simulator) goes direct. Redirects of
@@ -35,6 +37,9 @@ import httpx
 
 from loadgen.drivers.errors import ClosedIdle
 from loadgen.drivers.http_conn import Connection
+from loadgen.drivers.kernel_stamps import supported as kernel_stamps_supported
+from loadgen.drivers.stamped_socket import open_stamped
+from loadgen.drivers.stamped_tls import open_stamped_tls
 from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
 from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
@@ -67,11 +72,13 @@ KEEPALIVE_EXPIRY_S = 4.0
 
 class LeanTransport(httpx.AsyncBaseTransport):
     def __init__(self, connect_timeout_s: float = 10.0, ssl_context: ssl.SSLContext | None = None,
-                 use_proxy_env: bool = True, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S) -> None:
+                 use_proxy_env: bool = True, keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+                 kernel_stamps: bool | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.keepalive_expiry_ns = int(keepalive_expiry_s * 1e9)
         self.ssl_context = ssl_context
         self.use_proxy_env = use_proxy_env
+        self.kernel_stamps = kernel_stamps_supported() if kernel_stamps is None else kernel_stamps
         self._idle: dict[Origin, list[Connection]] = {}
         self._proxies: dict[Origin, Proxy | None] = {}
 
@@ -202,6 +209,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         tls: dict[str, object] = {}
         if scheme == "https":
             tls = {"ssl": self.ssl_context or ssl.create_default_context(), "server_hostname": host}
+        if self.kernel_stamps:  # reads stamped by the kernel (stamped_socket.py, stamped_tls.py)
+            return await self._connect_stamped(origin, proxy)
         if proxy is None:
             _, conn = await loop.create_connection(lambda: Connection(origin), host, port, **tls)
         elif scheme == "https":
@@ -213,6 +222,19 @@ class LeanTransport(httpx.AsyncBaseTransport):
             except OSError as exc:
                 raise unreachable(proxy, exc) from None
         return conn
+
+    async def _connect_stamped(self, origin: Origin, proxy: Proxy | None) -> Connection:
+        scheme, host, port = origin
+        if scheme == "https":
+            context = self.ssl_context or ssl.create_default_context()
+            tunnel = await open_tunnel(proxy, host, port, self.connect_timeout_s) if proxy is not None else None
+            return await open_stamped_tls(host, port, lambda: Connection(origin), context, host,  # type: ignore
+                                          tunnel)
+        try:
+            to = (host, port) if proxy is None else (proxy.host, proxy.port)
+            return await open_stamped(*to, lambda: Connection(origin))  # type: ignore[return-value]
+        except OSError as exc:
+            raise exc if proxy is None else unreachable(proxy, exc) from None
 
     def _release(self, conn: Connection) -> None:
         if conn.reusable():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gc
 import signal
 import time
 from typing import Any, Callable
@@ -147,6 +148,7 @@ class ProcessState:
 
     def reset(self) -> None:
         """For the next run of the same process (the web UI's next Start)."""
+        gc.collect()  # the last run's cycles (no automatic collection while the engine serves: quiet_runtime)
         self.exhausted, self.sent, self.conversing, self.abandoned = False, 0, 0, 0
         self.slice.reset()
         self.counts.clear()
@@ -214,8 +216,7 @@ def every(period_s: float, fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def within(timeout_s: float, fn: Callable[..., Any], *args: Any) -> bool:
-    """Call ``fn`` on this greenlet, abandoned after ``timeout_s`` (a Locust runner's quit, say, whose waits
-    have no deadline of their own); True when it returned in time."""
+    """Call ``fn`` here, abandoned after ``timeout_s`` (a runner's quit: no deadline of its own); True if in time."""
     timer = gevent.Timeout.start_new(timeout_s)
     try:
         fn(*args)
@@ -235,8 +236,7 @@ def on_signals(callback: Callable[[str], None]) -> None:
 
 
 def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn`` on gevent's pool of native threads; only the calling greenlet waits (polars releases the
-    GIL for most of its work, so the users' greenlets keep their timing)."""
+    """Run ``fn`` on gevent's native threads; only the calling greenlet waits (polars mostly frees the GIL)."""
     return gevent.get_hub().threadpool.apply(fn, args)
 
 

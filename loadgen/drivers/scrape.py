@@ -25,31 +25,11 @@ from typing import Any
 import httpx
 import polars as pl
 
-from loadgen.core.prom_text import parse_or_none
+from loadgen.core.prom_text import parse_or_none, parse_power
 from loadgen.core.secrets import redact_url
 from loadgen.drivers.streamed_post import drop_stream
 
 SCHEMA = {"t_ns": pl.Int64, "name": pl.String, "value": pl.Float64}
-POWER_FAMILIES = {"DCGM_FI_DEV_POWER_USAGE": ("gpu_power_w", 1.0),  # DCGM exporter: W
-                  "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("gpu_energy_j", 1e-3),  # DCGM exporter: mJ counter
-                  "nvidia_smi_power_draw_watts": ("gpu_power_w", 1.0)}  # utkuozdemir/nvidia_gpu_exporter: W
-
-
-def parse_power(text: str) -> dict[str, float] | None:
-    """``gpu_power_w`` and ``gpu_energy_j`` of one exposition, summed over its GPUs (label sets); None when a
-    sample of theirs is not a number."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name not in POWER_FAMILIES:
-            continue
-        key, scale = POWER_FAMILIES[name]
-        try:
-            value = float(line[line.rfind("}") + 1:].split()[0] if "{" in line else line.split()[1])
-        except (ValueError, IndexError):
-            return None
-        out[key] = out.get(key, 0.0) + value * scale
-    return out
 
 
 @dataclass

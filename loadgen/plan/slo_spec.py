@@ -174,3 +174,6 @@ class Slo(_Strict):
                               "interval (two-sided)")
     max_generator_lag_ms: float = Field(10.0, gt=0, description="ms: a p99 queue_delay_ms above this makes the "
                                          "run inconclusive (the generator lagged)")
+    max_generator_cpu: float = Field(0.95, gt=0, le=64, description="share of one core: a sending process whose "
+                                     "CPU over the run reaches this makes the run inconclusive (the generator was "
+                                     "CPU-bound; docs/verdicts.md)")

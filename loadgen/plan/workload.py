@@ -6,11 +6,14 @@ defeats accidental prefix-cache hits; ``shared_prefix_tokens`` puts the same sys
 request of a class (``prefix_groups`` K: one of K system prompts, arrival i taking group i mod K), which a
 prefix cache may serve; ``cache_bust`` puts the tag before the system prompt too, so nothing is shared. A
 dataset class's prompt is its row's text as it is (plan/datasets.py); a conversation's later turn is its new
-message, and ``request_body`` puts the history before it. The number of filler words for a length comes from a linear fit ``tokens = a + b·words``
-measured on the target, then each request is checked and nudged until the counter agrees (exact where the
-counter is exact: the server's ``/tokenize`` or a local tokenizer file): whole words first, then single-token
-padding words (``a``) for the last few tokens, which whole words of 1–3 tokens cannot hit. A length shorter
-than the request's unique tag cannot be met: such a prompt is the tag alone, and its real length is recorded.
+message, and ``request_body`` (plan/request_bodies.py) puts the history before it. The number of filler words
+for a length comes from a linear fit ``tokens = a + b·words`` measured on the target, then each request is
+checked and nudged until the counter agrees (exact where the counter is exact: the server's ``/tokenize`` or a
+local tokenizer file): whole words first, then single-token padding words (``a``) for the last few tokens,
+which whole words of 1–3 tokens cannot hit. A length shorter than the request's unique tag cannot be met: such
+a prompt is the tag alone, and its real length is recorded. Where the counter is the server's ``/tokenize`` (a
+round trip a count), prompts are nudged against a word model learned from it and a seeded sample is counted by
+the server (plan/prompt_model.py; docs/metrics.md, Prompt lengths); a local counter counts every prompt.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from loadgen.core.apis import CHAT_LIKE
 from loadgen.plan.datasets import class_rows
+from loadgen.plan.request_bodies import History as History, request_body as request_body
+from loadgen.plan.prompt_model import FIRST_VERIFIED, PromptStats, WordModel, sampled
 from loadgen.plan.schedule import PlannedRequest
 from loadgen.plan.scenario import RequestClass, Scenario
-from loadgen.plan.session_bodies import add_knobs, session_tag
+from loadgen.plan.session_bodies import session_tag
 from loadgen.errors import ServerFault as ServerFault
 
 WORDS = ("time year people way day man thing woman life child world school state family student group country "
@@ -44,10 +49,11 @@ class Prompt:
     system: str | None  # the shared system prompt, if any
     user: str  # tag + filler
     tokens: int | None  # what the counter says the target will see (None: not checked)
+    estimated: bool = False  # True: ``tokens`` is the word model's, not counted by the target (prompt_model.py)
 
 
 class TokenCounter(Protocol):
-    exact: bool
+    exact: bool  # (a counter with ``remote = True`` costs a round trip a count: prompts are then sampled)
 
     async def count(self, system: str | None, user: str) -> int: ...
 
@@ -89,6 +95,17 @@ class PromptFactory:
         self._systems: dict[tuple[str, int], str | None] = {}
         self._per_word: float | None = None
         self._template_tokens: int | None = None  # what the chat template adds to a message (Mooncake blocks)
+        self.model: WordModel | None = None  # a remote counter's: prompts are built against it, a sample counted
+        self._learns = bool(getattr(counter, "remote", False) and counter.exact)
+        self._learning = asyncio.Lock()
+        self.stats = PromptStats()
+        self._built: dict[str, int] = {}  # prompts built so far, by class (its first ones are all counted)
+
+    def count_every_prompt(self) -> None:
+        """Count every prompt on the counter, sampling none (where each length must be the target's own count:
+        shrink's bodies)."""
+        self._learns, self.model = False, None
+        self.stats.policy = "every prompt"
 
     async def prepare_classes(self) -> None:
         """Build each class's (first) shared system prompt and fit words→tokens on the target."""
@@ -116,6 +133,8 @@ class PromptFactory:
         dataset class's prompt is its row's text, counted. With ``cache_bust`` the request's unique tag opens
         the system prompt, so no two requests (nor two turns) share a prefix."""
         cls = self._classes[req.class_name]
+        if self._learns and self.model is None:
+            await self._learn()
         if cls.dataset is not None:
             return await self._from_row(cls, req)
         if req.blocks is not None:
@@ -125,7 +144,14 @@ class PromptFactory:
             request_tag(self.scenario.seed, req.seq) if cls.cache_bust else None)
         system = _busted(system, tag) if tag else system
         prompt = await self._build(req, system if fresh else None, self._fits[req.class_name if fresh else ""])
-        return Prompt(system, prompt.user, prompt.tokens)
+        return Prompt(system, prompt.user, prompt.tokens, prompt.estimated)
+
+    async def _learn(self) -> None:
+        """The word model, learned on the counter at the first prompt's build (a failure is that prompt's)."""
+        async with self._learning:
+            if self.model is None:
+                self.model = await WordModel.learn(self.counter.count, [*WORDS, PAD_WORD], request_tag(0, 0))
+                self.stats.policy = "sampled"
 
     async def _from_blocks(self, req: PlannedRequest) -> Prompt:
         """A Mooncake trace's request: block ``h``'s text is the same wherever hash id ``h`` appears (seeded by
@@ -138,7 +164,7 @@ class PromptFactory:
         words = [w for h in req.blocks for w in _block_words(self.scenario.seed, h, size)]
         user = " ".join(words[:max(1, req.prompt_tokens - self._template_tokens)])
         tag = session_tag(self.scenario.seed, self._classes[req.class_name], req)  # a trace session's: its own
-        return Prompt(tag, user, await self.counter.count(tag, user))
+        return await self._counted(req, tag, user, tag)
 
     async def _from_row(self, cls: RequestClass, req: PlannedRequest) -> Prompt:
         assert cls.dataset is not None and req.row is not None
@@ -146,21 +172,71 @@ class PromptFactory:
         system, user = row.system, row.turns[req.turn]
         if cls.cache_bust:
             system = _busted(system, request_tag(self.scenario.seed, req.seq))
-        return Prompt(system, user, await self.counter.count(system if req.turn == 0 else None, user))
+        return await self._counted(req, system, user, system if req.turn == 0 else None)
+
+    def _to_count(self, req: PlannedRequest) -> bool:
+        """Whether ``req``'s prompt is counted by the counter: always without a model (or once it missed), else
+        each class's first ``FIRST_VERIFIED`` and the seeded sample (prompt_model.py)."""
+        nth = self._built[req.class_name] = self._built.get(req.class_name, 0) + 1
+        self.stats.built += 1
+        return (self.model is None or self.stats.missed > 0 or nth <= FIRST_VERIFIED
+                or sampled(self.scenario.seed, req.seq))
+
+    async def _counted(self, req: PlannedRequest, system: str | None, user: str, counted_system: str | None) -> Prompt:
+        """A prompt whose text is given (a dataset row, trace blocks): counted, or the model's estimate (None
+        where the model has no cost for its words: not checked)."""
+        estimate = await self.model.count(counted_system, user) if self.model is not None else None
+        if not self._to_count(req):
+            self.stats.estimated += 1
+            return Prompt(system, user, estimate, estimated=True)
+        count = await self.counter.count(counted_system, user)
+        self.stats.counted += 1
+        self.stats.check(estimate, count)
+        return Prompt(system, user, count)
 
     async def _build(self, req: PlannedRequest, system: str | None, fit_: LinearFit) -> Prompt:
+        """Filler words to ``req.prompt_tokens``: nudged against the word model (its sums, no text), then (when
+        counted) against the counter from there, which then takes one count where the model is right."""
         rng = random.Random(f"filler:{self.scenario.seed}:{req.seq}")
-        tag = request_tag(self.scenario.seed, req.seq)
+        tag, start = request_tag(self.scenario.seed, req.seq), (fit_.words_for(req.prompt_tokens), 0)
+        words, estimate = rng.choices(WORDS, k=start[0] + 64), None
+
+        def text(n: int, pad: int) -> str:
+            return " ".join([tag, *_take(words, n, rng), *[PAD_WORD] * pad])
+
+        if self.model is not None:
+            base, costs, unit = await self.model.base(system, tag), self.model.costs, self.model.unit
+
+            async def by_model(n: int, pad: int) -> int:  # every word one token (the simulator's): no sum
+                taken = _take(words, n, rng)
+                return base + (len(taken) if unit else sum(costs[w] for w in taken)) + pad * costs[PAD_WORD]
+            estimate, start = await self._nudge(req, fit_, start, by_model)
+        if not self._to_count(req) and estimate is not None:
+            self.stats.estimated += 1
+            return Prompt(system, text(*start), estimate, estimated=True)
+
+        counts: list[int] = []  # the first: the counter's at the model's answer
+
+        async def by_counter(n: int, pad: int) -> int:
+            counts.append(await self.counter.count(system, text(n, pad)))
+            return counts[-1]
+        count, end = await self._nudge(req, fit_, start, by_counter)
+        self.stats.counted += 1
+        self.stats.check(estimate, counts[0])  # a miss: every later prompt is counted
+        return Prompt(system, text(*end), count)
+
+    async def _nudge(self, req: PlannedRequest, fit_: LinearFit, start: tuple[int, int],
+                     count_: Callable[[int, int], Awaitable[int]]) -> tuple[int, tuple[int, int]]:
+        """Words then padding from ``start`` (words, pads) until ``count_`` says ``req.prompt_tokens``; the last
+        count and where it stopped."""
         target, per_word = req.prompt_tokens, fit_.tokens_per_word
-        n, pad = fit_.words_for(target), 0
-        words = rng.choices(WORDS, k=n + 64)
+        n, pad = start
         for attempt in range(1, MAX_NUDGES + 1):
-            user = " ".join([tag, *_take(words, n, rng), *[PAD_WORD] * pad])
-            count = await self.counter.count(system, user)
+            count = await count_(n, pad)
             missing = target - count
             shortest = missing < 0 and n == 0 and pad == 0
             if missing == 0 or not self.counter.exact or attempt == MAX_NUDGES or shortest:
-                return Prompt(system, user, count)
+                return count, (n, pad)
             if missing < 0 and pad > 0:
                 pad = max(0, pad + missing)  # drop padding before words
             elif missing < 0:
@@ -209,43 +285,6 @@ async def build_prompts(factory: PromptFactory, requests: list[PlannedRequest], 
     return out
 
 
-History = list[tuple[str, str]]  # a conversation's earlier turns: (the message sent, the answer received)
-
-
-def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prompt, output_tokens: int,
-                 continuous_usage: bool, history: History | None = None) -> dict[str, Any]:
-    """The request's JSON body in ``target.api``'s shape (core/apis.py), streamed where the API streams."""
-    api = scenario.target.api
-    if api == "embeddings":
-        text = f"{prompt.system}\n{prompt.user}" if prompt.system else prompt.user
-        return {"model": model, "input": text, **scenario.target.extra_body}
-    body: dict[str, Any] = {"model": model, "stream": True}
-    if api in ("chat", "completions"):
-        body.update(max_tokens=output_tokens, stream_options={"include_usage": True})
-        if continuous_usage:
-            body["stream_options"]["continuous_usage_stats"] = True
-    if cls.ignore_eos and api != "messages":  # vLLM's extensions; Anthropic's API takes no unknown field
-        body.update(ignore_eos=True, min_tokens=output_tokens)
-    turns: list[dict[str, str]] = []
-    for sent, answer in history or []:
-        turns += [{"role": "user", "content": sent}, {"role": "assistant", "content": answer}]
-    turns.append({"role": "user", "content": prompt.user})
-    system = [{"role": "system", "content": prompt.system}] if prompt.system else []
-    if api == "chat":
-        body["messages"] = system + turns
-    elif api == "responses":
-        body.update(input=turns, max_output_tokens=output_tokens, **({"instructions": prompt.system}
-                                                                     if prompt.system else {}))
-    elif api == "messages":
-        body.update(messages=turns, max_tokens=output_tokens, **({"system": prompt.system} if prompt.system else {}))
-    else:
-        parts = [prompt.system] if prompt.system else []
-        body["prompt"] = "\n".join(parts + [part for turn in history or [] for part in turn] + [prompt.user])
-    add_knobs(body, api, cls, output_tokens, False)
-    body.update(scenario.target.extra_body)
-    return body
-
-
 # ---- counters ------------------------------------------------------------------------------------------
 PostJson = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -261,6 +300,7 @@ class TokenizeEndpointCounter:
     {inputs}``."""
 
     exact = True
+    remote = True  # a round trip a count: the factory counts a sample of prompts (plan/prompt_model.py)
 
     def __init__(self, post: PostJson, model: str, api: str, dialect: str = "vllm") -> None:
         self.post, self.model, self.api, self.dialect = post, model, api, dialect

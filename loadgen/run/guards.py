@@ -23,7 +23,7 @@ from typing import Callable
 
 from loadgen.core.records import RequestRecord
 from loadgen.core.secrets import CUT, MASK, SENSITIVE_HEADER, write_text
-from loadgen.drivers.http_conn import CAPTURE_BYTES
+from loadgen.drivers.wire_capture import CAPTURE_BYTES
 
 CAPTURE_DIR = "captures"
 

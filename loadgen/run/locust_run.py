@@ -38,13 +38,14 @@ from loadgen.plan.deadlines import (ORPHAN_S, SHUTDOWN_S, START_LEAD_S, WORKER_C
                                     WORKER_GRACE_S, give_up_s)
 from loadgen.plan.scenario import Scenario  # noqa: E402
 from loadgen.plan.schedule import build_plan  # noqa: E402
+from loadgen.plan.shares import processes_for  # noqa: E402
 from loadgen.report.console import print_summary  # noqa: E402
 from loadgen.run import exits  # noqa: E402
 from loadgen.run.prepare import Preparation, ssl_context  # noqa: E402
 from loadgen.run.runner import Run, RunOptions  # noqa: E402
 from loadgen.run.client_faults import refuse_client_blocks  # noqa: E402
 from loadgen.run.until import refuse_engine  # noqa: E402
-from loadgen.run.session import RunSession, generator_figures  # noqa: E402
+from loadgen.run.session import RunSession, generator_figures, processes_figures  # noqa: E402
 from loadgen.run.target import TargetError, auth_headers, start_embedded  # noqa: E402
 
 __all__ = ["LocustRun", "RunOptions", "WORKER_GRACE_S", "WorkerLaunch", "quiet_own_spawn_rate", "run_worker",
@@ -114,11 +115,16 @@ class LocustRun:
 
     def __init__(self, scenario: Scenario, opts: RunOptions, console: Console, workers: int,
                  launch: WorkerLaunch | None) -> None:
-        self.scenario, self.opts, self.console, self.workers, self.launch = scenario, opts, console, workers, launch
+        # a closed loop on no more workers than users: Locust shares the users out, a worker without one would
+        # never take its slice of the plan nor say it is done (its share of load.requests never sent)
+        workers = processes_for(scenario, workers) if workers else 0
+        self.scenario, self.opts, self.console, self.launch = scenario, opts, console, launch
+        self.workers = workers if workers > 1 else 0
         refuse_engine(scenario, "locust")  # load.until: decided is the asyncio engine's (exit 2)
         refuse_client_blocks(scenario, "locust")  # its users are not on the asyncio loop
         self.plan = build_plan(scenario)
         self.done_workers: set[str] = set()
+        self.worker_figures: dict[str, dict[str, Any]] = {}  # each worker's CPU over its slice (its done message)
         self.left_workers: list[str] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []  # each worker's stderr (a file: a pipe nobody reads would stall it)
@@ -176,10 +182,12 @@ class LocustRun:
             state.close()
         self._note_cut_short(target, state)
         self.run.note_stopped_early(target)
-        # one process: its CPU is the generator's (with workers, it is theirs)
-        generator = generator_figures("locust", None if self.workers else cpu_s, None if self.workers else wall_s,
-                                      workers=self.workers, left=self.left_workers)
-        return target, generator
+        # one process: its CPU is the generator's; with workers, each worker's over its slice (its done message)
+        if not self.workers:
+            return target, generator_figures("locust", cpu_s, wall_s, workers=1, left=[])
+        per = sorted(self.worker_figures.values(), key=lambda f: f.get("process", 0))
+        return target, processes_figures("locust", per, workers=self.workers, left=self.left_workers,
+                                         master_cpu_s=round(cpu_s, 3))
 
     def _note_cut_short(self, target: Any, state: lu.ProcessState) -> None:
         """Workers that left, or answers this process stopped waiting for: noted, and the run cut short."""
@@ -222,7 +230,7 @@ class LocustRun:
         runner = env.create_master_runner(master_bind_host="127.0.0.1", master_bind_port=0)  # a port of its own
         runner.master_bind_port = runner.server.port  # a reset of its socket binds the same port again
         runner.register_message(RECORDS_MESSAGE, self._on_records)
-        runner.register_message(DONE_MESSAGE, lambda msg, **_: self.done_workers.add(msg.node_id))
+        runner.register_message(DONE_MESSAGE, self._on_done)
         self._start_workers(runner.server.port)
         deadline = time.monotonic() + WORKER_CONNECT_TIMEOUT_S
         while runner.worker_count < self.workers:
@@ -251,6 +259,11 @@ class LocustRun:
     def _all_workers_done(self, runner: Any, clients: list[str]) -> bool:
         done, self.left_workers = workers_left(runner, clients, self.done_workers)
         return done
+
+    def _on_done(self, msg: Any, **_: Any) -> None:
+        self.done_workers.add(msg.node_id)
+        if isinstance(msg.data, dict):
+            self.worker_figures[msg.node_id] = msg.data
 
     def _on_records(self, msg: Any, **_: Any) -> None:
         for record, chunks in unpack(msg.data):
@@ -339,7 +352,7 @@ def run_worker(scenario: Scenario, master_host: str, master_port: int) -> int:
             outbox.worker = data["index"]
             t0_ns = time.monotonic_ns() + (data["t0_wall_ns"] - time.time_ns())
             state.set_slice(data["index"], data["workers"], t0_ns)
-            lu.spawn(_report_done, state, outbox, runner)
+            lu.spawn(_report_done, state, outbox, runner, (time.process_time(), time.monotonic()))
 
         runner.register_message(SLICE_MESSAGE, on_slice)
         quit_by_master = _until_the_master_quits(runner, state)
@@ -367,9 +380,11 @@ def _until_the_master_quits(runner: Any, state: lu.ProcessState) -> bool:
     return True
 
 
-def _report_done(state: lu.ProcessState, outbox: Outbox, runner: Any) -> None:
+def _report_done(state: lu.ProcessState, outbox: Outbox, runner: Any, started: tuple[float, float]) -> None:
     """Tell the master this slice is done: when it is, or at its give-up point, whichever comes first."""
     while not (state.finished or state.slice.past_give_up(time.monotonic_ns())):
         lu.sleep(0.1)
     outbox.flush()
-    runner.send_message(DONE_MESSAGE, dict(state.counts))
+    cpu0, wall0 = started  # this process's CPU over its slice: the generator's figure (summary.json)
+    runner.send_message(DONE_MESSAGE, {**state.counts, "process": state.slice.index, "pid": os.getpid(),
+                                       "cpu_s": time.process_time() - cpu0, "wall_s": time.monotonic() - wall0})

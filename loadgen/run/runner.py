@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import platform
-import signal
 import socket
 import sys
 import time
@@ -24,10 +22,12 @@ from loadgen import __version__
 from loadgen.run import exits
 from loadgen.analysis.result import RunResult
 from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.drivers import kernel_stamps
 from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.run.progress import RunProgress, bar
+from loadgen.run.loops import event_loop_run, handle_signals
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
@@ -90,40 +90,12 @@ def run_scenario(scenario: Scenario, opts: RunOptions, console: Console) -> RunR
     return result
 
 
-def event_loop_run(coro: Any) -> Any:
-    """The run on an event loop of its own: on this thread, or on a fresh one (waited for) when this thread
-    already runs a loop (a notebook, an async caller of loadgen.api)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _new_loop_run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loadgen-run") as pool:
-        return pool.submit(_new_loop_run, coro).result()
-
-
-def _new_loop_run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
-def _handle_signals(loop: asyncio.AbstractEventLoop, handler: Any) -> list[int]:
-    """SIGINT and SIGTERM to ``handler`` where this thread may take them; the signals handled."""
-    handled = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, handler)
-        except (ValueError, RuntimeError, NotImplementedError):  # only the main thread gets signals
-            break
-        handled.append(sig)
-    return handled
-
-
 class Run:
     """One run's state on its way to the run directory: run.json, the guards, the summary (the directory, the
-    record sink and its flush policy are the session's, shared with the Locust driver)."""
+    record sink and its flush policy are the session's, shared with the Locust driver). A ``--workers`` process
+    (run/worker_process.py) is a Run with its own engine class and a wait for the common start."""
+
+    engine_class: type[AsyncioEngine] = AsyncioEngine
     def __init__(self, scenario: Scenario, plan: Plan, session: RunSession, console: Console, opts: RunOptions,
                  engine_name: str = "asyncio") -> None:
         self.scenario, self.plan, self.session, self.console, self.opts = scenario, plan, session, console, opts
@@ -131,6 +103,7 @@ class Run:
         self.interrupted = False
         self._engine: AsyncioEngine | None = None  # set once sending starts: a signal then stops it
         self.generator: dict[str, Any] = {}
+        self.prompt_stats: dict[str, Any] | None = None  # run.json's ``prompts`` (keep_prompt_stats)
         self.findings: list[dict[str, Any]] = []  # loadgen check's signs in the records (analysis/run_findings.py)
         self.engine_name = engine_name
         self.fail_fast = FailFast(scenario.load.fail_fast_requests, self._stop_early)
@@ -157,7 +130,7 @@ class Run:
                 self._engine.stop()
             elif main is not None:
                 main.cancel()
-        handled = _handle_signals(loop, on_signal)  # not on a thread other than the main one
+        handled = handle_signals(loop, on_signal)  # not on a thread other than the main one
         try:
             return await self._execute(base_url, sim)
         except asyncio.CancelledError:
@@ -181,19 +154,32 @@ class Run:
             self._engine = engine = self._engine_for(prepared, client, prompts)
             self.stopper = engine.stop
             self.session.phase("running")
-            async with self._server_metrics(target), self._client_metrics(target):
+            kernel_stamps.STATS.reset()  # this run's reads (generator.read_stamps)
+            async with self.server_metrics(target), self._client_metrics(target):
                 with client_blocks(self.blocks, target.notes):
                     await self._drive(engine)
         self.close_sink()
         self.note_stopped_early(target)
         st = engine.stats
-        self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s)
+        self.generator = generator_figures("asyncio", st.cpu_s, st.wall_s, read_stamps=kernel_stamps.STATS.as_dict())
+        self.keep_prompt_stats(prepared.factory, target)
         self.note_cut_at_end(target, st.cut_at_end)
         if isinstance(engine.conversations, Sessions):
             self.sessions_not_finished = sorted(engine.conversations.unfinished)
             if engine.conversations.failed:
                 target.notes.append(engine.conversations.note())
         return target
+
+    def keep_prompt_stats(self, factory: PromptFactory, target: ResolvedTarget) -> None:
+        """How the prompts' lengths were had (counted, the word model's estimates: docs/metrics.md) into
+        run.json's ``prompts``, and one line of it into the notes."""
+        self.prompt_stats = factory.stats.to_dict()
+        note = factory.stats.note()
+        if note:
+            target.notes.append(note)
+
+    async def before_sending(self, engine: AsyncioEngine) -> None:
+        """The engine is ready, the prompts built: the moment before the first send (a hook; nothing here)."""
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
         """Every record of the run: into the sink, then past the fail-fast guard. A fault on the way (a bug)
@@ -234,7 +220,7 @@ class Run:
         self.session.close()
 
     @contextlib.asynccontextmanager
-    async def _server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
+    async def server_metrics(self, target: ResolvedTarget) -> AsyncIterator[None]:
         """Scrape the target's /metrics while the block runs (server_metrics.parquet); a note if it cannot."""
         if not self.opts.server_metrics:
             yield
@@ -292,11 +278,12 @@ class Run:
             return await prepared.call(req, transcript, parents,
                                        prompts.get(req.seq) if not self.plan.closed_loop else None)
 
-        return AsyncioEngine(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
-                             capture=self.captures, call_for=call_for)
+        return self.engine_class(prepared.engine_config(), self.plan, body_for, self.on_record, client, turn_for,
+                                 capture=self.captures, call_for=call_for)
 
     async def _drive(self, engine: AsyncioEngine) -> None:
         with RunProgress(self.plan, self.opts.progress) as progress:
+            await self.before_sending(engine)
             run_task = asyncio.create_task(engine.run())
             try:
                 await self._tick(run_task, engine, progress)
@@ -389,6 +376,7 @@ class Run:
                 "interrupted": self.interrupted, "disk_error": self.disk_error, "planned": self.plan.size,
                 "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
                 "generator": self.generator, "sessions_not_finished": self.sessions_not_finished,
+                "prompts": self.prompt_stats,
                 "scenario": scenario}
         if self.until is not None:
             info.update(self.until.info(finished, self.interrupted))

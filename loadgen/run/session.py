@@ -134,4 +134,33 @@ def generator_figures(engine: str, cpu_s: float | None = None, wall_s: float | N
     if cpu_s is not None and wall_s is not None:
         figures.update(cpu_s=round(cpu_s, 3), wall_s=round(wall_s, 3),
                        cpu_utilization=round(cpu_s / wall_s, 3) if wall_s else None)
+        figures.update(processes=1, max_cpu_utilization=figures["cpu_utilization"])
     return figures
+
+
+def processes_figures(engine: str, processes: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """Several sending processes (``--workers N``): each one's CPU against its own wall clock (``per_process``),
+    their sum against the longest wall clock (``cpu_utilization``: cores' worth), and the busiest one's
+    (``max_cpu_utilization``: the CPU-saturation rule's figure, docs/verdicts.md)."""
+    rows = [_process_row(p) for p in processes]
+    figures: dict[str, Any] = {"engine": engine, "processes": len(rows), **extra}
+    cpus = [r["cpu_s"] for r in rows if r.get("cpu_s") is not None]
+    walls = [r["wall_s"] for r in rows if r.get("wall_s")]
+    if cpus and walls:
+        figures.update(cpu_s=round(sum(cpus), 3), wall_s=round(max(walls), 3),
+                       cpu_utilization=round(sum(cpus) / max(walls), 3))
+    utils = [r["cpu_utilization"] for r in rows if r.get("cpu_utilization") is not None]
+    figures.update(max_cpu_utilization=max(utils) if utils else None, per_process=rows)
+    return figures
+
+
+def _process_row(p: dict[str, Any]) -> dict[str, Any]:
+    cpu_s, wall_s = p.get("cpu_s"), p.get("wall_s")
+    row = {"process": p.get("process"), "pid": p.get("pid"),
+           "cpu_s": None if cpu_s is None else round(cpu_s, 3), "wall_s": None if wall_s is None else round(wall_s, 3),
+           "cpu_utilization": round(cpu_s / wall_s, 3) if cpu_s is not None and wall_s else None}
+    if p.get("t0_skew_ms") is not None:
+        row["t0_skew_ms"] = p["t0_skew_ms"]
+    if p.get("read_stamps") is not None:
+        row["read_stamps"] = p["read_stamps"]
+    return row

@@ -59,6 +59,7 @@ async def prepared_bodies(prepared: Prepared) -> Bodies:
     """Each planned request's body as ``loadgen run`` sends it: its prompt from the run's factory (as
     ``runner._prepare_prompts``), its body from ``Prepared.body`` (as the engine's ``body_for``)."""
     requests = prepared.plan.requests or []
+    prepared.factory.count_every_prompt()  # each body's length the target's own count (docs/shrink.md), no sample
     prompts = await build_prompts(prepared.factory, requests)
     bodies = [await prepared.body(req, prompts[req.seq]) for req in requests]
     words, exact = counter_words(prepared.factory.counter, prepared.target.tokenize_dialect)
