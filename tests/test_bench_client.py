@@ -8,6 +8,8 @@ import json
 import math
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +169,33 @@ def test_kill_stops_the_step_and_its_processes_and_still_writes_the_json(tmp_pat
     assert proc.returncode == 3 and "interrupted" in stderr
     assert not [c for c in children if _running(c)]
     assert stdout.strip().splitlines()[-1] == json.loads(out.read_text())["result"]["line"]
+
+
+_STEP_CHILD = """
+import signal, subprocess, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def term(*_):
+    (out / "terminated").write_text("")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+worker = subprocess.Popen([sys.executable, "-c",
+                           "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+(out / "worker").write_text(str(worker.pid))
+time.sleep(60)
+"""
+
+
+def test_a_step_past_its_time_is_sigtermed_first_and_its_processes_end(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's child (as ``loadgen run``) past its time gets SIGTERM, not SIGKILL; a process it started that is
+    still there after its grace (a --workers process) is SIGKILLed with its process group."""
+    monkeypatch.setattr(bc, "STOP_GRACE_S", 1.0)
+    with pytest.raises(subprocess.TimeoutExpired):
+        bc.run_child([sys.executable, "-c", _STEP_CHILD, str(tmp_path)], None, timeout_s=3.0)
+    assert (tmp_path / "terminated").exists()
+    worker = int((tmp_path / "worker").read_text())
+    wait_for(lambda: not _running(worker), 5, "the step's worker ended")
 
 
 @pytest.mark.slow

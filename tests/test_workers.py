@@ -4,6 +4,7 @@ Locust's closed loop with a request count under --workers."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -120,6 +121,8 @@ def _check_one_run(out, planned):
     assert gen["max_cpu_utilization"] == max(p["cpu_utilization"] for p in gen["per_process"])
     assert gen["master_cpu_s"] >= 0  # the coordinating process's own, beside the senders'
     assert s["verdict"] in ("pass", "fail", "inconclusive")  # one verdict, from the merged records
+    prompts = json.loads((out / "run.json").read_text())["prompts"]  # the processes' prompt figures, summed
+    assert prompts["built"] >= planned and prompts["counted"] + prompts["estimated"] == prompts["built"]
     return requests
 
 
@@ -145,7 +148,7 @@ def test_two_processes_open_loop_keep_the_plans_instants(tmp_path):
     requests = _check_one_run(out, len(plan.requests)).sort("seq")
     t0 = requests["t_intended_ns"][0]
     skew_ms = max(abs(t - t0 - r.t_intended_offset_ns) for t, r in zip(requests["t_intended_ns"], plan.requests)) / 1e6
-    assert skew_ms <= 2.0  # one schedule from two processes: each request at its planned instant (± the start skew)
+    assert skew_ms == 0  # one schedule from two processes: one common t0, each request at its planned instant
     per = dict(requests.group_by("worker").len().iter_rows())
     assert per == {k: len(share_of(plan.requests, k, 2)) for k in (0, 1)}
 
@@ -224,3 +227,71 @@ def test_a_sending_process_killed_mid_run_is_named_and_its_records_kept(tmp_path
     notes = " ".join(summary(out)["notes"])
     assert f"sending process 1 (pid {victim}) ended before its share" in notes
     assert summary(out)["verdict"] == "inconclusive"
+
+
+def _parent(tmp_path, gone=None):
+    from types import SimpleNamespace
+
+    from loadgen.run.workers import Parent
+    run = SimpleNamespace(interrupted=False, run_dir=tmp_path, session=SimpleNamespace(disk_error=None))
+    parent = Parent(_scenario(), run, 1)  # type: ignore[arg-type]
+    parent.gone.update(gone or {})
+    return parent
+
+
+@pytest.mark.parametrize("why,raised,code", [("crash: ValueError: x", "WorkerCrash", 4),
+                                             ("interrupted: interrupted before sending", "Interrupted", 3),
+                                             ("target: connection refused", "TargetError", 2)])
+def test_a_process_gone_before_the_start_ends_the_run_with_its_own_exit_code(tmp_path, monkeypatch, capsys, why,
+                                                                            raised, code):
+    import asyncio
+
+    from loadgen.run import exits
+    with pytest.raises(BaseException) as info:
+        asyncio.run(_parent(tmp_path, {0: why})._until_ready())
+    assert type(info.value).__name__ == raised
+    if isinstance(info.value, api.TargetError):
+        return  # cli/run.py: one line, exit 2 (a bad target)
+
+    def app(standalone_mode):
+        raise info.value
+    monkeypatch.setitem(exits.current, "run_dir", str(tmp_path))
+    assert exits.run_app(app) == code  # as the cli ends: an interrupt inconclusive (3), a crash a bug (4)
+    assert (tmp_path / "crash.txt").exists() == (code == 4)
+
+
+def test_the_wait_for_ready_is_bounded(tmp_path, monkeypatch):
+    import asyncio
+
+    from loadgen.run import workers
+    assert workers.ready_bound_s(_scenario()) == 3 * 30.0 + workers.READY_MARGIN_S
+    monkeypatch.setattr(workers, "ready_bound_s", lambda scenario: 0.0)
+    with pytest.raises(api.TargetError, match="process\\(es\\) 0 not ready within 0 s"):
+        asyncio.run(_parent(tmp_path)._until_ready())
+
+
+def test_a_full_disk_in_the_merge_is_inconclusive_and_keeps_the_records(tmp_path, monkeypatch):
+    import errno
+
+    from loadgen.records import merge
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(merge, "_write_pair", full)
+    (tmp_path / "workers" / "0").mkdir(parents=True)
+    parent = _parent(tmp_path)
+    parent.procs = [object()]  # type: ignore[list-item]
+    parent.merge()  # no exception: the run goes on to its reports
+    assert "No space left on device" in parent.run.session.disk_error and "workers" in parent.run.session.disk_error
+    assert (tmp_path / "workers" / "0").is_dir()
+
+
+def test_the_processes_prompt_figures_are_summed():
+    from loadgen.run.workers import sum_prompts
+    a = {"built": 10, "counted": 4, "estimated": 6, "checked": 3, "missed": 0, "max_error_tokens": 0,
+         "policy": "sampled", "verify_one_in": 10}
+    b = {**a, "built": 9, "missed": 1, "max_error_tokens": 2, "policy": "every prompt"}
+    total = sum_prompts([a, None, b])
+    assert total is not None and total["built"] == 19 and total["counted"] == 8 and total["missed"] == 1
+    assert total["max_error_tokens"] == 2 and total["policy"] == "every prompt" and total["verify_one_in"] == 10
+    assert sum_prompts([None]) is None

@@ -137,7 +137,7 @@ class GeneratorFigures(TypedDict, total=False):
     processes: int  # sending processes (--workers N)
     max_cpu_utilization: Optional[float]  # the busiest sending process's, of one core (slo.max_generator_cpu)
     per_process: list[dict[str, Any]]  # each sending process's pid, cpu_s, wall_s, cpu_utilization
-    master_cpu_s: float  # Locust with workers: the master's own CPU
+    master_cpu_s: float  # under --workers (either engine): the coordinating process's own CPU
 
 
 class ServerFigures(TypedDict, total=False):

@@ -63,6 +63,7 @@ class AsyncioEngine:
         self._timeouts: dict[int, tuple[str, str]] = {}
         self._stop_sending, self._seqs = False, itertools.count()  # closed loop: the next plan index
         self.hard_end_ns: int | None = None  # the run's hard end (monotonic ns): what is in flight then is cut
+        self.t0_ns: int | None = None  # a given start (monotonic ns): --workers' one start for every process
         self._owns_schedule = False  # True: at the hard end it also stops sending (Locust owns its schedule)
         self.ceiling = RateCeiling(cfg.max_rate_per_s)
         self._direct = direct_post(client, cfg.url, cfg.headers)  # the lean transport's path, no httpx objects
@@ -99,7 +100,7 @@ class AsyncioEngine:
                 self.stats.cpu_s, self.stats.wall_s = time.process_time() - cpu0, time.monotonic() - wall0
 
     async def _run(self) -> EngineStats:
-        self.stats.t0_ns = time.monotonic_ns() + int(START_LEAD_MS * 1e6)
+        self.stats.t0_ns = self.t0_ns or time.monotonic_ns() + int(START_LEAD_MS * 1e6)
         end_s = self.plan.hard_end_s(self.cfg.drain_timeout_s)
         self.hard_end_ns = self.stats.t0_ns + int(end_s * 1e9) if end_s is not None else None
         self._owns_schedule = True

@@ -31,6 +31,7 @@ WARMUP_S = 2.0
 STARTUP_S = 60.0  # a step's allowance beyond its load: both children's start, the drain, the report, the scoring
 MAX_STREAMS = 4096  # each stream holds one connection (and one file descriptor on either side)
 READY_TIMEOUT_S = 15.0
+STOP_GRACE_S = 5.0  # a step's ``loadgen run``, SIGTERMed, ends its --workers processes within this, then SIGKILL
 _ROOT = Path(__file__).resolve().parents[2]  # the folder that holds loadgen/ and local_target/
 
 
@@ -145,6 +146,35 @@ def stop(proc: subprocess.Popen[str], timeout_s: float = 5.0) -> None:
         proc.stdout.close()
 
 
+def run_child(cmd: list[str], cpus: tuple[int, ...] | None, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (``loadgen run``) in a process group of its own, its output captured. Past ``timeout_s`` or on an
+    interrupt (Ctrl-C, SIGTERM): SIGTERM, which ``loadgen run`` answers by stopping its ``--workers`` processes,
+    then SIGKILL after ``STOP_GRACE_S``; either way whatever is left in its group (a worker) is SIGKILLed."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=_child_setup(cpus), process_group=0)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=STOP_GRACE_S)  # read on: a child blocked writing a full pipe cannot stop
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_group(proc.pid)  # a process left holds the pipes open: the output ends when the group has gone
+        proc.communicate()
+        raise
+    _kill_group(proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL to what is left of a process group (it outlives its leader while a member lives)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: str = "asyncio",
              workers: int = 1) -> dict[str, Any]:
     """One step: the emitter and ``loadgen run`` at ``streams``, scored; within duration + warm-up + STARTUP_S."""
@@ -157,8 +187,7 @@ def run_step(streams: int, duration_s: float, work: Path, pin: Pinning, engine: 
         cmd = [sys.executable, "-m", "loadgen", "run", str(work / "scenario.yaml"), "--out", str(run_dir),
                "--no-progress", "--no-png", "--no-server-metrics", "--engine", engine]
         cmd += ["--workers", str(workers)] if workers > 1 else []
-        res = subprocess.run(cmd, capture_output=True, text=True, env=_env(), preexec_fn=_child_setup(
-            pin.loadgen_cpus), timeout=max(1.0, deadline - time.monotonic() - 10))
+        res = run_child(cmd, pin.loadgen_cpus, timeout_s=max(1.0, deadline - time.monotonic() - 10))
     except subprocess.TimeoutExpired:
         raise StepError(f"{streams} streams: loadgen run did not end within its step's "
                         f"{duration_s + WARMUP_S + STARTUP_S:g} s") from None

@@ -159,8 +159,8 @@ def _process_row(p: dict[str, Any]) -> dict[str, Any]:
     row = {"process": p.get("process"), "pid": p.get("pid"),
            "cpu_s": None if cpu_s is None else round(cpu_s, 3), "wall_s": None if wall_s is None else round(wall_s, 3),
            "cpu_utilization": round(cpu_s / wall_s, 3) if cpu_s is not None and wall_s else None}
-    if p.get("t0_skew_ms") is not None:
-        row["t0_skew_ms"] = p["t0_skew_ms"]
+    if p.get("start_late_ms") is not None:
+        row["start_late_ms"] = p["start_late_ms"]
     if p.get("read_stamps") is not None:
         row["read_stamps"] = p["read_stamps"]
     return row

@@ -76,6 +76,7 @@ class ShareRun(Run):
         super().__init__(share_scenario(share.scenario, share.index, share.workers), plan, session, console, opts)
         self.share, self.conn = share, conn
         self.start_ns: int | None = None
+        self.start_late_ms: float | None = None  # how late it took over for the start (0: in time)
         self.recorded, self._said_s = 0, 0.0
 
     async def before_sending(self, engine: AsyncioEngine) -> None:
@@ -101,8 +102,10 @@ class ShareRun(Run):
         gc.freeze()   # to be spent after the common start; what is alive now is never collected again
         self.conn.send(("ready", None))
         self.start_ns = await started
-        if self.start_ns is not None:  # the engine stamps t0 START_LEAD_MS after it starts
+        if self.start_ns is not None:  # the engine takes the common start as its t0, and over START_LEAD_MS ahead
+            engine.t0_ns = self.start_ns
             await spin_until(self.start_ns - int(START_LEAD_MS * 1e6))
+            self.start_late_ms = round((time.monotonic_ns() - self.start_ns) / 1e6 + START_LEAD_MS, 3)
 
     def on_record(self, record: RequestRecord, chunks: list[ChunkRecord], answer: str = "") -> None:
         record.worker = self.share.index
@@ -124,8 +127,8 @@ class ShareRun(Run):
         return {"process": self.share.index, "pid": os.getpid(), "records": self.recorded,
                 "cpu_s": st.cpu_s if st else None, "wall_s": st.wall_s if st else None,
                 "read_stamps": kernel_stamps.STATS.as_dict(),
-                "t0_skew_ms": round((st.t0_ns - self.start_ns) / 1e6, 3) if st and st.t0_ns and self.start_ns
-                else None, "notes": notes, "stopped_early": self.fail_fast.reason, "interrupted": self.interrupted,
+                "start_late_ms": self.start_late_ms, "prompts": self.prompt_stats, "notes": notes,
+                "stopped_early": self.fail_fast.reason, "interrupted": self.interrupted,
                 "disk_error": self.disk_error, "sessions_not_finished": self.sessions_not_finished}
 
 

@@ -6,11 +6,15 @@ The parent process resolves the target (its banner, run.json), starts the embedd
 the server's /metrics, and starts the processes (multiprocessing, spawn: a fresh interpreter each, nothing of
 this process's loop or threads inherited; run/worker_process.py). When every one is ready it gives them one
 start instant on the monotonic clock (the same clock in every process of the machine), so the shares keep the
-plan's instants. Every wait has a bound: a process not done by the plan's give-up point (its hard end and
-``WORKER_GRACE_S``, plan/deadlines.py) is told to stop, then after ``SHUTDOWN_S`` SIGTERMed by its PID, then
-SIGKILLed. Ctrl-C or SIGTERM stops every process (what is in flight is cancelled and recorded). A process that
-crashes or is killed leaves its records up to its last flush (kept) and the run is cut short, named: a would-be
-pass is inconclusive (docs/verdicts.md).
+plan's instants. Every wait has a bound: the processes say they are ready within ``READY_CHECKS`` preflight
+timeouts and ``READY_MARGIN_S`` or are stopped (one line, exit 2, nothing sent); a process not done by the plan's
+give-up point (its hard end and ``WORKER_GRACE_S``, plan/deadlines.py) is told to stop, then after ``SHUTDOWN_S``
+SIGTERMed by its PID, then SIGKILLed. Ctrl-C or SIGTERM stops every process (what is in flight is cancelled and
+recorded). A process that crashes or is killed leaves its records up to its last flush (kept) and the run is cut
+short, named: a would-be pass is inconclusive (docs/verdicts.md). Before the start: a bad target is exit 2, an
+interrupt exit 3. A process that says it crashed (a bug in loadgen) ends the run with exit 4, after its reports
+if it had started. A full disk in the merge leaves the processes' records where they are (``workers/<k>/``):
+the run is inconclusive.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import build_plan
 from loadgen.plan.shares import processes_for
 from loadgen.plan.until_spec import horizon
-from loadgen.records.merge import merge_shares, share_dir
+from loadgen.records.merge import WORKERS_DIR, merge_shares, share_dir
 from loadgen.report.console import print_summary
 from loadgen.run import exits, worker_process
 from loadgen.run.loops import event_loop_run, handle_signals
@@ -43,6 +47,17 @@ from loadgen.run.target import ResolvedTarget, TargetError, auth_headers, resolv
 
 START_LEAD_S = 0.25  # the common start is this far after the last process said it is ready
 POLL_S = 0.05
+READY_MARGIN_S = 60.0  # beyond the preflight's checks, for a process's start-up and its prompts
+READY_CHECKS = 3  # a process's preflight: at most this many checks of target.preflight_timeout_s each
+
+
+class WorkerCrash(RuntimeError):
+    """A sending process crashed (a bug in loadgen): the run ends as any bug does, exit 4."""
+
+
+def ready_bound_s(scenario: Scenario) -> float:
+    """How long the processes may take to say ``ready`` (resolve the target, build the prompts)."""
+    return READY_CHECKS * scenario.target.preflight_timeout_s + READY_MARGIN_S
 
 
 def refuse_workers(scenario: Scenario) -> None:
@@ -84,6 +99,8 @@ def run_workers(scenario: Scenario, opts: RunOptions, console: Console, workers:
     session.phase("writing the reports")
     result = parent.run.finish(target, parent.generator())
     print_summary(console, result, str(session.run_dir))
+    for k, why in sorted(parent.crashed.items()):  # the records and reports are written: then a bug is a bug
+        raise WorkerCrash(f"sending process {k} crashed ({why}); its traceback is on stderr above")
     return result
 
 
@@ -98,6 +115,7 @@ class Parent:
         self.figures: dict[int, dict[str, Any]] = {}
         self.counts: dict[int, int] = {}
         self.gone: dict[int, str] = {}  # processes that ended without their figures: why
+        self.crashed: dict[int, str] = {}  # those that said they crashed (a bug in loadgen: exit 4)
         self.started = self.stopping = False
         self.master_cpu_s: float | None = None  # this (coordinating, not sending) process's CPU while they sent
         self.merged = False
@@ -172,14 +190,25 @@ class Parent:
             self.conns.append(mine)
 
     async def _until_ready(self) -> None:
-        """Every process resolved its target and built its prompts; a TargetError from one is the run's."""
+        """Every process resolved its target and built its prompts, by ``ready_s``: a TargetError from one is the
+        run's (exit 2), an interrupt is (exit 3), a crash is a bug (exit 4); not ready in time: exit 2."""
+        ready_s = ready_bound_s(self.scenario)
+        by = time.monotonic() + ready_s
         while len(self.ready) < self.n:
             self._read()
             for k, why in self.gone.items():
                 kind, _, message = why.partition(":")
                 if kind == "target":
                     raise TargetError(message.strip())
-                raise TargetError(f"sending process {k} ended before the start: {why}")
+                if kind == "interrupted":
+                    self.run.interrupted = True
+                    raise exits.Interrupted()
+                raise WorkerCrash(f"sending process {k} ended before the start ({why}); "
+                                  "its traceback is on stderr above")
+            if time.monotonic() > by:
+                late = sorted(set(range(self.n)) - self.ready)
+                raise TargetError(f"sending process(es) {', '.join(map(str, late))} not ready within {ready_s:.0f} s "
+                                  "(resolving the target, building the prompts): stopped, nothing was sent")
             await asyncio.sleep(POLL_S)
 
     async def _watch(self, give_up_ns: int) -> None:
@@ -236,6 +265,8 @@ class Parent:
             self.counts[k] = int(msg[1].get("records") or 0)
         elif kind == "error":
             self.gone[k] = f"{msg[1]}: {msg[2]}"
+            if msg[1] == "crash":
+                self.crashed[k] = str(msg[2])
 
     def stop_all(self, reason: str) -> None:
         self.stopping = True
@@ -267,7 +298,13 @@ class Parent:
         if self.merged or not self.procs:
             return
         self.merged = True
-        for why in merge_shares(self.run.run_dir, self.n):
+        try:
+            broken = merge_shares(self.run.run_dir, self.n)
+        except OSError as exc:  # a full disk: inconclusive, the processes' records kept where they are (workers/)
+            self.run.session.disk_error = (f"{exc.strerror or exc}: the records could not be merged; each "
+                                           f"process's are kept in {self.run.run_dir / WORKERS_DIR}/<k>/")
+            return
+        for why in broken:
             self.run.session.disk_error = self.run.session.disk_error or why
 
     def note(self, target: ResolvedTarget) -> None:
@@ -281,6 +318,7 @@ class Parent:
                 self.run.cut_short = f"process {k}: {fig['stopped_early']}"
             if fig.get("disk_error"):
                 self.run.session.disk_error = self.run.session.disk_error or str(fig["disk_error"])
+        self.run.prompt_stats = sum_prompts([f.get("prompts") for _, f in sorted(self.figures.items())])
         for k, why in sorted(self.gone.items()):
             line = (f"sending process {k} (pid {self.procs[k].pid}) ended before its share of the plan did ({why}); "
                     "its records up to its last flush are kept")
@@ -293,3 +331,18 @@ class Parent:
                for k in range(self.n)]
         return processes_figures("asyncio", per, **({} if self.master_cpu_s is None else
                                                     {"master_cpu_s": self.master_cpu_s}))
+
+
+PROMPT_COUNTS = ("built", "counted", "estimated", "checked", "missed")
+
+
+def sum_prompts(per: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """run.json's ``prompts`` of the run: the processes' counts summed, the largest error, the policy as it is."""
+    got = [p for p in per if p]
+    if not got:
+        return None
+    total = {**got[0], **{key: sum(int(p.get(key) or 0) for p in got) for key in PROMPT_COUNTS}}
+    total["max_error_tokens"] = max(int(p.get("max_error_tokens") or 0) for p in got)
+    if any(p.get("policy") == "every prompt" for p in got):
+        total["policy"] = "every prompt"
+    return total
