@@ -12,8 +12,9 @@ Which prompts are still counted by the target (``sampled``): the first ``FIRST_V
 those whose ``crc32("<seed>:<seq>")`` is a multiple of ``VERIFY_ONE_IN`` (about 1 in 32, the same requests on
 every run of a scenario). A checked prompt whose count differs from the model's is nudged to the target's count
 (it is exact), and from then on every prompt is checked (the model still gives the first guess): lengths stay
-exact wherever the model ever missed. ``PromptStats`` says how many were built, checked and estimated, and the
-largest error found.
+exact wherever the model ever missed. The model stands only where every tag counts alike (``TAG_PROBES`` other
+tags counted once as it learns; a BPE tokenizer splits hex unevenly): elsewhere every prompt is counted.
+``PromptStats`` says how many were built, checked and estimated, and the largest error found.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 FIRST_VERIFIED = 16  # per class: the first prompts of each class are all checked
 VERIFY_ONE_IN = 32  # then one request in this many, chosen by its seq
+TAG_PROBES = 8  # other tags counted once: when any counts otherwise, every prompt is counted
 _TAG = re.compile(r"(req|session) [0-9a-f]{10}:")
 _HEAD = re.compile(r"(?:req|session) [0-9a-f]{10}:")
 
@@ -90,19 +92,23 @@ class WordModel:
     distinct opening with tags normalized, + each later word's learned cost. None for a word it has no cost
     for (a dataset's text)."""
 
-    def __init__(self, count: Count, costs: dict[str, int], tag: str) -> None:
+    def __init__(self, count: Count, costs: dict[str, int], tag: str, tags_alike: bool = True) -> None:
         self._count, self.costs, self.tag = count, costs, tag
         self.unit = set(costs.values()) == {1}  # every word one token
+        self.tags_alike = tags_alike  # every tag counts the same whatever its hex: estimates may stand
         self._bases: dict[tuple[str | None, str], int] = {}
 
     @classmethod
     async def learn(cls, count: Count, vocabulary: Iterable[str], tag: str) -> WordModel:
-        """Each word's cost after ``tag``: all at once when they are one token each, else one by one."""
+        """Each word's cost after ``tag``: all at once when they are one token each, else one by one; and
+        whether ``TAG_PROBES`` other tags count as ``tag`` does (a BPE tokenizer splits hex unevenly: then the
+        model cannot stand for a prompt, whose tag is its own, and every prompt is counted)."""
         words = list(dict.fromkeys(vocabulary))
         alone = await count(None, tag)
+        alike = all([await count(None, other) == alone for other in _other_tags(tag)])
         if await count(None, " ".join([tag, *words])) - alone == len(words):
-            return cls(count, dict.fromkeys(words, 1), tag)
-        return cls(count, {w: await count(None, f"{tag} {w}") - alone for w in words}, tag)
+            return cls(count, dict.fromkeys(words, 1), tag, alike)
+        return cls(count, {w: await count(None, f"{tag} {w}") - alone for w in words}, tag, alike)
 
     async def count(self, system: str | None, user: str) -> int | None:
         user = normalized(user, self.tag)
@@ -120,6 +126,12 @@ class WordModel:
         if key not in self._bases:
             self._bases[key] = await self._count(*key)
         return self._bases[key]
+
+
+def _other_tags(tag: str) -> list[str]:
+    """``TAG_PROBES`` tags of ``tag``'s kind with other, fixed hex digits (letters and digits mixed)."""
+    kind = tag.split(" ", 1)[0]
+    return [f"{kind} {zlib.crc32(f'probe:{i}'.encode()):08x}{i:02x}:" for i in range(TAG_PROBES)]
 
 
 def _first_word(text: str) -> tuple[str, str]:

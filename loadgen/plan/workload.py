@@ -151,7 +151,7 @@ class PromptFactory:
         async with self._learning:
             if self.model is None:
                 self.model = await WordModel.learn(self.counter.count, [*WORDS, PAD_WORD], request_tag(0, 0))
-                self.stats.policy = "sampled"
+                self.stats.policy = "sampled" if self.model.tags_alike else "every prompt"
 
     async def _from_blocks(self, req: PlannedRequest) -> Prompt:
         """A Mooncake trace's request: block ``h``'s text is the same wherever hash id ``h`` appears (seeded by
@@ -179,7 +179,7 @@ class PromptFactory:
         each class's first ``FIRST_VERIFIED`` and the seeded sample (prompt_model.py)."""
         nth = self._built[req.class_name] = self._built.get(req.class_name, 0) + 1
         self.stats.built += 1
-        return (self.model is None or self.stats.missed > 0 or nth <= FIRST_VERIFIED
+        return (self.model is None or not self.model.tags_alike or self.stats.missed > 0 or nth <= FIRST_VERIFIED
                 or sampled(self.scenario.seed, req.seq))
 
     async def _counted(self, req: PlannedRequest, system: str | None, user: str, counted_system: str | None) -> Prompt:
