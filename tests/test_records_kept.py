@@ -43,14 +43,14 @@ def rows_match_the_server(out: Path, shapes: ShapeServer, before: int) -> pl.Dat
 
 # ---- injected faults: the sink, the driver, the analysis ------------------------------------------------------
 def test_a_flush_that_raises_keeps_every_record_for_the_next(shapes, scenario, tmp_path, monkeypatch):
-    real, calls = sinks._write_atomic, []
+    real, calls = sinks.write_atomic, []
 
     def failing_once(files):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("injected: the first flush fails")
         return real(files)
-    monkeypatch.setattr(sinks, "_write_atomic", failing_once)
+    monkeypatch.setattr(sinks, "write_atomic", failing_once)
     before = len(shapes.log)
     result = api.run(api.load_scenario(scenario), base_url=shapes.url("ok"), out=tmp_path / "r",
                      server_metrics=False)

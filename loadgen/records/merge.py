@@ -9,7 +9,6 @@ into place; only then are the processes' directories removed: a failure on the w
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import polars as pl
 from loadgen.records.client_metrics import FILE as CLIENT_FILE, read_client_metrics, write_client_metrics
 from loadgen.records.schema import CHUNK_SCHEMA, REQUEST_SCHEMA
 from loadgen.records.scan import read_all
+from loadgen.records.sink import write_atomic
 
 WORKERS_DIR = "workers"
 
@@ -59,20 +59,8 @@ def merge_shares(run_dir: Path, processes: int) -> list[str]:
 
 def _write_pair(run_dir: Path, requests: pl.DataFrame, chunks: pl.DataFrame) -> None:
     """requests.parquet and chunks.parquet, each written aside and renamed into place."""
-    frames = {run_dir / "requests.parquet": requests.select(list(REQUEST_SCHEMA)).cast(REQUEST_SCHEMA),
-              run_dir / "chunks.parquet": chunks.select(list(CHUNK_SCHEMA)).cast(CHUNK_SCHEMA)}
-    tmps = {path: path.with_name(f".{path.name}.tmp") for path in frames}
-    try:
-        for path, frame in frames.items():
-            encoded = io.BytesIO()
-            frame.write_parquet(encoded)
-            tmps[path].write_bytes(encoded.getbuffer())
-    except BaseException:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    for path, tmp in tmps.items():
-        tmp.replace(path)
+    write_atomic({run_dir / "requests.parquet": requests.select(list(REQUEST_SCHEMA)).cast(REQUEST_SCHEMA),
+                  run_dir / "chunks.parquet": chunks.select(list(CHUNK_SCHEMA)).cast(CHUNK_SCHEMA)})
 
 
 __all__ = ["CLIENT_FILE", "WORKERS_DIR", "merge_shares", "share_dir"]

@@ -68,7 +68,7 @@ class RecordSink:
             part = self._parts + 1
         written = pt.Part(part, part, pt.part_path(self.run_dir, "requests", part, part))
         try:
-            _write_atomic({written.requests: _frame(requests, REQUEST_SCHEMA),
+            write_atomic({written.requests: _frame(requests, REQUEST_SCHEMA),
                            written.chunks: _frame(chunks, CHUNK_SCHEMA)})
         except BaseException:
             with self._lock:  # put them back in front of what came meanwhile
@@ -113,7 +113,7 @@ def _frame(columns: dict[str, list[object]], schema: pl.Schema) -> pl.DataFrame:
         return pl.DataFrame(columns, schema=schema, strict=False)
 
 
-def _write_atomic(files: dict[Path, pl.DataFrame]) -> None:
+def write_atomic(files: dict[Path, pl.DataFrame]) -> None:
     """Write each frame beside its path, then rename them all into place; on failure remove what was written.
     Each file is encoded in memory and written by Python, so a full disk is the OSError it is (ENOSPC; polars
     writing itself reports it as "Invalid thrift: transport error")."""
