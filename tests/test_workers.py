@@ -19,7 +19,7 @@ from loadgen import api
 from loadgen.analysis.generator_load import saturated_processes
 from loadgen.errors import ScenarioError
 from loadgen.plan.schedule import build_plan
-from loadgen.plan.shares import (WorkerPlan, count_share, process_count, processes_for, share_of, share_scenario,
+from loadgen.plan.shares import (WorkerPlan, process_count, processes_for, share_of, share_scenario,
                                  split_count, strided_seqs)
 from loadgen.run.session import processes_figures
 from tests.run_helpers import ROOT, SIM_TRACE, records, run_cli, summary, trace_per_request, wait_for
@@ -64,7 +64,7 @@ def test_a_closed_loop_count_is_honoured_in_total(size, workers):
         share = WorkerPlan(plan, k, workers)
         assert share.size == size  # the engine's seqs are strided, checked against the whole count
         mine = [s for s in (next(it) for it in [strided_seqs(k, workers)] * (size + 1)) if s < share.size]
-        assert len(mine) == count_share(size, k, workers)
+        assert len(mine) == len(range(k, size, workers)) == split_count(size, k, workers)  # seqs k, k+N, …
         assert [share.request(s).seq for s in mine] == mine
         seqs += mine
     assert sorted(seqs) == list(range(size))
@@ -264,7 +264,7 @@ def test_the_wait_for_ready_is_bounded(tmp_path, monkeypatch):
     import asyncio
 
     from loadgen.run import workers
-    assert workers.ready_bound_s(_scenario()) == 3 * 30.0 + workers.READY_MARGIN_S
+    assert workers.ready_bound_s(_scenario()) == 150.0  # docs/commands.md: 3 × preflight timeout (30 s) + 60 s
     monkeypatch.setattr(workers, "ready_bound_s", lambda scenario: 0.0)
     with pytest.raises(api.TargetError, match="process\\(es\\) 0 not ready within 0 s"):
         asyncio.run(_parent(tmp_path)._until_ready())

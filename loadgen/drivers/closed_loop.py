@@ -33,10 +33,11 @@ async def closed_loop_user(e: ClosedLoopEngine) -> None:
     """One user, from the run's start until the plan's count is sent, its duration is over or the run stops."""
     end_ns = (e.stats.t0_ns + int((e.cfg.warmup_s + e.cfg.duration_s) * 1e9)
               if e.cfg.duration_s is not None else None)
-    ahead = None if e.conversations else _ahead(e)  # its first body builds before t0
-    await sleep_until(e.stats.t0_ns, lambda: e.stopping)
     if e.conversations:  # the user is a conversation, then the next
+        await sleep_until(e.stats.t0_ns, lambda: e.stopping)
         return await e.conversations.user(end_ns)
+    ahead = _ahead(e)  # its first body builds before t0
+    await sleep_until(e.stats.t0_ns, lambda: e.stopping)
     while ahead is not None and not e.stopping:
         req, building = ahead
         body = await building  # built while the user's last request streamed: no /tokenize wait here

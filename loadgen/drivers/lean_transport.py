@@ -206,11 +206,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         scheme, host, port = origin
         proxy = self.proxy(origin)
+        if self.kernel_stamps:  # reads stamped by the kernel (stamped_socket.py, stamped_tls.py)
+            return await self._connect_stamped(origin, proxy)
         tls: dict[str, object] = {}
         if scheme == "https":
             tls = {"ssl": self.ssl_context or ssl.create_default_context(), "server_hostname": host}
-        if self.kernel_stamps:  # reads stamped by the kernel (stamped_socket.py, stamped_tls.py)
-            return await self._connect_stamped(origin, proxy)
         if proxy is None:
             _, conn = await loop.create_connection(lambda: Connection(origin), host, port, **tls)
         elif scheme == "https":

@@ -28,7 +28,6 @@ FIRST_VERIFIED = 16  # per class: the first prompts of each class are all checke
 VERIFY_ONE_IN = 32  # then one request in this many, chosen by its seq
 TAG_PROBES = 8  # other tags counted once: when any counts otherwise, every prompt is counted
 _TAG = re.compile(r"(req|session) [0-9a-f]{10}:")
-_HEAD = re.compile(r"(?:req|session) [0-9a-f]{10}:")
 
 Count = Callable[[str | None, str], Awaitable[int]]
 
@@ -112,7 +111,7 @@ class WordModel:
 
     async def count(self, system: str | None, user: str) -> int | None:
         user = normalized(user, self.tag)
-        head = _HEAD.match(user)
+        head = _TAG.match(user)
         opening, rest = (user[:head.end()], user[head.end():]) if head else _first_word(user)
         try:
             tail = sum(self.costs[w] for w in rest.split())

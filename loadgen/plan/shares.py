@@ -64,11 +64,6 @@ def split_count(total: int, index: int, workers: int) -> int:
     return total // workers + (1 if index < total % workers else 0)
 
 
-def count_share(size: int, index: int, workers: int) -> int:
-    """How many of a closed loop's ``size`` requests process ``index`` sends: seqs ``index, index + workers, …``."""
-    return len(range(index, size, workers))
-
-
 def processes_for(scenario: Scenario, workers: int) -> int:
     """The processes a run uses: ``workers``, but a closed loop no more than its users."""
     load = scenario.load

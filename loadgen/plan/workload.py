@@ -179,8 +179,8 @@ class PromptFactory:
         each class's first ``FIRST_VERIFIED`` and the seeded sample (prompt_model.py)."""
         nth = self._built[req.class_name] = self._built.get(req.class_name, 0) + 1
         self.stats.built += 1
-        return (self.model is None or not self.model.tags_alike or self.stats.missed > 0 or nth <= FIRST_VERIFIED
-                or sampled(self.scenario.seed, req.seq))
+        # policy: "sampled" only while a learned model holds (tags alike, no miss yet: prompt_model.PromptStats)
+        return self.stats.policy != "sampled" or nth <= FIRST_VERIFIED or sampled(self.scenario.seed, req.seq)
 
     async def _counted(self, req: PlannedRequest, system: str | None, user: str, counted_system: str | None) -> Prompt:
         """A prompt whose text is given (a dataset row, trace blocks): counted, or the model's estimate (None

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import signal
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
+
+from loadgen.run import exits
+
+T = TypeVar("T")
 
 
 def event_loop_run(coro: Any) -> Any:
@@ -37,3 +41,26 @@ def handle_signals(loop: asyncio.AbstractEventLoop, handler: Any) -> list[int]:
             break
         handled.append(sig)
     return handled
+
+
+async def interruptible(body: Awaitable[T], on_signal: Callable[[], bool]) -> T:
+    """``body`` with SIGINT and SIGTERM going to ``on_signal`` (where this thread takes signals). It returns True
+    while the run is still preparing: ``body`` is then cancelled and the run ends as ``exits.Interrupted``;
+    False once it sends (``on_signal`` stopped the sending itself: in flight → cancelled, recorded)."""
+    loop, main, preparing = asyncio.get_running_loop(), asyncio.current_task(), False
+
+    def handler() -> None:
+        nonlocal preparing
+        if on_signal() and main is not None:
+            preparing = True
+            main.cancel()
+    handled = handle_signals(loop, handler)
+    try:
+        return await body
+    except asyncio.CancelledError:
+        if preparing:
+            raise exits.Interrupted() from None
+        raise
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)

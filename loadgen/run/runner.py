@@ -27,7 +27,7 @@ from loadgen.drivers.asyncio_engine import AsyncioEngine
 from loadgen.drivers.sessions import CallResult, Sessions, Transcript
 from loadgen.run.prepare import Prepared, Preparation, ssl_context
 from loadgen.run.progress import RunProgress, bar
-from loadgen.run.loops import event_loop_run, handle_signals
+from loadgen.run.loops import event_loop_run, interruptible
 from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
@@ -122,24 +122,13 @@ class Run:
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
         """Preflight, prompts, the run; returns the resolved target (the records are in the sink). SIGINT and
         SIGTERM: before sending, exits.Interrupted; while sending, the engine stops (in-flight → cancelled)."""
-        loop, main = asyncio.get_running_loop(), asyncio.current_task()
-
-        def on_signal() -> None:
+        def on_signal() -> bool:
             self.interrupted = True
-            if self._engine is not None:
-                self._engine.stop()
-            elif main is not None:
-                main.cancel()
-        handled = handle_signals(loop, on_signal)  # not on a thread other than the main one
-        try:
-            return await self._execute(base_url, sim)
-        except asyncio.CancelledError:
-            if self.interrupted and self._engine is None:
-                raise exits.Interrupted() from None
-            raise
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)
+            if self._engine is None:
+                return True
+            self._engine.stop()
+            return False
+        return await interruptible(self._execute(base_url, sim), on_signal)
 
     async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
         prep = Preparation(horizon(self.scenario), self.plan, base_url,

@@ -39,7 +39,7 @@ from loadgen.plan.until_spec import horizon
 from loadgen.records.merge import WORKERS_DIR, merge_shares, share_dir
 from loadgen.report.console import print_summary
 from loadgen.run import exits, worker_process
-from loadgen.run.loops import event_loop_run, handle_signals
+from loadgen.run.loops import event_loop_run, interruptible
 from loadgen.run.prepare import Preparation, note_proxy, target_proxy
 from loadgen.run.runner import Run, RunOptions
 from loadgen.run.session import RunSession, processes_figures
@@ -121,24 +121,13 @@ class Parent:
         self.merged = False
 
     async def execute(self, base_url: str, sim: Any) -> ResolvedTarget:
-        loop, main = asyncio.get_running_loop(), asyncio.current_task()
-
-        def on_signal() -> None:
+        def on_signal() -> bool:
             self.run.interrupted = True
-            if self.started:
-                self.stop_all("interrupted")
-            elif main is not None:
-                main.cancel()
-        handled = handle_signals(loop, on_signal)
-        try:
-            return await self._execute(base_url, sim)
-        except asyncio.CancelledError:
-            if self.run.interrupted and not self.started:
-                raise exits.Interrupted() from None
-            raise
-        finally:
-            for sig in handled:
-                loop.remove_signal_handler(sig)
+            if not self.started:
+                return True
+            self.stop_all("interrupted")
+            return False
+        return await interruptible(self._execute(base_url, sim), on_signal)
 
     async def _execute(self, base_url: str, sim: Any) -> ResolvedTarget:
         run = self.run
