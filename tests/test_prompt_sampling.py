@@ -12,7 +12,7 @@ import pytest
 from loadgen.plan.prompt_model import FIRST_VERIFIED, TAG_PROBES, VERIFY_ONE_IN, sampled
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import PlannedRequest
-from loadgen.plan.workload import WORDS, LocalTokenizerCounter, PromptFactory, build_prompts
+from loadgen.plan.workload import PAD_WORD, WORDS, LocalTokenizerCounter, PromptFactory, build_prompts
 
 
 def _scenario(**cls: object) -> Scenario:
@@ -90,14 +90,17 @@ def test_the_prompts_are_the_ones_counting_every_prompt_builds():
 
 
 def test_a_model_that_misses_makes_every_later_prompt_counted_and_exact():
-    """A tokenizer where the tag's hex costs tokens by its digits (as BPE does): the model's fixed tag is off,
-    the first counted prompt shows it, and from then on every prompt is counted, each at its asked length."""
+    """A tokenizer whose tags all count alike but which merges context (a word repeated right after itself costs
+    one token more, which no word alone shows): the model holds on the tag probe and on each word, the first
+    counted prompt with such a pair shows it off, and from then on every prompt is counted, each exact."""
     def hex_costly(text: str) -> int:
-        return sum(1 + sum(c.isdigit() for c in w) // 3 for w in text.replace(":", " :").split())
+        words = text.replace(":", " :").split()
+        return len(words) + sum(a == b != PAD_WORD for a, b in zip(words, words[1:]))  # padding stays 1 each
     remote = Remote(hex_costly)
     factory = PromptFactory(_scenario(), remote)
     requests = _requests(200)
     prompts = _build(factory, requests)
+    assert factory.model is not None and factory.model.tags_alike  # the miss rule, not the tag probe, decides
     st = factory.stats
     assert st.missed >= 1 and st.policy == "every prompt" and st.max_error_tokens >= 1
     truth = Remote(hex_costly)
