@@ -202,9 +202,14 @@ def _with_base_url(sc: Scenario, base_url: str | None) -> Scenario:
     """The scenario with its target's base URL replaced (None: as it is), its secrets registered."""
     if base_url is None:
         return sc
+    from loadgen.plan.scenario import base_url_checked
     from loadgen.run.target import scenario_secrets
 
-    sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url.rstrip("/")})})
+    try:
+        base_url = base_url_checked(base_url)  # target.base_url's own rule (the CLI's --base-url is an override)
+    except ValueError as exc:
+        raise ScenarioError(f"base_url {base_url!r}: {exc}") from None
+    sc = sc.model_copy(update={"target": sc.target.model_copy(update={"base_url": base_url})})
     register(*scenario_secrets(sc))
     return sc
 

@@ -125,6 +125,22 @@ class BodyDecoder:
         return httpx.DecodingError(f"{cut}, where its framing said it was whole: a bad response")
 
 
+def unasked_transfer_coding(headers: Headers) -> httpx.DecodingError | None:
+    """The error of a response framed with a transfer coding other than chunked (``Transfer-Encoding: gzip,
+    chunked``), else None. loadgen sends no ``TE``, so chunked is the only transfer coding it accepts (RFC 9110
+    §10.1.4; RFC 9112 §7.4: TE lists the codings "besides chunked" a client accepts) and a server must not apply
+    another (RFC 9112 §6.1, §7): its bytes are not the body, and are not parsed as events. ``identity`` (an old
+    no-op name) passes."""
+    codings = [c.split(";", 1)[0].strip().lower() for k, v in headers if k.lower() == b"transfer-encoding"
+               for c in v.decode("latin-1").split(",")]
+    unasked = [c for c in codings if c and c not in ("chunked", "identity")]
+    if not unasked:
+        return None
+    names = ", ".join(f"'{c}'" for c in unasked)
+    return httpx.DecodingError(f"server used transfer coding {names} that loadgen did not ask for (RFC 9112 §7: "
+                               "it sends no TE, so chunked is the only transfer coding a server may use)")
+
+
 def decoder_for(header_values: list[bytes]) -> BodyDecoder | None:
     """The decoder for a response's Content-Encoding values (None: identity); UnsupportedCoding names an
     unknown one. A malformed compressed body raises ``zlib.error`` (or brotli's error) when decoded."""
@@ -138,7 +154,10 @@ def decoder_for(header_values: list[bytes]) -> BodyDecoder | None:
 def decoding(headers: Headers) -> tuple[BodyDecoder | None, Headers]:
     """A response's decoder (None: identity) and its headers as handed on: without Content-Encoding and
     Content-Length when it lists a coding (they describe the bytes sent, not the body fed). A coding loadgen
-    cannot decode: httpx.DecodingError naming it."""
+    cannot decode, or a transfer coding it did not ask for: httpx.DecodingError naming it."""
+    unasked = unasked_transfer_coding(headers)
+    if unasked is not None:  # its bytes are not the body: none is fed
+        raise unasked
     codings = [v for k, v in headers if k.lower() == b"content-encoding"]
     if not codings:
         return None, headers

@@ -17,6 +17,9 @@ What servers and proxies send, and what this does with it:
 - a response reader that raises (loadgen's parser: a bug) fails the request with ``FeedError``, a counted error.
 - a reused connection closed before any byte of its response (a server's idle close racing the request):
   ``ClosedIdle``, retried on a new connection by ``lean_transport.py`` where the request is idempotent.
+- bytes past a response's end (a Content-Length counted in characters, not UTF-8 bytes): it stands, its connection
+  is closed, not pooled, so the next request goes out on a fresh one (RFC 9112 §9.6, §11.2 response splitting).
+  A transfer coding other than chunked fails the request naming it (RFC 9112 §7; ``content_coding.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ class Connection(asyncio.Protocol):
 
     def received(self, data: bytes, t_ns: int) -> None:
         """One read and its arrival (``stamped_socket.py``: the kernel's receive time of its last packet)."""
+        if self.done:  # no response is awaited: bytes past the last one's end
+            return self._spoilt()
         self._t_ns = t_ns
         self._answered = True
         if self._capture is not None:
@@ -104,13 +109,8 @@ class Connection(asyncio.Protocol):
         try:
             self._feed(data, self._t_ns)  # type: ignore[misc] - checked by the caller
         except Exception as exc:  # noqa: BLE001 - the reader's bug fails this request, not the run
-            self.error = FeedError(f"{type(exc).__name__}: {exc}")
-            self.done, self._feed = True, None
-            self.wakeup.set()
-            if self.head is not None and not self.head.done():
-                self.head.set_exception(self.error)
-            if self.transport is not None:
-                self.transport.abort()
+            self._feed, self.done = None, False  # failed even when its last byte came in this read
+            self._fail(FeedError(f"{type(exc).__name__}: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -125,6 +125,10 @@ class Connection(asyncio.Protocol):
             self._fail(httpx.ReadError(f"connection lost mid-response: {exc or 'closed by peer'}"))
 
     # ---- httptools callbacks --------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.done:  # another response after the one awaited had ended: not parsed (_fail closes the connection)
+            raise ValueError("a response after the awaited one ended")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
 
@@ -178,12 +182,17 @@ class Connection(asyncio.Protocol):
         self.wakeup.set()
 
     def _fail(self, error: Exception) -> None:
-        if self.done and self.head is not None and self.head.done():
-            return
-        self.error, self.done = error, True
+        if self.done and self.head is not None and self.head.done():  # after the response ended: bytes past it
+            return self._spoilt()
+        self.error, self.done, self._discard = error, True, True  # nothing after a failure is fed
         if self.head is not None and not self.head.done():
             self.head.set_exception(error)
         self.wakeup.set()
+        self._spoilt()
+
+    def _spoilt(self) -> None:
+        """Bytes past a response's end: it stands, its connection is not reused (RFC 9112 §9.6, §11.2)."""
+        self.keep_alive = False  # what the response's own bytes in this read held is still fed
         if self.transport is not None:
             self.transport.abort()
 
@@ -196,8 +205,7 @@ class Connection(asyncio.Protocol):
         self.head = asyncio.get_running_loop().create_future()
         self.headers, self.done, self.error = [], False, None
         self.requests_sent, self._answered = self.requests_sent + 1, False
-        self._interim = self._until_close = self._discard = False
-        self._decode = None
+        self._interim, self._until_close, self._discard, self._decode = False, False, False, None
         self._capture = WireCapture(ctx.raw) if ctx is not None and ctx.raw is not None else None
         self.body.clear()
         if ctx is not None:  # a fresh connection's opening time goes with its first request only

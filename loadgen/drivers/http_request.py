@@ -24,6 +24,14 @@ class PreparedPost:
         return b"%s%d\r\n\r\n%s" % (self.head, len(body), body)
 
 
+def origin_of(u: httpx.URL) -> tuple[str, str, int]:
+    """(scheme, host, port): the scheme's default port where the URL names none (RFC 9110 §4.2.1, §4.2.2); port 0
+    is no server's (it asks the OS for any port), never read as the default: httpx.ConnectError."""
+    if u.port == 0:
+        raise httpx.ConnectError(f"{u.host}:0: port 0 is no server's port; give one from 1 to 65535")
+    return u.scheme, u.host, u.port if u.port is not None else (443 if u.scheme == "https" else 80)
+
+
 def host_header(u: httpx.URL) -> str:
     """The Host header: the URL's host and port, without its user information."""
     return u.netloc.decode("ascii").rsplit("@", 1)[-1]

@@ -41,7 +41,7 @@ from loadgen.drivers.kernel_stamps import supported as kernel_stamps_supported
 from loadgen.drivers.stamped_socket import open_stamped
 from loadgen.drivers.stamped_tls import open_stamped_tls
 from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
-from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, request_target, serialize
+from loadgen.drivers.http_request import USER_AGENT, PreparedPost, host_header, origin_of, request_target, serialize
 from loadgen.drivers.proxy import Proxy, ProxyError, open_tunnel, proxy_for, unreachable
 
 __all__ = ["CONTEXT_KEY", "LeanTransport", "PreparedPost", "StreamContext"]
@@ -95,7 +95,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         scheme = request.url.scheme
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {scheme}://")
-        origin = (scheme, request.url.host, request.url.port or (443 if scheme == "https" else 80))
+        origin = origin_of(request.url)
         proxy = self._forward_proxy(origin)
         data = serialize(request, await request.aread(), proxy)
         ctx = request.extensions.get(CONTEXT_KEY)
@@ -139,7 +139,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         u = httpx.URL(url)
         if u.scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"the lean transport speaks http:// and https://, not {u.scheme}://")
-        origin = (u.scheme, u.host, u.port or (443 if u.scheme == "https" else 80))
+        origin = origin_of(u)
         proxy = self._forward_proxy(origin)
         given = {k.lower() for k in headers}
         defaults = [(k, v) for k, v in (("user-agent", USER_AGENT), ("accept", "*/*")) if k not in given]

@@ -64,9 +64,11 @@ def proxy_for(url: str) -> Proxy | None:
         raise ProxyError(f"{variable}: a {proxy.scheme}:// proxy is not supported; give an http:// proxy URL "
                          "(https targets are tunnelled through it with CONNECT), or exclude the target with NO_PROXY")
     try:
-        port = proxy.port or 80
+        port = 80 if proxy.port is None else proxy.port
     except ValueError:
-        raise ProxyError(f"{variable}: the proxy's port is not a number from 1 to 65535") from None
+        port = 0
+    if port == 0:  # port 0 is no proxy's: not read as the default 80
+        raise ProxyError(f"{variable}: the proxy's port is not a number from 1 to 65535")
     if not proxy.hostname:
         raise ProxyError(f"{variable}: no proxy host in its URL")
     auth = None

@@ -80,9 +80,16 @@ class Scraper:
     verify: Any = True  # https: the run's ssl.SSLContext (target.tls)
     proxy: Any = None  # the streams' proxy (drivers/proxy.Proxy), so that scrapes take the same route
     power: list[str] = field(default_factory=list)  # target.power_metrics: scraped beside /metrics
+    ready: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # the first scrape is over
 
     async def run(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         """Scrape until ``stop`` is set; a missing or non-Prometheus /metrics ends it with ``warning``."""
+        try:
+            await self._every_period(client, stop)
+        finally:
+            self.ready.set()
+
+    async def _every_period(self, client: httpx.AsyncClient, stop: asyncio.Event) -> None:
         while not stop.is_set():
             t_ns = time.monotonic_ns()
             try:
@@ -99,6 +106,7 @@ class Scraper:
                 self.warning = f"server metrics: {redact_url(self.url)} has no series of a known engine (vLLM, SGLang, llama.cpp, TGI); not scraped"
                 return
             self.rows += [(t_ns, k, v) for k, v in values.items()]
+            self.ready.set()
             try:
                 await asyncio.wait_for(stop.wait(), self.period_s)
             except asyncio.TimeoutError:
@@ -111,6 +119,19 @@ class Scraper:
         if self.proxy is not None:
             auth = {"proxy-authorization": self.proxy.authorization} if self.proxy.authorization else None
             proxy = httpx.Proxy(self.proxy.url, headers=auth)
+        try:
+            await self._scrape(proxy, stop)
+        finally:
+            self.ready.set()
+
+    async def started(self) -> None:
+        """Until the first scrape is over (answered, refused or timed out): its client built and its connection
+        open. A run awaits it before its first send: the first scrape's one-time work (the client's SSL context,
+        httpcore's first-use imports of anyio, its connection; a proxy's too) held the run's loop for 20-70 ms as
+        the first sends fell due (issue 50: the first request through HTTP_PROXY went out 66 ms late)."""
+        await self.ready.wait()
+
+    async def _scrape(self, proxy: httpx.Proxy | None, stop: asyncio.Event) -> None:
         async with httpx.AsyncClient(timeout=5.0, verify=self.verify, proxy=proxy, trust_env=False) as client:
             power = self.power_scraper()
             await asyncio.gather(self.run(client, stop), *([power.run(client, stop)] if power else []))

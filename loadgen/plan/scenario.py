@@ -92,6 +92,19 @@ class Target(_Strict):
                 raise ValueError(f"{url!r}: must be http(s)://host[:port]/path or a /path on the target's host")
         return urls
 
+    @field_validator("extra_body")
+    @classmethod
+    def _one_choice(cls, body: dict[str, Any]) -> dict[str, Any]:
+        """``n`` > 1 (or ``best_of`` > 1): a server streams the choices interleaved in one stream, and loadgen
+        times one stream per request (their tokens would be timed as one answer's: ITL of microseconds)."""
+        for name in ("n", "best_of"):
+            value = body.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                raise ValueError(f"extra_body.{name} is {value}: loadgen times one streamed answer per request, and "
+                                 f"{name} > 1 streams several choices interleaved in one stream; send more requests "
+                                 f"instead (remove {name}, or set it to 1)")
+        return body
+
     @property
     def embedded(self) -> bool:
         return self.base_url == "embedded"
@@ -99,14 +112,7 @@ class Target(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if value != "embedded" and not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be http(s)://host[:port]/v1 or 'embedded'")
-        if value != "embedded":
-            try:
-                urlsplit(value).port
-            except ValueError:
-                raise ValueError("the port must be a number from 1 to 65535") from None
-        return value.rstrip("/")
+        return base_url_checked(value)
 
     @model_validator(mode="after")
     def _client_blocks_embedded(self) -> "Target":
@@ -114,6 +120,22 @@ class Target(_Strict):
         if why is not None:
             raise ValueError(why)
         return self
+
+
+def base_url_checked(value: str) -> str:
+    """``target.base_url`` (``--base-url``, api's ``base_url``) without its trailing slash; ValueError naming what
+    is wrong. Port 0 is refused: no server listens there (it asks the OS for any port), and it is not the default."""
+    if value == "embedded":
+        return value
+    if not re.match(r"^https?://[^/\s]+", value):
+        raise ValueError("must be http(s)://host[:port]/v1 or 'embedded'")
+    try:
+        port = urlsplit(value).port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError("the port must be a number from 1 to 65535")
+    return value.rstrip("/")
 
 
 class Stage(_Strict):
@@ -308,6 +330,9 @@ class Scenario(_Strict):
                               "(docs/figures.md)")
     # the file and --set items it was loaded from (Locust workers load it again); None when built in code
     _source: tuple[Path, list[str]] | None = PrivateAttr(None)
+    # each string field the file wrote with ``${VAR}``, unexpanded: its path → the text as written (run.json keeps
+    # it for a masked field, so a replay takes the secret from the environment as the run did: docs/shrink.md)
+    _env_refs: dict[tuple[str | int, ...], str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _api_fits(self) -> "Scenario":
@@ -325,9 +350,17 @@ class Scenario(_Strict):
         """The file and ``--set`` items this scenario was loaded from; None when it was built in code."""
         return self._source
 
-    def with_source(self, path: Path | None, overrides: Sequence[str] = ()) -> Scenario:
+    @property
+    def env_refs(self) -> dict[tuple[str | int, ...], str]:
+        """Each field the file gave as a ``${VAR}`` reference (its path) → its text as written, unexpanded."""
+        return self._env_refs
+
+    def with_source(self, path: Path | None, overrides: Sequence[str] = (),
+                    env_refs: dict[tuple[str | int, ...], str] | None = None) -> Scenario:
         """A copy that says which file and ``--set`` items it came from (scenario_file.py's loader sets it;
-        Locust workers load the same file again); ``path=None``: a scenario built in code, with no file."""
+        Locust workers load the same file again), and its ``${VAR}`` references; ``path=None``: a scenario
+        built in code, with no file."""
         copy = self.model_copy()
         copy._source = None if path is None else (path, list(overrides))
+        copy._env_refs = dict(env_refs or {})
         return copy

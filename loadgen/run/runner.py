@@ -32,7 +32,7 @@ from loadgen.report.console import print_summary
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.schedule import Plan, PlannedRequest, build_plan
 from loadgen.plan.workload import ServerFault
-from loadgen.core.secrets import redact_headers, redact_url, write_text
+from loadgen.core.secrets import masked_fields, redact_headers, redact_url, write_text
 from loadgen.drivers.loop_sampler import LoopSampler
 from loadgen.drivers.scrape import Scraper
 from loadgen.records.client_metrics import client_metrics_frame, write_client_metrics
@@ -220,6 +220,7 @@ class Run:
         stop = asyncio.Event()
         task = asyncio.create_task(scraper.run_own_client(stop))
         try:
+            await scraper.started()  # its first scrape's one-time work and connection, before the first send
             yield
         finally:
             stop.set()
@@ -358,6 +359,7 @@ class Run:
         scenario = self.scenario.model_dump(mode="json")
         scenario["target"]["headers"] = redact_headers(scenario["target"]["headers"])
         scenario["target"]["base_url"] = redact_url(scenario["target"]["base_url"])
+        masked = masked_fields(self.scenario.model_dump(mode="json"), scenario, self.scenario.env_refs)
         info = {"loadgen_version": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
                 "host": socket.gethostname(), "seed": self.scenario.seed, "engine": self.engine_name,
                 "target": self._target_info(target),
@@ -366,7 +368,7 @@ class Run:
                 "stopped_early": self.fail_fast.reason or self.cut_short, "findings": self.findings,
                 "generator": self.generator, "sessions_not_finished": self.sessions_not_finished,
                 "prompts": self.prompt_stats,
-                "scenario": scenario}
+                "scenario": scenario, "masked": masked}
         if self.until is not None:
             info.update(self.until.info(finished, self.interrupted))
         return info
