@@ -10,7 +10,13 @@ values, ``Bearer …`` tokens). Everything leaving the process passes through it
 - files: every text file loadgen writes goes through ``write_text`` (run.json, summary.json/md, junit.xml,
   report.html, compare, history, crash reports);
 - records: ``RecordSink.add`` redacts each request's ``error_message`` before it is buffered (and clips it
-  after: redaction always sees the whole message).
+  after: redaction always sees the whole message), and every other string of the record (a server's chunk
+  ``id`` and ``finish_reason`` are the server's to choose: one may echo the key there).
+
+A secret is masked in every spelling a text may give it: as itself, or with any of its characters escaped as
+JSON writes them (``\\/`` as PHP does, ``\\u002B`` as .NET does, a UTF-16 pair), as HTML's numeric references
+(``&#43;``) or URL percent-encoding (``%2B``) write them, in any mix (``spelled``): a captured body that echoes a
+base64-style key (``/``, ``+``, ``=``) escaped is masked, and so is the head of one cut inside an escape.
 
 Text that is cut short anywhere in loadgen is cut with ``clip``, which marks the cut with ``CUT`` (…): a secret
 cut in two leaves its head before the mark, and the redactor masks the longest head of any known secret there, so
@@ -49,19 +55,24 @@ class Redactor:
 
     def __init__(self, secrets: list[str] | None = None) -> None:
         self.secrets: list[str] = []
+        self._spelled: dict[str, re.Pattern[str]] = {}  # each secret in any of its spellings (``spelled``)
         self.register(*(secrets or []))
 
     def register(self, *secrets: str | None) -> None:
         """Remember these (values shorter than 4 characters are ignored: masking them would garble text)."""
         known = set(self.secrets) | {s for s in secrets if s and len(s) >= 4}
         self.secrets = sorted(known, key=len, reverse=True)
+        self._spelled = {s: self._spelled.get(s) or spelled(s) for s in self.secrets}
 
     def __call__(self, text: str | None) -> str | None:
         if not text:
             return text
+        escaped = _ESCAPED.search(text) is not None
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, MASK)
+            if escaped:  # as JSON, HTML or a URL may spell it: ``\/``, ``\u002B``, ``&#43;``, ``%2B``, any mix
+                text = self._spelled[secret].sub(MASK, text)
         if "://" in text:
             text = _URL.sub(_mask_url, text)
         if "Bearer" in text:
@@ -78,8 +89,9 @@ class Redactor:
         must not win and leave the real key's head in place (every match ends where the piece ends, so the
         longest covers the others). Any length counts, one character too: a short accidental match masks a
         character or two of ordinary text, which is ugly but safe; a key's head left in place is a leak."""
-        longest = max((_head_length(piece, secret) for secret in self.secrets), default=0)
-        return piece[:-longest] + MASK if longest else piece
+        tail, starts = _decoded_tail(piece, max((len(s) for s in self.secrets), default=0))
+        longest = max((_head_length(tail, secret) for secret in self.secrets), default=0)
+        return piece[:starts[-longest]] + MASK if longest else piece
 
 
 def _head_length(piece: str, secret: str) -> int:
@@ -88,6 +100,61 @@ def _head_length(piece: str, secret: str) -> int:
         if piece.endswith(secret[:k]):
             return k
     return 0
+
+
+# Where a text may spell a character other than as itself: JSON's escapes (RFC 8259 §7: ``\uXXXX``, a UTF-16
+# pair past U+FFFF, ``\/`` as PHP writes it, ``\"``, ``\\``, ``\n``…), HTML's numeric character references
+# (``&#43;``, ``&#x2B;``: WHATWG HTML §13.1.4) and URL percent-encoding (``%2B``: RFC 3986 §2.1).
+_ESCAPED = re.compile(r"\\|&#|%")
+_JSON_SHORT = {"\\b": "\b", "\\f": "\f", "\\n": "\n", "\\r": "\r", "\\t": "\t"}
+_ONE_SPELLING = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}"
+                           r"|\\[\"\\/bfnrt]|&#[xX][0-9a-fA-F]{1,6};|&#[0-9]{1,7};|(?:%[0-9a-fA-F]{2})+|.", re.S)
+_PARTIAL = re.compile(r"(?:\\(?:u[0-9a-fA-F]{0,3})?|&(?:#(?:[xX][0-9a-fA-F]{0,6}|[0-9]{0,7}))?|%[0-9a-fA-F]?)\Z")
+
+
+def spelled(secret: str) -> re.Pattern[str]:
+    """A pattern matching ``secret`` however a text spells each of its characters: as itself, or escaped as
+    JSON, HTML or a URL would escape it (``_ESCAPED``; hexadecimal digits in either case), in any mix."""
+    return re.compile("".join(_char_spellings(c) for c in secret))
+
+
+def _char_spellings(char: str) -> str:
+    units = char.encode("utf-16-be")
+    forms = [re.escape(char), "(?i:" + "".join(rf"\\u{units[k:k + 2].hex()}" for k in range(0, len(units), 2)) + ")",
+             f"&#0*{ord(char)};", f"&#[xX]0*(?i:{ord(char):x});",
+             "(?i:" + "".join(f"%{b:02x}" for b in char.encode("utf-8", "surrogatepass")) + ")"]
+    forms += [re.escape(k) for k, v in _JSON_SHORT.items() if v == char]
+    if char in '"\\/':
+        forms.append(re.escape("\\" + char))
+    return "(?:" + "|".join(forms) + ")"
+
+
+def _decoded_tail(piece: str, chars: int) -> tuple[str, list[int]]:
+    """The last ``chars`` characters ``piece`` spells (its escapes undone, a partial escape at its very end
+    left out), and where each begins in ``piece``: the head of a secret cut in its escaped spelling is found
+    as its characters, and masked from where its first one begins."""
+    partial = _PARTIAL.search(piece, max(0, len(piece) - 10))  # the longest partial escape: 9 (&#x10FFFF)
+    end = partial.start() if partial else len(piece)
+    start = max(0, end - 12 * chars - 12)  # the longest spelling of a character: 12 (a pair of \uXXXX)
+    chars_out, starts = [], []
+    for found in _ONE_SPELLING.finditer(piece, start, end):
+        text = _unescape(found.group(0))
+        chars_out.append(text)
+        starts += [found.start()] * len(text)
+    return "".join(chars_out), starts
+
+
+def _unescape(spelling: str) -> str:
+    if len(spelling) == 1:
+        return spelling
+    if spelling.startswith("\\u"):
+        return bytes.fromhex(spelling.replace("\\u", "")).decode("utf-16-be", "surrogatepass")
+    if spelling.startswith("\\"):
+        return _JSON_SHORT.get(spelling, spelling[1])
+    if spelling.startswith("&#"):
+        code = int(spelling[3:-1], 16) if spelling[2] in "xX" else int(spelling[2:-1])
+        return chr(code) if code < 0x110000 else spelling
+    return bytes.fromhex(spelling.replace("%", "")).decode("utf-8", "surrogateescape")
 
 
 def clip(text: str, limit: int) -> str:
@@ -194,3 +261,19 @@ def install_output_redaction() -> None:
         sys.stdout = RedactingStream(sys.stdout)
     if not isinstance(sys.stderr, RedactingStream):
         sys.stderr = RedactingStream(sys.stderr)
+
+
+def masked_fields(sent: Any, shown: Any, refs: dict[tuple[str | int, ...], str],
+                  path: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
+    """Each string of ``sent`` (a scenario as loaded, a JSON-like tree) that ``shown`` (the same tree as run.json
+    writes it: sensitive headers and URLs' secrets masked) shows masked, or that the redactor masks: its path
+    and the ``${VAR}`` text the scenario gave it (``refs``; None: none), for a replay to take it from the
+    environment as the run did (loadgen shrink), never from the masked record."""
+    if isinstance(sent, str):
+        masked = not isinstance(shown, str) or REDACTOR(shown) != sent
+        return [{"field": list(path), "from": refs.get(path)}] if masked else []
+    if isinstance(sent, dict) and isinstance(shown, dict):
+        return [m for k, v in sent.items() for m in masked_fields(v, shown.get(k), refs, (*path, k))]
+    if isinstance(sent, list) and isinstance(shown, list) and len(sent) == len(shown):
+        return [m for i, (v, w) in enumerate(zip(sent, shown)) for m in masked_fields(v, w, refs, (*path, i))]
+    return []

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 from pydantic import ValidationError
 
+from loadgen.core.secrets import clip
+from loadgen.plan.bundled import names
+from loadgen.plan.nesting import MAX_NESTING, depth, too_deep
 from loadgen.plan.scenario import Empirical, Mixture, Scenario, ScenarioError
 from loadgen.plan.suggest import suggest
 
@@ -32,77 +36,142 @@ def load_scenario(path: Path | str, overrides: list[str] | None = None,
     (``{"load.duration_s": "--duration"}``) so that its errors blame the flag, not the file."""
     path = Path(path)
     root, data = _read_yaml(path)
+    refs = env_refs(data)  # before expansion: a masked field's source, for a replay (run.json, docs/shrink.md)
     data = _expand(data)
     blame: dict[str, str] = {}
     for item in overrides or []:
         key, value = parse_override(item)
-        apply_override(data, key, value)
         blame[key] = (flags or {}).get(key) or f"--set {item}"
+        if key.count(".") + 1 + depth(value) > MAX_NESTING:  # the field's path and the value, nested
+            raise too_deep(clip(blame[key], 80))
+        apply_override(data, key, value)
+        refs = {p: t for p, t in refs.items() if ".".join(map(str, p))[:len(key) + 1] not in (key, key + ".")}
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_error(exc, str(path), root, blame)) from None
-    return _resolve_paths(scenario, path.parent).with_source(path, overrides or [])
+    return _resolve_paths(scenario, path.parent).with_source(path, overrides or [], refs)
 
 
 def _read_yaml(path: Path) -> tuple[yaml.Node | None, dict[str, Any]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}{_bundled_hint(path, exc)}") from None
+    if b"\0" in raw:  # a binary file (YAML forbids NUL; UTF-16 has one in every ASCII character)
+        at = raw.index(b"\0")
+        line = raw.count(b"\n", 0, at) + 1
+        raise ScenarioError(f"{path}:{line}: not a text file (NUL byte at offset {at}); "
+                            "a scenario is YAML text in UTF-8")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
         raise ScenarioError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
                             "save the file as UTF-8") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        root = loader.get_single_node()
-        _check_size(root, str(path))
-        data = loader.construct_document(root) if root is not None else None
-    except yaml.YAMLError as exc:
-        mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        opened = f" ({exc.context} at line {context.line + 1})" if context and context != mark else ""
-        raise ScenarioError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}{opened}") from None
-    finally:
-        loader.dispose()
+    root, data = _parse_yaml(text, lambda line: f"{path}:{line}" if line else str(path), "not valid YAML")
     if not isinstance(data, dict):
         raise ScenarioError(f"{path}: a scenario must be a mapping with name, load and workload")
     return root, data
 
 
-def _check_size(root: yaml.Node | None, source: str) -> None:
-    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, or refer to themselves.
-    Sizes are memoized per node, so this is linear in the file even when its expansion is not."""
-    sizes: dict[int, int] = {}
+def _bundled_hint(path: Path, exc: OSError) -> str:
+    """For a scenario file that is not there but bundled by that name (the README's ``scenarios/smoke.yaml``
+    outside the clone): the commands that run it by name, or copy it to where the user looked."""
+    if not isinstance(exc, FileNotFoundError) or path.suffix not in ("", ".yaml") or path.stem not in names():
+        return ""
+    folder = shlex.quote(str(path.parent))
+    return (f"; loadgen ships a scenario of that name: give its name ({path.stem}), e.g. loadgen run "
+            f"{path.stem}, or copy it there: loadgen scenario copy {path.stem} {folder}")
+
+
+def _parse_yaml(text: str, where: Callable[[int | None], str], what: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node graph and value, after checking without recursion that it nests at most
+    MAX_NESTING levels (PyYAML's composer recurses per level) and, composed, expands to at most
+    MAX_YAML_VALUES values nested as deep. ScenarioError: ``where(line)``, then ``what`` and what is wrong."""
+    try:
+        _check_depth(text, where)
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # a ReaderError (a control character) is raised as the stream is opened
+        raise ScenarioError(_yaml_error(exc, text, where, what)) from None
+    try:
+        root = loader.get_single_node()
+        _check_size(root, where)
+        return root, loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as exc:
+        raise ScenarioError(_yaml_error(exc, text, where, what)) from None
+    finally:
+        loader.dispose()
+
+
+def _check_depth(text: str, where: Callable[[int | None], str]) -> None:
+    """Count the nesting in the parser's events (PyYAML's parser is a state machine: no recursion)."""
+    loader, levels = yaml.SafeLoader(text), 0
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.CollectionStartEvent):
+                levels += 1
+                if levels > MAX_NESTING:
+                    raise too_deep(where(event.start_mark.line + 1))
+            elif isinstance(event, yaml.CollectionEndEvent):
+                levels -= 1
+    finally:
+        loader.dispose()
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, where: Callable[[int | None], str], what: str) -> str:
+    if isinstance(exc, yaml.reader.ReaderError):  # a character YAML does not allow (a control character)
+        line = text[:exc.position].count("\n") + 1
+        return f"{where(line)}: {what}: character U+{exc.character:04X} is not allowed in YAML (a control character)"
+    mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    opened = f" ({exc.context} at line {context.line + 1})" if context and context != mark else ""
+    return f"{where(mark.line + 1 if mark else None)}: {what}: {getattr(exc, 'problem', exc)}{opened}"
+
+
+def _check_size(root: yaml.Node | None, where: Callable[[int | None], str]) -> None:
+    """Refuse a document whose aliases expand to more than MAX_YAML_VALUES values, nest it past MAX_NESTING
+    levels (an alias inside an alias adds its levels), or refer to themselves. Sizes and levels are memoized
+    per node, so this is linear in the file even when its expansion is not; a loop, not recursion."""
+    measured: dict[int, tuple[int, int]] = {}  # node → (values, levels of collections)
     open_nodes: set[int] = set()
-
-    def size(node: yaml.Node) -> int:
-        key = id(node)
-        if key in sizes:
-            return sizes[key]
-        if key in open_nodes:
-            raise ScenarioError(f"{source}:{node.start_mark.line + 1}: an alias refers to itself (recursive YAML)")
-        open_nodes.add(key)
-        children: list[yaml.Node] = []
-        if isinstance(node, yaml.SequenceNode):
-            children = node.value
-        elif isinstance(node, yaml.MappingNode):
-            children = [n for pair in node.value for n in pair]
-        total = 1
-        for child in children:
-            total += size(child)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)] if root is not None else []
+    while stack:
+        node, children_done = stack.pop()
+        key, line = id(node), node.start_mark.line + 1
+        children = _children(node)
+        if children_done:
+            total = 1 + sum(measured[id(c)][0] for c in children)
+            levels = max((measured[id(c)][1] for c in children), default=0) + isinstance(node, yaml.CollectionNode)
             if total > MAX_YAML_VALUES:
-                raise ScenarioError(f"{source}:{node.start_mark.line + 1}: the YAML expands to over "
-                                    f"{MAX_YAML_VALUES:,} values (aliases repeated inside aliases?)")
-        open_nodes.discard(key)
-        sizes[key] = total
-        return total
+                raise ScenarioError(f"{where(line)}: the YAML expands to over {MAX_YAML_VALUES:,} values (aliases "
+                                    "repeated inside aliases?)")
+            if levels > MAX_NESTING:
+                raise too_deep(where(line))
+            open_nodes.discard(key)
+            measured[key] = (total, levels)
+        elif key in open_nodes:
+            raise ScenarioError(f"{where(line)}: an alias refers to itself (recursive YAML)")
+        elif key not in measured:
+            open_nodes.add(key)
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in measured)
 
-    if root is not None:
-        size(root)
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def env_refs(value: Any, path: tuple[str | int, ...] = ()) -> dict[tuple[str | int, ...], str]:
+    """Each string that refers to an environment variable (``${VAR}``), by its path, as written (unexpanded)."""
+    if isinstance(value, str):
+        return {path: value} if _ENV.search(value) else {}
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return {p: t for k, v in items for p, t in env_refs(v, (*path, k)).items()}
 
 
 def _expand(value: Any, where: str = "") -> Any:
@@ -129,10 +198,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE, e.g. load.rate_per_s=8")
-    try:
-        return key.strip(), yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+    return key.strip(), _parse_yaml(text, lambda line: f"--set {clip(item, 80)!r}", "value is not valid YAML")[1]
 
 
 def apply_override(data: dict[str, Any], key: str, value: Any) -> None:

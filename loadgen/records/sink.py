@@ -43,7 +43,10 @@ class RecordSink:
         touched: its columns never go out of step)."""
         if record.error_message:  # the records' one way out: the redaction choke point (then clipped)
             record.error_message = clip(redact(record.error_message) or "", MESSAGE_CHARS)
-        row = [getattr(record, name) for name in REQUEST_COLUMNS]
+        # every other string too: a server's chunk id and finish_reason are its to choose (one that echoes the
+        # key there must not leave it in requests.parquet)
+        row = [redact(value) if isinstance(value, str) else value
+               for value in (getattr(record, name) for name in REQUEST_COLUMNS)]
         chunk_cols: dict[str, list[object]] = {"seq": [record.seq] * len(chunks), "t_ns": [c.t_ns for c in chunks],
                       "tokens": [c.tokens for c in chunks], "reasoning": [c.reasoning for c in chunks],
                       "worker": [record.worker] * len(chunks)}

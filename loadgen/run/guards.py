@@ -9,8 +9,10 @@ the evidence of what the server sent.
   body as loadgen read it, de-chunked and decoded (Transfer-Encoding and Content-Encoding undone:
   ``drivers/http_conn.py``), up to ``CAPTURE_BYTES`` (64 KiB) each, a longer one cut with the ``CUT`` mark (…).
   Redacted: the values of sensitive headers (Set-Cookie, anything naming a key, token or password) masked, and
-  every known secret masked in the rest (``core/secrets.py``), the head of one that the cut split too. On the
-  wire bytes the redactor could miss a key: split by chunk-size lines, or compressed.
+  every known secret masked in the rest (``core/secrets.py``), the head of one that the cut split too, in any
+  spelling the body gives it (raw, JSON-escaped as ``\\/`` or ``\\u002B``, an HTML reference, percent-encoded,
+  any mix: a gateway's JSON escapes a base64 key's ``/`` and ``+``). On the wire bytes the redactor could miss
+  a key: split by chunk-size lines, or compressed.
 """
 
 from __future__ import annotations

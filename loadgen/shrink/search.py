@@ -13,7 +13,6 @@ the same target (docs/shrink.md).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from loadgen.shrink.ddmin import DdminResult, Try, ddmin
 from loadgen.shrink.event import Event, Item, ShrinkError, read_run, seed_set, select_event
 from loadgen.shrink.figure import figure_spec, original_streams, write_figure
 from loadgen.shrink.predicate import model_of, replay_gaps, victim_value_ms
-from loadgen.shrink.writers import (masked_headers, offsets_s, prompts_mode, role_of, script_text, write_json,
+from loadgen.shrink.restore import check_and_register, restored, sources, unexpanded
+from loadgen.shrink.writers import (offsets_s, prompts_mode, role_of, script_text, write_json,
                                     write_scenario, write_script)
 
 REQUIRED_SHARE = 0.8  # 4 of 5 confirmations
@@ -86,10 +86,8 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     started = clock()
     deadline = started + opts.timeout_s
     run = read_run(run_dir)
-    missing = [f"{v} (target.headers.{k})" for k, v in masked_headers(run.scenario).items() if not os.environ.get(v)]
-    if opts.confirmations and missing:  # the confirmations would all fail with 401 (or unexpanded ${VAR})
-        raise ShrinkError(f"the run's target authenticates with headers run.json masked: set {', '.join(missing)} "
-                          "to their values (the written scenario.yaml refers to them), or --confirmations 0")
+    secret_sources = sources(run.info, run.scenario)  # each masked value's ${VAR}: never the masked record (restore.py)
+    check_and_register(secret_sources, opts.confirmations > 0)
     event = select_event(run, opts.stall, opts.request)
     seeds = seed_set(run, event)
     model = model_of(run)
@@ -121,10 +119,11 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     final_scenario = write_scenario(out, run.scenario, run.info, event, items, run_dir)
     progress("building repro.py's request bodies on the target", tries[0], opts.max_tries)
     bodies = bodies_for(final_scenario)
+    bodies.bodies = unexpanded(bodies.bodies, secret_sources)
     replay_gap = victim_value_ms(model, items, event.victim, event.metric)
     reproduced = conf.reproduced >= needed if conf is not None else replay_gap >= threshold_ms
     url = "http://127.0.0.1:8000/v1" if (run.info.get("target") or {}).get("simulator") else \
-        run.scenario.target.base_url
+        restored(run.scenario, secret_sources).target.base_url
     write_script(out, script_text(run.info, run.scenario, event, items, opts.share, url, bodies))
     after = conf.streams if conf is not None and conf.streams else _replay_streams(model, items)
     write_figure(out, opts.png, figure_spec(items, event, original_streams(run.chunks, items), after,
@@ -135,7 +134,8 @@ def shrink(run_dir: Path, opts: ShrinkOptions, progress: Callable[[str, int, int
     doc["script_prompts"] = {"mode": prompts_mode(bodies), "counter": bodies.counter, "why": bodies.why or None,
                              "counted_tokens": bodies.counted, "asked_tokens": bodies.asked}
     write_json(out, doc)
-    return ShrinkResult(out, event, items, replay_gap, found, conf, bodies, reproduced, doc, run.scenario)
+    return ShrinkResult(out, event, items, replay_gap, found, conf, bodies, reproduced, doc,
+                        restored(run.scenario, secret_sources))
 
 
 def _confirmed(found: DdminResult[Item], event: Event, opts: ShrinkOptions, needed: int, threshold_ms: float,

@@ -23,6 +23,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -40,7 +41,8 @@ SHARE = 0.5  # reproduced: the victim's worst gap (or TTFT) >= SHARE x ORIGINAL_
 VICTIM = 1  # index in REQUESTS
 API_KEY_ENV = None  # the scenario's target.api_key_env: sent as Authorization: Bearer $API_KEY_ENV
 HEADERS: dict[str, str] = {}  # the scenario's target.headers that hold no secret
-HEADER_ENVS: dict[str, str] = {}  # header → the environment variable holding its (secret) value
+HEADER_ENVS: dict[str, str] = {}  # header → its (secret) value's ${VAR} reference, expanded from the environment
+BODY_ENVS: list[tuple[list[Any], str]] = []  # a body field (its path) → its (secret) value's ${VAR} reference
 TEMPLATE_TOKENS = 6  # what the chat template adds to one user message (completions: 0)
 PROMPTS = "words"  # exact: BODIES, each prompt of its exact length on this target; approximate: BODIES, lengths
 # from a fit to the server's usage (it has no tokenizer loadgen could use); words: no BODIES, generated words
@@ -60,9 +62,30 @@ def prompt_text(index: int, tokens: int) -> str:
     return " ".join([f"req{index}x"] + [WORDS[(index + k) % len(WORDS)] for k in range(words - 1)])
 
 
+def expand(text: str) -> str:
+    """``text`` with each ``${VAR}`` (``${VAR:-default}``) replaced as loadgen expands a scenario; KeyError naming
+    a variable that is not set (a secret is never written into this file: it is read from the environment)."""
+    def value(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if os.environ.get(name) or (default is None and name in os.environ):
+            return os.environ[name]
+        if default is None:
+            raise KeyError(name)
+        return default
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}", value, text)
+
+
 def loadgen_bodies() -> list[dict[str, Any]]:
-    """BODIES_ZB64 unpacked: each request's body as loadgen sent it (key order kept)."""
-    return json.loads(zlib.decompress(base64.b64decode(BODIES_ZB64))) if BODIES_ZB64 else []
+    """BODIES_ZB64 unpacked: each request's body as loadgen sent it (key order kept), each BODY_ENVS field's
+    value read from the environment (KeyError: a variable that is not set)."""
+    bodies = json.loads(zlib.decompress(base64.b64decode(BODIES_ZB64))) if BODIES_ZB64 else []
+    for body in bodies:
+        for path, ref in BODY_ENVS:
+            node = body
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = expand(ref)
+    return bodies
 
 
 def body_of(index: int, req: dict[str, Any], model: str, bodies: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,11 +118,11 @@ def request_headers(given: list[str], key_env: str | None) -> dict[str, str] | s
     'Name: value'), the API key from ``key_env``; a str: what is missing (one line)."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", **HEADERS}
     flags = dict((n.strip(), v.strip()) for n, _, v in (h.partition(":") for h in given))
-    for name, env in HEADER_ENVS.items():
-        value = flags.get(name) or os.environ.get(env)
-        if not value:
-            return f"header {name} holds a secret: set {env}, or pass --header '{name}: <value>'"
-        headers[name] = value
+    for name, ref in HEADER_ENVS.items():
+        try:
+            headers[name] = flags.get(name) or expand(ref)
+        except KeyError as exc:
+            return f"header {name} holds a secret: set {exc.args[0]}, or pass --header '{name}: <value>'"
     headers.update(flags)
     key = os.environ.get(key_env) if key_env else None
     given_auth = any(n.lower() == "authorization" for n in flags)
@@ -172,10 +195,14 @@ def main() -> int:
     if isinstance(headers, str):
         print(f"error: {headers}", file=sys.stderr)
         return 2
+    try:
+        url, bodies = expand(args.url), loadgen_bodies()
+    except KeyError as exc:
+        print(f"error: the requests take a secret from the environment: set {exc.args[0]}", file=sys.stderr)
+        return 2
     t0 = time.monotonic() + LEAD_S
     results: list[dict[str, Any]] = [{"chunks": []} for _ in REQUESTS]
-    bodies = loadgen_bodies()
-    threads = [threading.Thread(target=stream, args=(args.url, headers,
+    threads = [threading.Thread(target=stream, args=(url, headers,
                                                      body_of(i, r, args.model, bodies), t0 + r["offset_s"],
                                                      results[i]))
                for i, r in enumerate(REQUESTS)]

@@ -22,11 +22,12 @@ from typing import Any, Sequence
 
 import yaml
 
-from loadgen.core.secrets import MASK, write_text
+from loadgen.core.secrets import redact, write_text
 from loadgen.plan.scenario import Scenario
 from loadgen.plan.simulator_spec import CLIENT_FAULTS
 from loadgen.shrink.bodies import Bodies
 from loadgen.shrink.event import Event, Item
+from loadgen.shrink.restore import ENV_REF, body_templates, dotted, env_fields, restored, sources
 
 DATA_BLOCK = re.compile(r"# --- data \(written by loadgen shrink\) ---\n.*?# --- end of data ---\n", re.S)
 PROMPTS_DOC = re.compile(r"^Prompts: .*?\n\n", re.S | re.M)
@@ -47,30 +48,19 @@ def trace_csv(items: Sequence[Item]) -> str:
     return "timestamp_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n"
 
 
-def header_env(name: str) -> str:
-    """The environment variable a masked header's value is read from (scenario.yaml and repro.py)."""
-    return "LOADGEN_HEADER_" + re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
-
-
 def masked_headers(scenario: Scenario) -> dict[str, str]:
-    """The headers run.json masked (a key, a token: ``core.secrets.redact_headers``) → the variable each is read
-    from now; run.json keeps neither the secret nor the original ``${VAR}``, so the name is ``header_env``'s."""
-    return {k: header_env(k) for k, v in scenario.target.headers.items() if v == MASK}
-
-
-def scenario_headers(scenario: Scenario) -> dict[str, str]:
-    """target.headers for scenario.yaml: as the run sent them, each masked one a ``${VAR}`` reference (loadgen
-    expands it when the scenario is loaded; no secret is written to disk)."""
-    envs = masked_headers(scenario)
-    return {k: "${" + envs[k] + "}" if k in envs else v for k, v in scenario.target.headers.items()}
+    """The headers a reproduction takes from the environment (a restored scenario's: ``restore.restored``) →
+    the ``${VAR}`` text each is expanded from."""
+    return {k: v for k, v in scenario.target.headers.items() if ENV_REF.search(v)}
 
 
 def scenario_dict(scenario: Scenario, info: dict[str, Any], event: Event, run_dir: Path) -> dict[str, Any]:
-    """The run's target (its headers, the masked ones as ``${VAR}`` references), the trace as the load, one
-    class forcing the trace's lengths."""
+    """The run's target (each value run.json masked as the ``${VAR}`` reference it came from: ``restore.py``),
+    the trace as the load, one class forcing the trace's lengths."""
+    scenario = restored(scenario, sources(info, scenario))
     target = scenario.target.model_dump(mode="json", exclude_defaults=True, exclude={"headers", "base_url"})
     embedded = bool((info.get("target") or {}).get("simulator"))
-    headers = scenario_headers(scenario)
+    headers = scenario.target.headers
     target = {"base_url": "embedded" if embedded else scenario.target.base_url, **target,
               **({"headers": headers} if headers else {})}
     if not embedded:
@@ -108,6 +98,8 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
     """repro.py: standalone.py's code with this shrink's requests in its data block, and ``bodies`` (loadgen's
     own request bodies, ``bodies.py``) where they were built; its docstring says which prompts it sends."""
     bodies = bodies or Bodies(why="not built")
+    found = sources(info, scenario)
+    scenario = restored(scenario, found)
     api = scenario.target.api if scenario.target.api in ("chat", "completions") else "chat"
     reqs = [{"offset_s": round(o, 9), "prompt_tokens": i.prompt_tokens, "output_tokens": i.output_tokens,
              "role": role_of(i, event)} for i, o in zip(items, offsets_s(items))]
@@ -123,7 +115,8 @@ def script_text(info: dict[str, Any], scenario: Scenario, event: Event, items: S
         f"VICTIM = {items.index(event.victim)}  # index in REQUESTS",
         f"API_KEY_ENV = {scenario.target.api_key_env!r}  # the scenario's target.api_key_env: Bearer $API_KEY_ENV",
         f"HEADERS = {_plain_headers(scenario)!r}  # the scenario's target.headers that hold no secret",
-        f"HEADER_ENVS = {masked_headers(scenario)!r}  # header → the variable holding its (secret) value",
+        f"HEADER_ENVS = {masked_headers(scenario)!r}  # header → its (secret) value's ${{VAR}} reference",
+        f"BODY_ENVS = {body_templates(found)!r}  # a body field (its path) → its (secret) value's ${{VAR}}",
         f"TEMPLATE_TOKENS = {6 if api == 'chat' else 0}  # what the chat template adds to one user message",
         f"PROMPTS = {prompts_mode(bodies)!r}  # exact: BODIES, each prompt of its exact length on this target; "
         "approximate:",
@@ -147,7 +140,8 @@ def _plain_headers(scenario: Scenario) -> dict[str, str]:
 
 def auth_line(scenario: Scenario) -> str | None:
     """One line for shrink's output naming the variables scenario.yaml and repro.py read a secret from."""
-    names = [f"{v} (header {k})" for k, v in masked_headers(scenario).items()]
+    names = [f"{m.group(1)} ({dotted(field)})" for field, text in sorted(env_fields(scenario).items(), key=str)
+             for m in ENV_REF.finditer(text)]
     if scenario.target.api_key_env:
         names.append(f"{scenario.target.api_key_env} (the API key)")
     if not names:
@@ -164,7 +158,8 @@ def blob_lines(bodies: Bodies) -> list[str]:
     """The bodies as zlib + base64, cut into lines (adjacent string literals in the script)."""
     if not bodies.built:
         return []
-    blob = base64.b64encode(zlib.compress(json.dumps(bodies.bodies).encode(), 9)).decode("ascii")
+    text = redact(json.dumps(bodies.bodies)) or ""  # compressed, no secret could be seen: none goes in
+    blob = base64.b64encode(zlib.compress(text.encode(), 9)).decode("ascii")
     return [blob[k:k + BLOB_LINE_CHARS] for k in range(0, len(blob), BLOB_LINE_CHARS)]
 
 
