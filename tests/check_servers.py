@@ -15,6 +15,8 @@ a prompt + max_tokens over ``MAX_MODEL_LEN`` with 400, and streams ``max_tokens`
 | ``role-first`` | the role-only chunk at once, the first token ``ROLE_LEAD_S`` later |
 | ``usage-lies`` | usage: completion_tokens ``LIE_FACTOR`` × the truth, prompt_tokens ``PROMPT_LIE`` over /tokenize's |
 | ``no-usage`` | no usage event in the stream |
+| ``early-length`` | ``max_tokens // EARLY_SHARE`` tokens, finish_reason ``length`` (a context limit), usage saying so |
+| ``after-done`` | ``AFTER_DONE`` more content events after ``[DONE]`` |
 | ``http10`` | answers streamed as HTTP/1.0, gzip-compressed, the body ending at the connection's close |
 
 Each generation request is logged (``log``): its kind, max_tokens, when the first event and the first token
@@ -40,6 +42,8 @@ ITL_S = 0.005
 COALESCE = 4
 ROLE_LEAD_S = 0.3
 LIE_FACTOR = 3
+EARLY_SHARE = 2
+AFTER_DONE = 3
 PROMPT_LIE = 40
 MESSAGE_TOKENS = 3
 GEN_PROMPT_TOKENS = 1
@@ -130,8 +134,12 @@ class CheckServer(LoopServer):
             role = b""
         else:
             await asyncio.sleep(TTFT_S)
+        if kind == "early-length":
+            e["streamed"] = n = max(1, n // EARLY_SHARE)
         await self._tokens(writer, e, n, COALESCE if kind == "coalesce" else 1, role, frame)
-        writer.write(frame(self._tail(e, prompt, kind)) + frame(b""))
+        late = b"".join(event({"id": e["id"], "choices": [{"index": 0, "delta": {"content": " late"}}]})
+                        for _ in range(AFTER_DONE if kind == "after-done" else 0))
+        writer.write(frame(self._tail(e, prompt, kind) + late) + frame(b""))
 
     async def _tokens(self, writer: asyncio.StreamWriter, e: dict[str, Any], n: int, per_chunk: int,
                       lead: bytes, frame: Any = chunk) -> None:
@@ -152,7 +160,7 @@ class CheckServer(LoopServer):
 
     @staticmethod
     def _tail(e: dict[str, Any], prompt: int, kind: str) -> bytes:
-        n = e["max_tokens"]
+        n = e.get("streamed", e["max_tokens"])
         usage = {"prompt_tokens": prompt + (PROMPT_LIE if kind == "usage-lies" else 0),
                  "completion_tokens": n * (LIE_FACTOR if kind == "usage-lies" else 1)}
         tail = event({"id": e["id"], "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})

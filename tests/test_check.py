@@ -19,8 +19,8 @@ from loadgen.run.check import PROBE_OUTPUT_TOKENS, builtin_scenario
 from tests.check_servers import COALESCE, ITL_S, LIE_FACTOR, MAX_MODEL_LEN, PROMPT_LIE, CheckServer
 from tests.run_helpers import run_cli
 
-LINES = ["streaming", "first_chunk", "coalescing", "buffering", "caching", "usage", "tokenizer", "tokenize_endpoint",
-         "metrics_endpoint", "http", "compression", "keep_alive", "max_prompt"]
+LINES = ["streaming", "first_chunk", "coalescing", "buffering", "caching", "usage", "after_done", "tokenizer",
+         "tokenize_endpoint", "metrics_endpoint", "http", "compression", "keep_alive", "max_prompt"]
 TIMING_TOLERANCE_MS = 25.0  # a loopback write's read on a busy 2-core machine (as tests/test_shapes.py)
 
 
@@ -72,17 +72,18 @@ def test_a_well_behaved_server_gets_a_clean_bill_in_json_and_the_key_is_never_sh
 
 
 def test_a_coalescing_server_is_a_finding_on_the_console_with_its_chunk_gap(servers):
-    res = run_cli("check", "--base-url", servers.url("coalesce"), timeout=120)
+    res = run_cli("check", "--base-url", servers.url("coalesce"), "--verbose", timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     lines = res.stdout.splitlines()
-    line = next(x for x in lines if " coalescing " in x)
+    at = next(i for i, x in enumerate(lines) if " coalescing " in x)
+    line, evidence = lines[at], lines[at + 1]  # --verbose: the evidence on the row under the line
     assert line.lstrip().startswith("!") and f"the server coalesces tokens ({COALESCE:.1f} per chunk)" in line
-    assert f"tokens_per_chunk={COALESCE:.1f}" in line
+    assert f"tokens_per_chunk={COALESCE:.1f}" in evidence
     assert lines[-1].startswith("verdict: 1 finding(s) limit what can be measured here: coalescing (exit 1)")
-    marks = {x.split()[1]: x.split()[0] for x in lines[1:-1]}
+    marks = {x.split()[1]: x.split()[0] for x in lines[1:-1] if x.split()[0] in ("!", "i", "✓", "✗")}
     info = ("metrics_endpoint", "max_prompt")
     assert marks == {name: "!" if name == "coalescing" else "i" if name in info else "✓" for name in LINES}
-    gap_ms = float(line.split("chunk_gap_ms_p50=")[1].split(",")[0])
+    gap_ms = float(evidence.split("chunk_gap_ms_p50=")[1].split(",")[0])
     assert abs(gap_ms - COALESCE * ITL_S * 1000) < TIMING_TOLERANCE_MS  # the server's chunk period
     search = next(x for x in lines if " max_prompt " in x)  # /models gives no max_model_len here: searched
     assert "/models gives no max_model_len" in search and "refused (HTTP 400)" in search
@@ -102,7 +103,7 @@ def test_an_unreachable_url_is_exit_2_in_one_line():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     res = run_cli("check", "--base-url", f"http://127.0.0.1:{port}/v1", "--json", timeout=60)
-    assert f"cannot reach http://127.0.0.1:{port}/v1/models" in one_line_exit_2(res)
+    assert f"cannot reach http://127.0.0.1:{port}/v1: connection refused" in one_line_exit_2(res)
     assert json.loads(res.stdout) == {"verdict": "unusable", "exit_code": 2, "error": res.stderr.strip()
                                       .removeprefix("error: "), "findings": []}
 

@@ -232,7 +232,8 @@ def test_the_fast_chunk_parser_agrees_with_the_core_on_any_chunk():
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
     fast = [d for d in corpus if decoded(d)]
-    assert len(fast) > 1000 and sum(1 for d in fast if parse_event(d).text) > 500  # the fast path is exercised
+    # the fast path is exercised (a third of the chunks hold two choices: an error in both parsers, issue 50)
+    assert len(fast) > 1000 and sum(1 for d in fast if parse_event(d).text) > 300
 
 
 def test_whole_events_take_the_shortcut_and_decode_as_line_by_line(monkeypatch):

@@ -92,11 +92,18 @@ class Probe:
     finish_reason: str | None = None
     text: str = ""
     prompt_counted: int | None = None  # the prompt's length by an exact tokenizer (None: none at hand)
+    usage_rejected: str | None = None  # why a usage count was not taken (core/usage_claims.py)
+    after_done: int = 0  # events the server sent after [DONE] (not counted)
 
     @property
     def generated(self) -> int | None:
-        """The output tokens known for sure: max_tokens when the answer stopped at it, else usage's."""
-        return self.max_tokens if self.finish_reason == "length" else self.completion_tokens
+        """The answer's output tokens: usage's where it is within max_tokens (a context limit or a server's own
+        cap may stop an answer sooner, finish_reason length too: usage says how many then); else max_tokens when
+        the answer stopped with finish_reason length (no usage, or usage over the cap); else unknown (None)."""
+        n = self.completion_tokens
+        if n is not None and n <= self.max_tokens:
+            return n
+        return self.max_tokens if self.finish_reason == "length" else None
 
     def chunk_times(self) -> ChunkTimes:
         return ChunkTimes(self.content_ns, self.generated, self.t_sent_ns, self.t_done_ns)
@@ -248,32 +255,50 @@ def _off(reported: int, truth: int) -> bool:
 
 
 def usage(probes: Sequence[Probe]) -> Finding:
-    """Is usage reported in the stream, and does completion_tokens tell the truth (max_tokens when the answer
-    stopped at it; never fewer than the chunks that carried tokens)?"""
+    """Is usage reported in the stream, and does completion_tokens tell the truth (possible at all: the
+    tracker's ``usage_claims`` rule; never over max_tokens, nor fewer than the chunks that carried tokens)?"""
     good = _good(probes)
     if not good:
         return Finding("usage", INFO, "no answer to judge", {})
     reported = [p.completion_tokens for p in good]
-    evidence = {"completion_tokens": reported, "max_tokens": [p.max_tokens for p in good],
-                "finish_reasons": sorted({str(p.finish_reason) for p in good}),
-                "chunks": [len(p.content_ns) for p in good]}
+    evidence: dict[str, Any] = {"completion_tokens": reported, "max_tokens": [p.max_tokens for p in good],
+                                "finish_reasons": sorted({str(p.finish_reason) for p in good}),
+                                "chunks": [len(p.content_ns) for p in good]}
+    rejected = [p.usage_rejected for p in good if p.usage_rejected]
+    if rejected:
+        evidence["usage_rejected"] = rejected[:3]
+        return Finding("usage", FINDING, f"usage claims counts no answer can hold in {len(rejected)} of {len(good)} "
+                       f"answers: loadgen's own counts are kept there (first: {rejected[0]})", evidence)
     if any(n is None for n in reported):
         return Finding("usage", FINDING, "no usage in the stream (stream_options.include_usage not honoured): output "
                        "tokens are estimated from the text, not counted", evidence)
     for p in good:
         n = p.completion_tokens or 0
-        if p.finish_reason == "length" and _off(n, p.max_tokens):
+        # a server stops at max_tokens, and may stop sooner (a context limit, its own cap: finish_reason length
+        # too); a finish_reason of None: the cap is not known (a run's reasoning request: answer plus budget)
+        if p.finish_reason is not None and n > p.max_tokens and _off(n, p.max_tokens):
             return Finding("usage", FINDING, f"usage misreports completion_tokens: {n} reported, {p.max_tokens} "
-                           f"generated (finish_reason length at max_tokens {p.max_tokens}): output tokens and "
-                           "tokens/s taken from usage are wrong here", evidence)
+                           f"generated at most (max_tokens {p.max_tokens}): output tokens and tokens/s taken from "
+                           "usage are wrong here", evidence)
         if n < len(p.content_ns):
             return Finding("usage", FINDING, f"usage misreports completion_tokens: {n} reported for "
                            f"{len(p.content_ns)} chunks that each carried a token", evidence)
-    if all(p.finish_reason == "length" for p in good):
+    if all(p.finish_reason == "length" and p.completion_tokens == p.max_tokens for p in good):
         return Finding("usage", OK, f"usage reported; completion_tokens = max_tokens ({good[0].max_tokens}) in every "
                        "answer", evidence)
     return Finding("usage", OK, "usage reported and not below the chunks counted (answers stopped before max_tokens: "
                    "not checked against it)", evidence)
+
+
+def after_done(probes: Sequence[Probe]) -> Finding:
+    """Does the server send events after ``[DONE]`` (OpenAI's end of the stream)? loadgen stops counting there."""
+    late = [p.after_done for p in probes if p.after_done]
+    evidence = {"answers": len(probes), "answers_with_data_after_done": len(late), "events_after_done": sum(late)}
+    if late:
+        return Finding("after_done", INFO, f"data after [DONE]: {len(late)} of {len(probes)} answers went on with "
+                       f"{sum(late)} events after it (not counted: the stream ends at [DONE]; tools that read on count "
+                       "them)", evidence)
+    return Finding("after_done", OK, "nothing after [DONE]", evidence)
 
 
 def tokenizer(probes: Sequence[Probe], source: str | None) -> Finding:

@@ -1,8 +1,9 @@
 """The signs ``loadgen check`` looks for, read from a run's own records: a server (or a gateway in front of it)
 that coalesces tokens or buffers the stream limits what the run's ITL can mean, whatever the verdict says.
 
-The rules are ``check_findings``' own (``coalescing``, ``buffering``, ``usage``: completion_tokens against
-``max_tokens`` when an answer that did not reason stopped at it, and against the chunks that carried tokens), applied to the measured requests that
+The rules are ``check_findings``' own (``coalescing``, ``buffering``, ``usage``: a usage claim no answer can
+hold, which the records replaced by loadgen's own count (``usage_rejected``, core/usage_claims.py), completion_tokens
+over ``max_tokens`` or under the chunks that carried tokens), applied to the measured requests that
 ended cleanly — at most ``SAMPLE_REQUESTS`` of them, spread evenly over the run (a server's framing is the same
 for every request; an hour-long run's millions of chunks need not all be walked). Only a ``finding`` is kept:
 a run where nothing limits the measurement has none. Pure: records in, findings out.
@@ -36,6 +37,9 @@ def _answers(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> lis
     if ok.height == 0:
         return []
     sample = ok.gather_every(max(1, ok.height // SAMPLE_REQUESTS)).head(SAMPLE_REQUESTS)
+    if "usage_rejected" in ok.columns:  # a claim no answer can hold (core/usage_claims.py): in the sample, if any
+        rejected = ok.filter(pl.col("usage_rejected").is_not_null()).head(SAMPLE_REQUESTS // 2)
+        sample = pl.concat([rejected, sample]).unique(KEY, keep="first").sort(KEY).head(SAMPLE_REQUESTS)
     times = (chunks.lazy().join(sample.select(KEY).lazy(), on=KEY, how="semi").collect().sort([*KEY, "t_ns"])
              .group_by(KEY, maintain_order=True).agg(pl.col("t_ns")))
     rows = sample.join(times, on=KEY, how="inner").select(
@@ -43,6 +47,8 @@ def _answers(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame) -> lis
         # a request that reasoned ran under max_tokens = its answer plus a thinking budget the records do not
         # hold, so where it stopped at that cap is not judged against the answer asked for
         pl.when(pl.col("reasoning_tokens").fill_null(0) == 0).then(pl.col("finish_reason")).alias("finish_reason"),
-        pl.when(pl.col("output_tokens_source") == "server").then(pl.col("output_tokens")).alias("tokens"))
+        pl.when(pl.col("output_tokens_source") == "server").then(pl.col("output_tokens")).alias("tokens"),
+        pl.col("usage_rejected") if "usage_rejected" in sample.columns else pl.lit(None).alias("usage_rejected"))
     return [Probe(200, None, r["t_sent_ns"], r["t_done_ns"], None, True, tuple(r["t_ns"]), r["output_tokens_asked"],
-                  r["tokens"], None, finish_reason=r["finish_reason"]) for r in rows.iter_rows(named=True)]
+                  r["tokens"], None, finish_reason=r["finish_reason"], usage_rejected=r["usage_rejected"])
+            for r in rows.iter_rows(named=True)]

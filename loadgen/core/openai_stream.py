@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadgen.core.secrets import clip
+from loadgen.core.usage_claims import as_count
 
 ERROR_TEXT_CHARS = 2000  # a server's error message, kept whole up to this (the sink clips it after redaction)
 
@@ -73,6 +74,9 @@ def parse_event(data: str) -> Parsed:
     out = Parsed(request_id=obj.get("id") if isinstance(obj.get("id"), str) else None)
     choices = obj.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        several = several_choices(choices)
+        if several:
+            return Parsed(error=several)
         _choice(choices[0], out)
     usage = obj.get("usage")
     if isinstance(usage, dict):
@@ -83,6 +87,16 @@ def parse_event(data: str) -> Parsed:
             out.cached_tokens = as_int(details.get("cached_tokens"))
         out.reasoning_tokens = reasoning_count(usage)
     return out
+
+
+def several_choices(choices: list[Any]) -> str | None:
+    """Why a chunk is not one stream's (``n`` > 1: a server interleaves its choices' chunks, each with its
+    ``index``), or None: loadgen times one stream per request, so several choices are an error, never merged."""
+    indexes = [as_int(c.get("index")) if isinstance(c, dict) else None for c in choices]
+    if len(choices) > 1 or any(i for i in indexes if i is not None and i > 0):
+        return (f"the server streamed several choices (index {max((i or 0) for i in indexes)}): loadgen times one "
+                "stream per request (is n > 1 set in extra_body?)")
+    return None
 
 
 def reasoning_count(usage: dict[str, Any]) -> int | None:
@@ -164,7 +178,8 @@ def error_of(err: Any) -> Parsed:
 
 
 def as_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A whole JSON number (``16`` or ``16.0``: RFC 8259 numbers; ``usage_claims.as_count``), else None."""
+    return as_count(value)
 
 
 _WORD = re.compile(r"\w+|[^\w\s]")

@@ -54,6 +54,8 @@ class RequestRecord:
     # the transport (issue 39; None: not measured, or nothing came back)
     connect_ns: int | None = None  # opening the connection it went out on: TCP + proxy tunnel + TLS; 0: reused
     t_headers_ns: int | None = None  # the final response's status line and headers read (RFC 9112 §2.1, §6)
+    # usage as a checked claim (issue 50; core/usage_claims.py): why a count the server claimed was not taken
+    usage_rejected: str | None = None
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.think_tags import ThinkSplitter, tag_excess
 from loadgen.core.token_shares import phase_tokens
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
+from loadgen.core.usage_claims import Seen, judge, running
 
 
 @dataclass(slots=True)
@@ -63,6 +64,8 @@ class RequestMeta:
     t_ready_ns: int | None = None
     wait_ns: int | None = None
     wait_kind: str | None = None
+    body_bytes: int | None = None  # the request body's size: bounds the prompt tokens a server may claim
+    output_cap: int | None = None  # its max_tokens, a reasoning budget included (None: output_tokens_asked)
 
 
 def error_kind_for_status(status: int) -> str:
@@ -81,7 +84,7 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
                  "_summary", "_error", "_text", "record", "_parse", "_body", "_events", "_first", "_parts", "_calls",
-                 "_think", "_opaque")
+                 "_think", "_opaque", "_chars", "_rejected", "after_done")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
                  api: str = "chat", parse: Callable[[str], Parsed] | None = None, think_tags: bool = True) -> None:
@@ -108,6 +111,9 @@ class StreamTracker:
         self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool calls by index: id, name, argument pieces
         self._think: ThinkSplitter | None = ThinkSplitter() if think_tags else None  # None: no more splitting
         self._opaque = False  # a reasoning event without text (a thinking block that streams none)
+        self._chars = 0  # characters of generated text received: bounds the output tokens (usage_claims)
+        self._rejected: str | None = None  # why a usage claim was not taken (usage_claims.judge)
+        self.after_done = 0  # events after the stream's end ([DONE]): not counted
         self.record: RequestRecord | None = None  # set by finish
 
     @property
@@ -143,6 +149,9 @@ class StreamTracker:
     def _event(self, t_ns: int, p: Parsed, data: str) -> None:
         """One event: ``data`` as received, ``p`` what the API's parser read in it."""
         summary = self._summary
+        if summary.done:  # OpenAI's stream ends at [DONE] (WHATWG SSE has no end event): the rest is not counted
+            self.after_done += 1
+            return
         if not self._events:
             self._events, self._first = True, data
         if p.done:  # the end (OpenAI's [DONE]; the Responses API's response.completed carries usage too)
@@ -157,12 +166,16 @@ class StreamTracker:
             summary.reasoning_tokens = p.reasoning_tokens
         if p.calls:
             self._add_calls(p.calls)
-        held = False
+        held, count = False, p.completion_tokens
+        self._chars += len(p.text) + len(p.reasoning_text)
+        if count is not None:  # a running count is a claim too: one a stream of this size can hold
+            cap = self.meta.output_cap or self.meta.output_tokens_asked
+            count = running(count, self._last_count, cap, self._chars, len(self._chunks) + 1)
         if p.text:
             if p.reasoning or p.tool or p.reasoning_text or p.calls or self._think is not None:
-                held = not self._chunk(t_ns, *self._split(p), p.completion_tokens)
+                held = not self._chunk(t_ns, *self._split(p), count)
             else:  # the common event: answer text alone
-                tokens = self._tokens(p.completion_tokens, p.text)
+                tokens = self._tokens(count, p.text)
                 self._chunks.append(ChunkRecord(self.meta.seq, t_ns, tokens, False, self.meta.worker))
                 self._parts.append((0, 0, tokens))
                 if self._text is not None:
@@ -170,9 +183,9 @@ class StreamTracker:
         elif p.reasoning:
             self._opaque = True
         if p.completion_tokens is not None:
-            summary.completion_tokens = p.completion_tokens
-            if not held:  # text held back (a tag cut short) counts with the chunk that takes it
-                self._last_count = p.completion_tokens
+            summary.completion_tokens = p.completion_tokens  # the final claim is judged at the end
+            if count is not None and not held:  # text held back (a tag cut short) counts with the chunk taking it
+                self._last_count = count
         if p.error and self._error is None:
             self._error = (error_kind_for_status(p.error_status) if p.error_status else "protocol", p.error)
 
@@ -276,12 +289,23 @@ class StreamTracker:
         if kind is None and not self._summary.done:
             cut = " mid-event" if self._decoder.pending() else ""
             kind, message = "protocol", f"stream ended{cut} without [DONE]"
+        self._judge()
         if kind is None and not self._chunks and self._body is None:
             kind, message = self._no_token()
         chunks = self._chunks
         counts = phase_tokens(chunks, self._parts, self._summary, self._exact)
         self.record = self._record(now_ns, chunks, self._summary, status, kind, message, counts)
         return self.record, chunks
+
+    def _judge(self) -> None:
+        """The server's usage claims checked against what was asked, sent and received (``usage_claims``)."""
+        s, m = self._summary, self.meta
+        seen = Seen(m.output_cap or m.output_tokens_asked, m.prompt_tokens_asked, m.body_bytes,
+                    m.conversation is not None or m.session is not None, self._chars, len(self._chunks),
+                    sum(c.tokens for c in self._chunks))
+        j = judge(s.completion_tokens, s.prompt_tokens, s.cached_tokens, s.reasoning_tokens, seen)
+        s.completion_tokens, s.prompt_tokens, s.cached_tokens = j.completion_tokens, j.prompt_tokens, j.cached_tokens
+        s.reasoning_tokens, self._rejected = j.reasoning_tokens, j.rejected
 
     def _no_token(self) -> tuple[str | None, str | None]:
         """A stream that ended well but in which no event carried a token loadgen reads: a success only where the
@@ -322,7 +346,7 @@ class StreamTracker:
             conversation=m.conversation, turn=m.turn, cached_tokens=s.cached_tokens,
             t_first_answer_ns=first_answer, t_last_reasoning_ns=last_reasoning, reasoning_tokens=reasoning_tokens,
             tool_tokens=tool_tokens, tool_calls=len(self._calls) if counts is not None else None,
-            **_session_fields(m))
+            usage_rejected=self._rejected, **_session_fields(m))
 
 
 def bare_record(m: RequestMeta, t_sent_ns: int, now_ns: int, status: int, kind: str,

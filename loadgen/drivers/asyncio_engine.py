@@ -34,6 +34,7 @@ import httpx
 
 from loadgen.core.tracker import StreamTracker
 from loadgen.core.records import ChunkRecord, RequestRecord
+from loadgen.plan.request_bodies import output_cap
 from loadgen.plan.schedule import Plan, PlannedRequest
 from loadgen.drivers.timing import RateCeiling, error_kind, overdue, preparation_error, quiet_runtime, sleep_until
 from loadgen.drivers.schedulers import CallFor, TurnFor, make_scheduler
@@ -165,6 +166,9 @@ class AsyncioEngine:
                after_call: int | None = None) -> asyncio.Task[None]:
         tracker = StreamTracker(request_meta(req, t_intended_ns, after_call), 0, self.cfg.max_event_bytes, self.cfg.api,
                                 FAST_PARSERS.get(self.cfg.api))  # t_sent stamped when the request leaves
+        # what bounds the usage a server may claim (core/usage_claims.py): the body's size, its max_tokens
+        tracker.meta.body_bytes = len(body)
+        tracker.meta.output_cap = output_cap(self.plan.scenario, self.plan.class_of(req.class_name), req.output_tokens)
         task = asyncio.create_task(self._send(req, tracker, body))
         task.add_done_callback(lambda done: self._unstarted(done, req.seq, tracker))
         self.stats.in_flight[req.seq] = (task, tracker)

@@ -40,6 +40,7 @@ class _Delta(msgspec.Struct):
 
 
 class _Choice(msgspec.Struct):
+    index: Optional[int] = None
     delta: Optional[_Delta] = None
     text: Any = None
     finish_reason: Optional[str] = None
@@ -84,6 +85,8 @@ def parse_chunk(data: str) -> Parsed:
         return parse_event(data)
     out = Parsed(request_id=chunk.id)
     if chunk.choices:
+        if len(chunk.choices) > 1 or chunk.choices[0].index:  # several choices (n > 1): the core says why
+            return parse_event(data)
         choice = chunk.choices[0]
         delta = choice.delta
         if delta is not None:

@@ -43,3 +43,15 @@ def request_body(scenario: Scenario, model: str, cls: RequestClass, prompt: Prom
     add_knobs(body, api, cls, output_tokens, False)
     body.update(scenario.target.extra_body)
     return body
+
+
+CAP_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def output_cap(scenario: Scenario, cls: RequestClass, output_tokens: int) -> int:
+    """The most output tokens a request's body lets a server generate (a usage claim over it is impossible:
+    core/usage_claims.py): the answer asked for plus the class's reasoning budget, or ``extra_body``'s own cap."""
+    r = cls.reasoning
+    budget = r.budget_tokens if r is not None and r.enabled and r.budget_tokens else 0
+    caps = [scenario.target.extra_body.get(key) for key in CAP_KEYS]
+    return max([output_tokens + budget] + [c for c in caps if isinstance(c, int) and not isinstance(c, bool)])

@@ -17,13 +17,14 @@ REQUEST_SCHEMA = pl.Schema({
     "t_first_answer_ns": pl.Int64, "t_last_reasoning_ns": pl.Int64, "reasoning_tokens": pl.Int64,
     "tool_tokens": pl.Int64, "tool_calls": pl.Int64, "session": pl.Int64, "call": pl.Int64, "agent": pl.Int64,
     "step": pl.Int64, "after_call": pl.Int64, "t_ready_ns": pl.Int64, "wait_ns": pl.Int64, "wait_kind": pl.String,
-    "connect_ns": pl.Int64, "t_headers_ns": pl.Int64,
+    "connect_ns": pl.Int64, "t_headers_ns": pl.Int64, "usage_rejected": pl.String,
 })
 LATER_COLUMNS = (  # added after the first release: null when absent
     "conversation", "turn", "cached_tokens",
     "t_first_answer_ns", "t_last_reasoning_ns", "reasoning_tokens", "tool_tokens", "tool_calls",  # issue 38
     "session", "call", "agent", "step", "after_call", "t_ready_ns", "wait_ns", "wait_kind",
     "connect_ns", "t_headers_ns",  # issue 39
+    "usage_rejected",  # issue 50
 )
 CHUNK_SCHEMA = pl.Schema({"seq": pl.Int64, "t_ns": pl.Int64, "tokens": pl.Int64, "reasoning": pl.Boolean,
                           "worker": pl.Int64})

@@ -8,7 +8,8 @@ prompt's length takes at most eight counts on the tokenize endpoint):
 
 1. three fresh prompts of ``PROBE_PROMPT_TOKENS`` (a unique salt first), each ``PROBE_OUTPUT_TOKENS`` long
    (max_tokens, and ignore_eos/min_tokens as the scenario's first class asks), interleaved with the same prompt
-   sent three times: streaming, the first chunk, coalescing, buffering, usage, the tokenizer, caching;
+   sent three times: streaming, the first chunk, coalescing, buffering, usage, data after [DONE], the tokenizer,
+   caching;
 2. GET /models again (its max_model_len) and GET /metrics;
 3. the largest prompt: a prompt just under max_model_len and one over it, else a bounded search (max_tokens 1).
 
@@ -26,8 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from loadgen.analysis import check_result as judge
-from loadgen.analysis.check_findings import Finding, Probe, buffering, caching, coalescing, first_chunk, streaming, \
-    tokenizer, usage
+from loadgen.analysis.check_findings import Finding, Probe, after_done, buffering, caching, coalescing, first_chunk, \
+    streaming, tokenizer, usage
 from loadgen.analysis.check_result import CheckResult
 from loadgen.core import engines, prom_text
 from loadgen.core.secrets import redact_url
@@ -103,7 +104,8 @@ async def _audit(s: Session) -> list[Finding]:
     connections = s.transport.connections - before
     answers = [p.chunk_times() for p in salted]
     lines = [streaming(salted), first_chunk(salted, s.scenario.target.api), coalescing(answers), buffering(answers),
-             caching(repeated, salted), usage(salted), tokenizer(salted, _tokenizer_source(s)),
+             caching(repeated, salted), usage(salted), after_done([*repeated, *salted]),
+             tokenizer(salted, _tokenizer_source(s)),
              _tokenize_line(s), await _metrics_line(s)]
     heads = s.heads[:]
     closing = sum(_closes(version, head) for version, head in zip(s.versions, heads))

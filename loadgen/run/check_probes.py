@@ -25,6 +25,7 @@ from loadgen.drivers.lean_transport import LeanTransport
 from loadgen.drivers.streamed_post import StreamContext, direct_post, send_post
 from loadgen.drivers.timing import error_kind
 from loadgen.plan.scenario import Scenario
+from loadgen.plan.request_bodies import output_cap
 from loadgen.plan.workload import LinearFit, Prompt, TokenCounter, filler, request_body
 from loadgen.run.prepare import ssl_context, target_proxy
 from loadgen.run.target import JSON_TYPE, ResolvedTarget
@@ -141,6 +142,9 @@ async def stream_probe(s: Session, text: str, output_tokens: int, counted: int |
     if s._direct is None and not s.target.follow:
         s._direct = direct_post(s.client, s.url, s.headers)
     data = json.dumps(s.body(text, output_tokens)).encode()
+    meta = reader.tracker.meta  # what bounds the usage a server may claim (core/usage_claims.py)
+    meta.body_bytes = len(data)
+    meta.output_cap = output_cap(s.scenario, s.scenario.workload.classes[0], output_tokens)
     status, kind, message = 200, None, None
     try:
         status = await asyncio.wait_for(send_post(s.client, s._direct, s.url, s.headers, data, ctx, s.target.follow),
@@ -162,7 +166,8 @@ async def stream_probe(s: Session, text: str, output_tokens: int, counted: int |
                  max_tokens=output_tokens, completion_tokens=record.output_tokens if server else None,
                  prompt_tokens=record.prompt_tokens if record.prompt_tokens_source == "server" else None,
                  cached_tokens=record.cached_tokens, finish_reason=record.finish_reason,
-                 text=reader.tracker.answer, prompt_counted=counted)
+                 text=reader.tracker.answer, prompt_counted=counted, usage_rejected=record.usage_rejected,
+                 after_done=reader.tracker.after_done)
 
 
 async def prompt_text(counter: TokenCounter, tokens: int, salt: str, fit_: LinearFit,
