@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import shlex
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from loadgen import api
 from loadgen.cli.common import LEVEL, console, fail, load, percent_option, points, scenario_overrides
 from loadgen.core.secrets import redact_url, write_text
-from loadgen.plan.scenario import ScenarioError
+from loadgen.errors import ScenarioError
 
 
 def ui(
@@ -39,6 +39,7 @@ def ui(
     """Locust's web UI with the scenario loaded and an LLM tab (exact TTFT/ITL/TPOT percentiles, stalls, SLOs,
     live). Start and stop from the browser; each run is written like `loadgen run`'s."""
     importlib.import_module("loadgen.run.locust_ui")  # first: Locust monkey-patches the process when imported
+    from loadgen import api  # in each command, not at the top: `loadgen --help` starts without it (cli/app.py)
     try:
         api.ui(load(scenario, scenario_overrides(set_, base_url)), host=host, port=port, web_login=web_login,
                master=master, master_bind=(master_bind_host, master_port), reports_dir=reports_dir,
@@ -57,6 +58,7 @@ def worker(
 ) -> None:
     """A Locust worker: streams its slice of the scenario's plan and ships the raw records to the master."""
     from loadgen.run import locust_run  # first: Locust monkey-patches the process when imported
+    from loadgen import api
     from loadgen.run.target import TargetError
 
     try:
@@ -118,20 +120,27 @@ def check(
                                            "simulator)"),
     model: Optional[str] = typer.Option(None, "--model", help="as in run"),
     api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="environment variable with the API key"),
+    api_: Optional[str] = typer.Option(None, "--api", help="chat or completions (default: the scenario's; "
+                                       "built-in: chat)"),
     json_out: bool = typer.Option(False, "--json/--no-json", help="print one JSON object (findings, verdict, exit "
                                   "code)"),
+    verbose: bool = typer.Option(False, "--verbose/--no-verbose", help="each line's evidence (the figures it was "
+                                 "judged on) under it"),
     set_: list[str] = typer.Option([], "--set", help="override any field, as in run"),
 ) -> None:
     """Audit whether an endpoint can be measured honestly (streaming, coalescing, caching, usage, tokenizer,
     HTTP, largest prompt) in well under a minute. Exit 0 clean, 1 findings that limit what can be measured, 2
     unreachable or not OpenAI-compatible."""
+    from loadgen import api
     from loadgen.report.check_report import print_check
     from loadgen.run.check import builtin_scenario
 
     if scenario is None and base_url is None:
         raise fail("give a scenario file or --base-url URL (loadgen check --help)")
     try:
-        overrides = scenario_overrides(set_, base_url, model, api_key_env)
+        if api_ is not None and api_ not in ("chat", "completions"):
+            raise ScenarioError(f"--api {api_!r}: choose chat or completions")
+        overrides = scenario_overrides(set_, base_url, model, api_key_env) + ([f"target.api={api_}"] if api_ else [])
         sc = load(scenario, overrides) if scenario else builtin_scenario(lambda p: load(p, overrides))
         result = api.check(sc)
     except (ScenarioError, api.TargetError) as exc:
@@ -142,7 +151,7 @@ def check(
     if json_out:
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:
-        print_check(console, result)
+        print_check(console, result, verbose)
     raise typer.Exit(result.exit_code)
 
 
@@ -154,6 +163,11 @@ def report(
 ) -> None:
     """Recompute the summary, verdict and every report (report.html, summary.md/json, junit.xml, charts) from
     the run's Parquet records."""
+    from loadgen import api
+    if not run_dir.is_dir():  # what is wrong with the path first: a typo is not a directory without run.json
+        runs = sorted(run_dir.parent.glob("*/run.json")) if run_dir.parent.is_dir() else []
+        hint = f"; the latest run beside it: loadgen report {shlex.quote(str(runs[-1].parent))}" if runs else ""
+        raise fail(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}{hint}")
     from loadgen.report.console import print_summary
     from loadgen.report.timeline import parse_window
 
@@ -195,6 +209,7 @@ def compare(
     BASE or NEW may be a `run --repeat` directory (its runs pooled). Writes compare.json, compare.md,
     compare.html and compare-junit.xml. Exit 0 no regression and the verdict not worse; 1 a metric regressed
     or the verdict got worse (pass → inconclusive/fail, inconclusive → fail); 2 bad input."""
+    from loadgen import api
     from loadgen.report.compare_report import print_comparison
 
     try:

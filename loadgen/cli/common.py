@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from pathlib import Path
 
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
@@ -44,7 +45,9 @@ class Parser:
 
 
 def seconds_option(default: Any, flag: str, help: str, zero_ok: bool = False) -> Any:
-    """A time flag: ``20``, ``20s``, ``2m``, ``1h`` (vocabulary.seconds)."""
+    """A time flag: ``20``, ``20s``, ``2m``, ``1h`` (vocabulary.seconds); a default in seconds shows its unit."""
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        default = f"{default:g}s"  # help says [default: 0.5s], not a bare 0.5; the parser reads it back
     return typer.Option(default, flag, help=help, metavar="TIME",
                         parser=Parser("seconds", flag, lambda t: vocabulary.seconds(t, flag, zero_ok)))
 
@@ -70,6 +73,7 @@ LEVEL = (lambda x: 0.5 <= x < 1, "give a level from 50% to below 100%, e.g. 95%"
 
 
 FLAGS = {"target.base_url": "--base-url", "target.model": "--model", "target.api_key_env": "--api-key-env",
+         "target.api": "--api",
          "load.duration_s": "--duration", "target.request_timeout_s": "--request-timeout",
          "load.drain_timeout_s": "--drain-timeout", "load.rate_per_s": "--rate", "load.concurrency": "--concurrency",
          "workload.classes.0.prompt_tokens": "--prompt-tokens", "workload.classes.0.output_tokens": "--output-tokens"}
@@ -105,6 +109,17 @@ def check_out_dir(out: Path) -> None:
     if any(out.glob("requests*.parquet")):
         raise fail(f"--out {out} already holds a run's records (requests.parquet): give a new directory, or "
                     "remove that one; runs are never mixed")
+    try:
+        entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+    except OSError as exc:
+        raise fail(f"--out {out}: cannot read it: {exc.strerror or exc}") from None
+    if entries:  # a folder of the user's: a run writes summary.json, report.html, … there, over same-named files
+        ran = next((n for n in ("run.json", "sweep.json", "repeat.json", "shrink.json") if n in entries), None)
+        what = (f"an earlier loadgen run ({ran})" if ran else "files that are not a loadgen run ("
+                f"{', '.join(entries[:3])}{', …' if len(entries) > 3 else ''})")
+        free = next(out / f"run-{n}" for n in range(1, 10**6) if not (out / f"run-{n}").exists())
+        raise fail(f"--out {out} holds {what}: give a new or empty directory, e.g. --out {shlex.quote(str(free))}; "
+                   "loadgen never writes a run over other files")
     existed = out.exists()
     try:  # a real write (root passes every permission check but not a read-only or full file system)
         out.mkdir(parents=True, exist_ok=True)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loadgen.cli.common import console, err, fail, percent_option, seconds_option
+from loadgen.cli.common import check_out_dir, console, err, fail, percent_option, seconds_option
 from loadgen.errors import RunDirError
-from loadgen.run.reporting import add_shrink_section
-from loadgen.shrink.event import ShrinkError
-from loadgen.shrink.search import ShrinkOptions, ShrinkResult, shrink as shrink_run
-from loadgen.shrink.writers import auth_line, prompts_line
+
+if TYPE_CHECKING:
+    from loadgen.shrink.search import ShrinkResult
 
 
 def shrink(
@@ -47,6 +45,13 @@ def shrink(
     (loadgen run replays them), repro.py (standard library only, for a bug report), shrink.json and
     figure.png, and adds a "Smallest reproduction" section to RUN/report.html. Exit 0: reproduced (>= 4 of 5
     confirmations); 1: not; 2: bad input, or the target could not be used in any confirmation."""
+    if out is not None:  # as run's: never over a folder of the user's, nor an earlier reproduction
+        check_out_dir(out)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from loadgen.shrink.event import ShrinkError  # here, not at the top: `loadgen --help` starts without them
+    from loadgen.shrink.search import ShrinkOptions, shrink as shrink_run
+
     opts = ShrinkOptions(stall, request, out, max_tries, timeout_s, confirmations, share, png)
     try:
         with Progress(TextColumn("shrink: {task.description}"), BarColumn(), TextColumn("{task.completed}/"
@@ -72,6 +77,8 @@ def report_line(run_dir: Path, out: Path, png: bool) -> str:
     reproduction went there; a page that cannot be rebuilt is a note, the shrink's files stand."""
     if out.resolve().parent != run_dir.resolve() or not out.name.startswith("shrink-"):
         return f"report.html: not updated (--out {out} is outside the run's shrink-*/ folders)"
+    from loadgen.run.reporting import add_shrink_section
+
     try:
         add_shrink_section(run_dir, png)
     except (OSError, ValueError, RunDirError) as exc:
@@ -80,6 +87,8 @@ def report_line(run_dir: Path, out: Path, png: bool) -> str:
 
 
 def summary_lines(result: ShrinkResult) -> list[str]:
+    from loadgen.shrink.writers import auth_line, prompts_line
+
     doc, ev = result.doc, result.event
     what = "TTFT" if ev.metric == "ttft_ms" else "gap"
     lines = [f"{ev.label}: request {ev.victim.seq}'s {ev.gap_ms:.0f} ms {what} ({ev.cause or 'no cause'}); "

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
+from loadgen.plan import nesting
 from loadgen.plan.otel_trace import read_otel
 from loadgen.plan.scenario import ScenarioError
 from loadgen.plan.session_spec import SessionTrace
@@ -63,7 +64,7 @@ def trace_format_of(path: Path) -> TraceFormat | None:
     try:
         if path.suffix == ".jsonl" and path.is_file():
             with path.open(encoding="utf-8") as f:  # the first line only: a trace may be large
-                doc = json.loads(next((line for line in f if line.strip()), "null"))
+                doc = nesting.loads(next((line for line in f if line.strip()), "null"), str(path), 1)
         else:
             doc = next(_documents(path))[1]
     except (OSError, UnicodeDecodeError, ValueError, ScenarioError, StopIteration):
@@ -88,9 +89,9 @@ def _documents(path: Path) -> Iterator[tuple[str, Any]]:
     if path.suffix == ".jsonl":
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                yield f"{path}:{n}", _parse(line, f"{path}:{n}")
+                yield f"{path}:{n}", _parse(line, str(path), n)
         return
-    value = _parse(text, str(path))
+    value = _parse(text, str(path), None)
     for k, doc in enumerate(value if isinstance(value, list) else [value]):
         yield (f"{path}[{k}]" if isinstance(value, list) else str(path)), doc
 
@@ -106,9 +107,11 @@ def _read(path: Path) -> str:
         raise ScenarioError(f"{path}: not UTF-8 text") from None
 
 
-def _parse(text: str, where: str) -> Any:
+def _parse(text: str, path: str, line: int | None) -> Any:
+    """A document (a JSONL's line ``line``); nested past MAX_NESTING: ScenarioError naming its line."""
+    where = path if line is None else f"{path}:{line}"
     try:
-        return json.loads(text)
+        return nesting.loads(text, path, line)
     except json.JSONDecodeError as exc:
         raise ScenarioError(f"{where}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
 

@@ -10,12 +10,12 @@ cumulative-rate clock Λ(t) and mapped back through Λ's inverse.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen.plan import nesting
 from loadgen.plan.scenario import (MAX_PLAN_REQUESTS, MAX_TOKENS, Empirical, Exponential, Fixed, LogNormal,
                                    Mixture, Normal, Ramp, Scenario, ScenarioError, TraceFile,
                                    Uniform)
@@ -181,10 +181,12 @@ def read_trace_file(s: Scenario) -> list[TraceRow]:
     try:
         text = spec.path.read_text()
         jsonl = spec.path.suffix == ".jsonl" or spec.format == "mooncake"
-        rows = ([json.loads(line) for line in text.splitlines() if line.strip()] if jsonl
-                else list(csv.DictReader(text.splitlines())))
+        rows = ([nesting.loads(line, str(spec.path), n) for n, line in enumerate(text.splitlines(), 1)
+                 if line.strip()] if jsonl else list(csv.DictReader(text.splitlines())))
     except OSError as exc:
         raise ScenarioError(f"load.trace.path: cannot read {spec.path}: {exc.strerror}") from None
+    except ScenarioError:  # a ValueError too: a row nested too deep, named already
+        raise
     except (ValueError, csv.Error) as exc:
         raise ScenarioError(f"{spec.path}: not valid {'JSONL' if jsonl else 'CSV'}: {exc}") from None
     out = [_trace_row(spec, row, n) for n, row in enumerate(rows, start=1)]

@@ -27,6 +27,7 @@ from typing import Any
 
 from loadgen.core.openai_stream import local_token_weight
 from loadgen.core.secrets import clip
+from loadgen.plan import nesting
 from loadgen.plan.scenario import MAX_TOKENS, DatasetSpec, RequestClass, ScenarioError
 
 CSV_FIELD_BYTES = 64 << 20  # one CSV field, at most (the csv module's default, 128 KiB, is a long prompt)
@@ -93,6 +94,8 @@ def _load_rows(spec: DatasetSpec) -> tuple[Row, ...]:
         records = _read(spec, fmt)
     except OSError as exc:
         raise ScenarioError(f"dataset {spec.path}: cannot read: {exc.strerror or exc}") from None
+    except ScenarioError:  # a ValueError too: named already (a row nested too deep)
+        raise
     except (ValueError, UnicodeDecodeError, csv.Error) as exc:
         raise ScenarioError(f"dataset {spec.path}: not valid {fmt}: {clip(str(exc).splitlines()[0], 200)}") from None
     rows = [row for n, rec in enumerate(records, 1) if (row := _row(spec, fmt, rec, n)) is not None]
@@ -105,13 +108,13 @@ def _load_rows(spec: DatasetSpec) -> tuple[Row, ...]:
 
 def _read(spec: DatasetSpec, fmt: str) -> list[Any]:
     if fmt == "sharegpt":
-        data = json.loads(spec.path.read_text(encoding="utf-8"))
+        data = nesting.loads(spec.path.read_text(encoding="utf-8"), f"dataset {spec.path}")
         if not isinstance(data, list):
             raise ValueError("a ShareGPT file is a JSON list of {conversations: [...]}")
         return data
     if fmt == "jsonl":
-        return [_json_line(line, n) for n, line in enumerate(spec.path.read_text(encoding="utf-8").splitlines(), 1)
-                if line.strip()]
+        return [_json_line(line, n, spec) for n, line in
+                enumerate(spec.path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
     if fmt == "csv":
         limit = csv.field_size_limit(CSV_FIELD_BYTES)
         try:
@@ -125,10 +128,10 @@ def _read(spec: DatasetSpec, fmt: str) -> list[Any]:
     return _read_hf(spec)
 
 
-def _json_line(line: str, n: int) -> Any:
+def _json_line(line: str, n: int, spec: DatasetSpec) -> Any:
     try:
-        return json.loads(line)
-    except ValueError as exc:
+        return nesting.loads(line, f"dataset {spec.path}", n)
+    except json.JSONDecodeError as exc:
         raise ValueError(f"line {n}: {exc}") from None
 
 
@@ -155,8 +158,8 @@ def _row(spec: DatasetSpec, fmt: str, rec: Any, n: int) -> Row | None:
         messages = rec.get(spec.messages_column)
         if isinstance(messages, str):
             try:
-                messages = json.loads(messages)
-            except ValueError as exc:
+                messages = nesting.loads(messages, f"dataset {spec.path}: record {n}: {spec.messages_column}", 0)
+            except json.JSONDecodeError as exc:
                 raise ScenarioError(f"dataset {spec.path}: record {n}: {spec.messages_column} is not JSON "
                                     f"({exc})") from None
         row = _messages_row(messages, spec, n)

@@ -20,11 +20,11 @@ parent of the same agent (else its latest causal parent; else a temporal parent 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from loadgen.plan import nesting
 from loadgen.plan.scenario import ScenarioError
 from loadgen.plan.sessions import SessionCall, SessionPlan, WaitKind
 
@@ -192,8 +192,8 @@ def _tokens(s: _Span, which: str) -> int:
 def _messages(value: Any) -> list[Any]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = nesting.loads(value, "", 0)
+        except ValueError:  # not JSON, or nested past MAX_NESTING: no messages (as any text that is not JSON)
             return []
     return value if isinstance(value, list) else [value] if isinstance(value, dict) else []
 
