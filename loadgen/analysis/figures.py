@@ -84,11 +84,16 @@ def mlperf(metrics: dict[str, Any]) -> dict[str, Any]:
     return {**out, "absent": {k: why[k] for k, v in out.items() if v is None}}
 
 
+NO_PRICE = "no cost.price_per_hour declared in the scenario"
+NO_POWER = "no target.power_metrics declared"
+UNASKED = frozenset({NO_PRICE, NO_POWER})  # reasons that mean "not asked for": the console leaves them unsaid
+
+
 def cost_figures(cost: Any, window_s: float, output_tokens: float, total_tokens: float) -> dict[str, Any]:
     """cost_per_1m_output_tokens and cost_per_1m_total_tokens, or their reason for being absent."""
     names = ("cost_per_1m_output_tokens", "cost_per_1m_total_tokens")
     if cost is None:
-        return {"absent": dict.fromkeys(names, "no cost.price_per_hour declared in the scenario")}
+        return {"absent": dict.fromkeys(names, NO_PRICE)}
     out: dict[str, Any] = {"currency": cost.currency, "absent": {}}
     for name, tokens in zip(names, (output_tokens, total_tokens)):
         value = cost_per_1m_tokens(cost.price_per_hour, window_s, tokens)
@@ -103,7 +108,7 @@ def energy_figures(server: pl.DataFrame | None, window: tuple[int, int] | None, 
     """energy_j_per_output_token, energy_j_per_total_token, power_w_mean (and ``energy_source``), or why not."""
     names = ("energy_j_per_output_token", "energy_j_per_total_token", "power_w_mean")
     if not declared:
-        return {"absent": dict.fromkeys(names, "no target.power_metrics declared")}
+        return {"absent": dict.fromkeys(names, NO_POWER)}
     if window is None:
         return {"absent": dict.fromkeys(names, "no measured requests")}
     energy, how = window_energy(server, *window)
@@ -159,6 +164,10 @@ def pareto_steps(steps: Sequence[Any]) -> list[dict[str, Any]]:
              "run_dir": final[i].run_dir} for i in pareto(points)]
 
 
-def result_line(result: Any) -> str | None:
-    """``console_line`` of a RunResult (summary.md, report.html and the console show the same words)."""
-    return console_line({"figures": getattr(result, "figures", None), "mlperf": getattr(result, "mlperf", None)})
+def result_line(result: Any, asked_only: bool = False) -> str | None:
+    """``console_line`` of a RunResult (summary.md, report.html and the console show the same words; the console,
+    ``asked_only``, leaves out a figure's absence where its input was never declared: cost, energy)."""
+    fig = dict(getattr(result, "figures", None) or {})
+    if asked_only:
+        fig["absent"] = {k: why for k, why in (fig.get("absent") or {}).items() if why not in UNASKED}
+    return console_line({"figures": fig, "mlperf": getattr(result, "mlperf", None)})

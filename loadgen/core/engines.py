@@ -109,10 +109,13 @@ DIALECTS: dict[str, tuple[str, dict[str, Any], Any]] = {
 DIALECT_ENGINE = {"llamacpp": "llamacpp", "tgi": "tgi"}  # a dialect that names its engine
 
 
+RECOGNISED = "(recognised by "  # marks describe()'s line for a known engine: routine, kept off the run's console
+
+
 def describe(engine: str | None, how: str, dialect: str | None) -> str:
     """One line for the run's notes: the engine, how it was recognised, what its adapter gives."""
     info = ENGINES.get(engine or "")
-    name = f"{info.label} (recognised by {how})" if info else "an OpenAI-compatible server of unknown make"
+    name = f"{info.label} {RECOGNISED}{how})" if info else "an OpenAI-compatible server of unknown make"
     lengths = f"exact prompt lengths from {DIALECTS[dialect][0]}" if dialect else "no tokenize endpoint"
     metrics = f"server metrics {info.metric_prefix}*" if info else "no known /metrics series"
     return f"engine: {name}; {lengths}; {metrics}"

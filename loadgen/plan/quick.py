@@ -17,7 +17,7 @@ DEFAULT_RATE_PER_S = 1.0
 DEFAULT_DURATION_S = 30.0
 DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_OUTPUT_TOKENS = 128
-DEFAULT_SLO_LINE = "SLO: no failed request (the default; add --slo METRIC.STAT=LIMIT, e.g. --slo ttft_ms.p99=2000)"
+DEFAULT_SLO_LINE = "SLO: no failed request (the default; add one: --slo ttft_ms.p99=2000)"  # fits 80 columns
 
 QUICK_YAML = f"""\
 # loadgen run's quick start: a scenario from the command line's flags (loadgen/plan/quick.py)

@@ -11,6 +11,7 @@ from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from loadgen.analysis.compare import MetricComparison
@@ -88,8 +89,9 @@ def miss_rows(doc: dict[str, Any]) -> list[list[str]]:
 
 
 def miss_line(doc: dict[str, Any]) -> str:
-    """'misses: 42 of 1,200 → 12 of 1,180 (−30)', or which run has no ledger (written before it; no cause is
-    compared); empty for a compare.json written before the ledger."""
+    """'misses: 42 of 1,200 → 12 of 1,180 (−30); by cause, base → new (docs/causes.md):' (the table follows),
+    'misses: none in either run (0 of 1,200 → 0 of 1,180)', or which run has no ledger (written before it; no
+    cause is compared); empty for a compare.json written before the ledger."""
     m = doc.get("misses")
     if not m:
         return ""
@@ -98,8 +100,11 @@ def miss_line(doc: dict[str, Any]) -> str:
         return (f"misses by cause: no ledger in the {' and '.join(lacking)} run's summary (written before it, or a "
                 "repeat's): no cause compared")
     b, n = m["base"], m["new"]
+    if not (b["requests"] or n["requests"]):
+        return f"misses: none in either run (0 of {b['of']:,} → 0 of {n['of']:,})"
+    by_cause = "; by cause, base → new (docs/causes.md):" if miss_rows(doc) else ""
     return (f"misses: {b['requests']:,} of {b['of']:,}{_share(b)} → {n['requests']:,} of {n['of']:,}{_share(n)} "
-            f"({m['delta_requests']:+,}); by cause, base → new (docs/causes.md):")
+            f"({m['delta_requests']:+,}){by_cause}")
 
 
 def _share(side: dict[str, Any]) -> str:
@@ -140,6 +145,8 @@ def compare_markdown(doc: dict[str, Any], results: list[MetricComparison]) -> st
 
 
 def print_comparison(console: Console, doc: dict[str, Any], results: list[MetricComparison]) -> None:
+    for w in doc.get("warnings", []):  # first: what the results below must be read with (different scenarios)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     change = doc["verdict_change"]
     style = "bold red" if change["worse"] else "yellow" if change["changed"] else "green"
     console.print(f"[{style}]{change_line(change)}[/]", highlight=False)
@@ -152,8 +159,6 @@ def print_comparison(console: Console, doc: dict[str, Any], results: list[Metric
     console.print(fit(console, table, ("metric", "change", "status")))
     print_legend(console, [c.metric.split(".")[0] for c in results])
     print_misses(console, doc)
-    for w in doc.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
     verdict = (f"[bold red]REGRESSED[/]: {', '.join(doc['regressed'])}" if doc["regressed"]
                else "[bold green]no regression[/]")
     console.print(f"metrics: {verdict}; exit {doc['exit_code']}", highlight=False)
@@ -193,11 +198,11 @@ def compare_html(doc: dict[str, Any], results: list[MetricComparison]) -> str:
                       f"<td>{e(threshold_text(c))}</td><td class=\"text\">{e(c.status)}</td></tr>" for c in results)
     body = (f"<h1>loadgen compare <span class=\"badge {badge}\" id=\"verdict\">{e(change_line(change))}</span></h1>"
             f"<p class=\"meta\">base {e(doc['base'])} → new {e(doc['new'])}; exit {doc['exit_code']}; "
-            f"{doc['confidence'] * 100:g}% bootstrap intervals</p>" + objectives
+            f"{doc['confidence'] * 100:g}% bootstrap intervals</p>"
+            + "".join(f"<p class=\"meta\">warning: {e(w)}</p>" for w in doc.get("warnings", [])) + objectives
             + "<h2>Metrics</h2><table id=\"metrics\"><tr><th>metric</th><th>base</th><th>new</th><th>change</th>"
             "<th>CI</th><th>regression if beyond</th><th>status</th></tr>" + metrics + "</table>"
-            + misses_html(doc)
-            + "".join(f"<p class=\"meta\">warning: {e(w)}</p>" for w in doc.get("warnings", [])))
+            + misses_html(doc))
     return page("loadgen compare", body)
 
 

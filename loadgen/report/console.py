@@ -10,6 +10,8 @@ from rich.table import Table
 
 from loadgen.core.vocabulary import ObjectiveId
 from loadgen.core.vocabulary import METRICS
+from loadgen.core.engines import RECOGNISED
+from loadgen.plan.prompt_model import ALL_MATCHED
 from loadgen.report.writers import COLS, fmt, rows_of
 from loadgen.report.wording import decision_words, interval_words, margin_words
 from loadgen.analysis.figures import result_line
@@ -68,8 +70,8 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     console.print(f"{req['completed']} completed, {req['failed']} failed, {req['cancelled']} cancelled",
                   highlight=False)
     console.print(throughput_words(result), highlight=False, markup=False)
-    quoted = result_line(result)
-    if quoted:  # cost, energy, MLPerf conventions (analysis/figures.py)
+    quoted = result_line(result, asked_only=True)
+    if quoted:  # cost, energy (where declared), MLPerf conventions (analysis/figures.py)
         console.print(quoted, highlight=False, markup=False)
     steady = result.steady_state or {}
     if steady.get("transient_requests"):
@@ -78,10 +80,20 @@ def print_summary(console: Console, result: RunResult, run_dir: str) -> None:
     for line in stall_lines(result):
         console.print(line, highlight=False, markup=False)
     for note in result.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        if worth_a_line(note):
+            console.print(f"note: {note}", highlight=False, markup=False)
     for found in result.findings:  # what limits the measurement (loadgen check's signs, in the run's records)
         console.print(f"finding: {found['summary']}", style="yellow", highlight=False, markup=False)
     print_verdict(console, result, run_dir)
+
+
+ROUTINE_NOTES = (RECOGNISED, ALL_MATCHED)  # the engine loadgen recognised; prompt estimates that all matched
+
+
+def worth_a_line(note: str) -> bool:
+    """Whether a run note is said on the console: routine ones (a known engine and what its adapter gives, prompt
+    lengths whose estimates all matched the target's count) are kept in summary.md and report.html only."""
+    return not any(mark in note for mark in ROUTINE_NOTES)
 
 
 def print_verdict(console: Console, result: RunResult, run_dir: str) -> None:

@@ -126,7 +126,7 @@ def header(result: RunResult, name: str, run_name: str) -> str:
     req = result.requests
     reasons = "".join(f"<li>{e(r)}</li>" for r in result.reasons)
     return (f"<h1>loadgen: {e(name)} <span class=\"badge {verdict}\" id=\"verdict\">{e(verdict.upper())}</span></h1>"
-            f"<p class=\"meta\">run {e(run_name)} · {e(target_line(result.target or {}))}</p>"
+            f"<p class=\"meta\">run {e(run_name)} · {e(target_line(result.target or {}, str))}</p>"
             + (f"<ul>{reasons}</ul>" if reasons else "")
             + "".join(f"<p class=\"meta\">Note: {e(n)}</p>" for n in result.notes)
             + "".join(f"<p class=\"finding\">Finding: {e(f['summary'])}</p>" for f in result.findings)

@@ -100,11 +100,17 @@ def throughput_words(result: Any) -> str:
 LIFT_WORDS = "lift = stalls per output token while a long prompt prefilled ÷ stalls per token elsewhere"
 
 
+HELD = "every objective held; no request missed"
+
+
 def stall_lines(result: Any, most: int = 5) -> list[str]:
-    """The stall headline, what its lift means (once), and the culprits: up to ``most`` long prefills behind the
+    """Where nothing missed: that first, then the stalls in one sentence (``stall_sentence``). Else the stall
+    headline, what its lift means (once), and the culprits: up to ``most`` long prefills behind the
     prefill-induced stalls, longest first."""
     if not result.stall_headline:
         return []
+    if nothing_missed(result):
+        return [HELD, stall_sentence(result.stalls or {})]
     lines = [result.stall_headline]
     if "lift ×" in result.stall_headline:
         lines.append(f"  {LIFT_WORDS} (loadgen explain lift)")
@@ -117,6 +123,39 @@ def stall_lines(result: Any, most: int = 5) -> list[str]:
         lines.append(f"  {who}: {tokens} prompt tokens, {c.get('stalls', 0)} stalls, "
                      f"{c.get('stalled_ms') or 0:,.0f} ms stalled")
     return lines
+
+
+def nothing_missed(result: Any) -> bool:
+    """A PASS where every objective held, no request failed and the miss ledger (where there is one) is empty."""
+    misses = getattr(result, "misses", None)
+    return (result.verdict == "pass" and not (result.requests or {}).get("failed")
+            and all(o.get("passed") is True for o in result.slo)
+            and not (isinstance(misses, dict) and misses.get("requests")))
+
+
+def stall_sentence(stalls: dict[str, Any]) -> str:
+    """'3 gaps ≥ 31 ms (4× the median) were prefill stalls (report.html › Tail spikes)'."""
+    n, m = int(stalls.get("count") or 0), int(stalls.get("prefill_induced") or 0)
+    if n == 0:
+        return "no stalls"
+    were = "was" if n == 1 else "were"
+    what = (f"prefill stall{'s' if n > 1 else ''}" if m == n else f"stall{'s' if n > 1 else ''}" if m == 0
+            else f"stalls, {m:,} of them during a long prompt's prefill")
+    return f"{n:,} gap{'s' if n > 1 else ''} {threshold_words(stalls)} {were} {what} (report.html › Tail spikes)"
+
+
+def threshold_words(stalls: dict[str, Any]) -> str:
+    """'≥ 31 ms (4× the median)' (one class), 'above 4× their class's median' (several), or the floor where it is
+    the higher (analysis/spikes.py: a stall's excess over its tokens' pace is above max(factor × median, floor))."""
+    factor, floor_ms = stalls.get("spike_factor"), float(stalls.get("min_gap_ms") or 0.0)
+    medians = list((stalls.get("baseline_itl_ms") or {}).values())
+    if factor is None or not medians:
+        return "far above the stream's usual pace"
+    if len(medians) > 1:
+        return f"above {factor:g}× their class's median" + (f" (and ≥ {floor_ms:g} ms)" if floor_ms else "")
+    if floor_ms > factor * medians[0]:
+        return f"≥ {floor_ms:g} ms"
+    return f"≥ {factor * medians[0]:.0f} ms ({factor:g}× the median)"
 
 
 TOKEN_SAMPLED = ("stalls", "fluidity")  # objectives whose samples are output tokens (rates per 1k tokens, shares)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from xml.etree import ElementTree as ET
 
 from loadgen.core.vocabulary import METRICS
@@ -79,20 +79,22 @@ def rows_of(result: RunResult) -> tuple[str, ...]:
     return tuple(row for row in ROWS if row in result.metrics)
 
 
-def target_line(target: dict[str, Any]) -> str:
+def target_line(target: dict[str, Any], esc: Callable[[str], str] = md_escape) -> str:
+    """The target in words, its server-given parts (model, URL, preset) made inert by ``esc``: Markdown's here;
+    report.html passes ``str`` and escapes the whole line once (escaping it twice showed ``a&amp;amp;b``)."""
     if not target:
         return ""
-    model = md_escape(str(target.get("model")))
+    model = esc(str(target.get("model")))
     sim = target.get("simulator")
     if sim:
         chunked = f"chunked prefill on, budget {sim['max_num_batched_tokens']} tokens" if sim["chunked_prefill"] \
             else "chunked prefill off"
         return (f"Target: the embedded simulator ({ENGINES[sim.get('engine', 'vllm')].label}'s scheduler, preset "
-                f"{md_escape(sim['preset'])}, {chunked}, KV cache {sim['kv_cache_tokens']} tokens, time scale "
+                f"{esc(sim['preset'])}, {chunked}, KV cache {sim['kv_cache_tokens']} tokens, time scale "
                 f"{sim['time_scale']:g}), model {model}.")
     engine = ENGINES.get(target.get("engine") or "")
     made = f" ({engine.label})" if engine else ""
-    return f"Target: {md_escape(str(target.get('base_url')))}{made}, model {model}."
+    return f"Target: {esc(str(target.get('base_url')))}{made}, model {model}."
 
 
 def _lengths_line(lengths: dict[str, Any]) -> str:

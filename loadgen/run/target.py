@@ -24,6 +24,7 @@ from loadgen.drivers.redirects import MAX_REDIRECTS, RedirectError, next_hop
 from loadgen.plan.workload import (LocalTokenizerCounter, TokenCounter, TokenizeEndpointCounter,
                                    calibrate)
 from loadgen.errors import TargetError as TargetError
+from loadgen.run.reach import Unreachable, unreachable_words
 
 
 @dataclass
@@ -150,6 +151,8 @@ async def _call_once(client: httpx.AsyncClient, method: str, url: str, timeout_s
         return await asyncio.wait_for(client.request(method, url, **kwargs), timeout_s)
     except asyncio.TimeoutError:
         raise TargetError(f"{url}: no answer within {timeout_s:g} s (target.preflight_timeout_s)") from None
+    except httpx.ConnectError as exc:
+        raise Unreachable(f"cannot reach {url}: {redact(str(exc)) or type(exc).__name__}", exc) from None
     except httpx.HTTPError as exc:
         raise TargetError(f"cannot reach {url}: {redact(str(exc)) or type(exc).__name__}") from None
 
@@ -187,9 +190,14 @@ async def _models(client: httpx.AsyncClient, base_url: str, headers: dict[str, s
                   timeout_s: float, follow: bool) -> tuple[Any, str, str | None]:
     """GET {base_url}/models: the answer, the base URL to use, and a note. A base URL without /v1 (vllm bench's
     habit) whose /models answers 404 or no model list is tried again with /v1 appended; if that answers a list,
-    the run goes on there and the note says so. A redirect stays a TargetError (``call``)."""
+    the run goes on there, silently (the README says /v1 is optional); where neither does, the error names
+    both. No connection at all names the base URL as given, with a hint (run/reach.py). A redirect stays a
+    TargetError (``call``)."""
     url = f"{base_url}/models"
-    resp = await call(client, "GET", url, timeout_s, redact, follow, headers=headers)
+    try:
+        resp = await call(client, "GET", url, timeout_s, redact, follow, headers=headers)
+    except Unreachable as exc:
+        raise TargetError(unreachable_words(redact(base_url) or base_url, exc.error) or str(exc)) from None
     why = _not_models(resp)
     if why is None or base_url.rstrip("/").endswith("/v1"):
         return _json(url, resp, redact), base_url, None
@@ -199,8 +207,7 @@ async def _models(client: httpx.AsyncClient, base_url: str, headers: dict[str, s
     if why_alt is not None or second.status_code != 200:
         raise TargetError(f"{url}: {why}, and {alt}/models: {why_alt or f'HTTP {second.status_code}'}; is this an "
                           "OpenAI-compatible URL (…/v1)?")
-    return second.json(), alt, redact(f"{url} answered {why}; {alt} does — using it (give --base-url {alt} to "
-                                      "skip this)")
+    return second.json(), alt, None
 
 
 def _not_models(resp: httpx.Response) -> str | None:
