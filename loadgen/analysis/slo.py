@@ -23,6 +23,7 @@ import polars as pl
 
 from loadgen.core.vocabulary import METRICS, SLO_METRICS, ObjectiveId
 from loadgen.plan.slo_spec import ErrorRate, Slo
+from loadgen.analysis import intervals as iv
 from loadgen.analysis import objective_intervals as oi
 from loadgen.analysis.metrics import QUANTILES, describe
 from loadgen.analysis.objective_samples import ObjectiveSamples
@@ -108,14 +109,51 @@ def decided(oid: ObjectiveId, value: float | None, limit: float, samples: int, j
 
 
 def _undecided_note(o: Objective) -> str:
+    """Why the interval does not decide, and what would: the samples a missing end of a percentile's interval
+    needs (exact), else the estimate of those that decide — never a count at or below the samples it has as if
+    more of them were what is missing."""
     if o.value is None or o.samples == 0:
         return "no samples"
     side = f"{100 * (o.confidence or 0):g}% interval {_fmt(o.ci_low)}–{_fmt(o.ci_high)} straddles the limit"
-    if o.needed is None:
-        return side + " (the estimate sits on the limit: no sample size decides it)"
     unit = "tokens" if o.id.metric == "stalls" else "sessions" if o.id.metric in ("sessions", "session_ms") \
         else "steps" if o.id.metric == "agent_step_ms" else "samples"
-    return side + f": needs >= {math.ceil(o.needed)} {unit} to decide (has {o.samples})"
+    end, n = _missing_end(o)
+    if end and n is not None and n > o.samples:
+        return side + f": needs >= {n} {unit} for its {end} end (has {o.samples})"
+    if o.needed is not None and o.needed > o.samples:
+        return side + f": needs >= {math.ceil(o.needed)} {unit} to decide (has {o.samples})"
+    if end:
+        return side + f": its {o.samples} {unit} count as fewer (they come in streams): needs more for its {end} end"
+    gap = abs(o.value - o.threshold) / abs(o.threshold) if o.threshold else None
+    where = "on the limit" if not gap else f"{gap:.1%} from the limit"
+    return side + f": the estimate sits {where}; more {unit} than its {o.samples} narrow the interval"
+
+
+def _missing_end(o: Objective) -> tuple[str, int | None]:
+    """The end of the interval that would decide the way the estimate leans, when it is missing ("upper" or
+    "lower", else ""), and for a percentile the fewest samples that give it one (analysis/intervals.py's ranks)."""
+    assert o.value is not None
+    below = o.value <= o.threshold
+    end = "upper" if below == (o.comparison == "<=") else "lower"
+    if (o.ci_high if end == "upper" else o.ci_low) is not None:
+        return "", None
+    q = QUANTILES.get(o.id.stat or "")
+    return end, None if q is None or o.confidence is None else samples_for_end(q, o.confidence, end == "upper")
+
+
+def samples_for_end(q: float, confidence: float, upper: bool) -> int | None:
+    """The fewest independent samples whose order statistics bound the q-quantile from above (``upper``) or
+    below at ``confidence`` (None: more than 2^24)."""
+    def has(n: int) -> bool:
+        return iv.order_ranks(n, q, confidence)[1 if upper else 0] is not None
+
+    lo, hi = 1, 1 << 24
+    if not has(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if has(mid) else (mid + 1, hi)
+    return lo
 
 
 def evaluate(slo: Slo, metrics: dict[str, dict[str, Any]], counts: dict[str, Any], good: int,

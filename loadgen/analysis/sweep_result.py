@@ -4,11 +4,15 @@ DistServe's attainment), the knee and the saturation point, and the exit code. `
 Exit codes: 0 when the capacity meets ``--require`` (or none was asked and the search bracketed a capacity),
 1 when it is below ``--require`` or no load passed, 3 when the search could not decide (budget or steps spent
 before a passing load sat below a failing one, or ``--require`` falls inside the capacity interval). Fixed steps
-without ``--require`` are SLO tests: 0 every step passed, 1 one failed, 3 one was undecided.
+without ``--require`` are SLO tests: 0 every step passed, 1 one failed, 3 one was undecided. An exit other
+than 0 ends the reasons with a line that says it plainly (``exit_line``): 3 is "not decided", never a failure,
+and for undecided steps it names the step duration that would decide them (docs/exit-codes.md).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -89,18 +93,63 @@ def _job_text(step: Step) -> str:
 
 def undecided_text(o: dict[str, Any]) -> str:
     """Why one objective is undecided, in a few words: the samples it had against those it needs (e.g.
-    "ttft_ms.p99: 62 of ~381 samples"), else the run's reason or where its interval lies. Keys are read
+    "ttft_ms.p99: 62 of ~381 samples") where more are needed than it had, else the run's reason (what is
+    missing: an end of its interval, or where the estimate sits) or where its interval lies. Keys are read
     defensively: older sweep.json files lack some."""
-    samples, needed = o.get("samples"), o.get("needed")
-    if samples is not None and needed is not None:
-        why = f"{samples} of ~{needed} samples"
-    elif o.get("reason"):
-        why = str(o["reason"])
+    samples, needed = o.get("samples"), wanted(o)
+    reason = str(o.get("reason") or "")
+    tail = reason.partition("straddles the limit: ")[2]
+    if " end (has " in tail:  # an end of the interval is what is missing, and its exact count
+        why = tail
+    elif samples is not None and needed is not None and needed > samples:
+        why = f"{samples} of ~{needed:g} samples"
+    elif reason:
+        why = tail or reason
     elif o.get("ci_low") is not None and o.get("ci_high") is not None:
         why = f"its interval {_n(o['ci_low'])}–{_n(o['ci_high'])} holds the limit {_n(o.get('threshold'))}"
     else:
         why = "too few samples to judge"
     return f"{o.get('objective', '?')}: {why}"
+
+
+def wanted(o: dict[str, Any]) -> Optional[float]:
+    """The samples an undecided objective's evidence says it needs: the largest of its ``needed`` and a "needs
+    >= N" of its reason (the exact count a percentile's interval needs for an end); None where none is stated."""
+    counts = [float(x) for x in re.findall(r"needs >= (\d+)", str(o.get("reason") or ""))]
+    counts += [] if o.get("needed") is None else [math.ceil(float(o["needed"]))]
+    return max(counts) if counts else None
+
+
+def wanted_factor(o: dict[str, Any]) -> Optional[float]:
+    """How many times its samples an undecided objective wants (None where its evidence states no more)."""
+    samples, need = o.get("samples") or 0, wanted(o)
+    return need / samples if samples and need is not None and need > samples else None
+
+
+def longer_step_s(steps: list["Step"]) -> Optional[float]:
+    """A step duration that would decide the undecided steps (the largest of duration × wanted factor, with a
+    fifth more, up to the next 10 s); None where an undecided objective states no count to reach."""
+    out = 0.0
+    for s in steps:
+        for o in (o for o in s.objectives if s.call == "undecided" and o.get("call") == "undecided"):
+            factor = wanted_factor(o)
+            if factor is None:
+                return None
+            out = max(out, s.duration_s * factor * 1.2)
+    return float(10 * math.ceil(out / 10)) if out else None
+
+
+def exit_line(code: int, reasons: list[str], steps: list["Step"], fixed: bool) -> str:
+    """What the exit code means for this sweep, in one line (the console's last)."""
+    if code == 1:
+        return f"exit 1: failed — {reasons[0] if reasons else 'a load failed its SLOs'}"
+    undecided = [s for s in final_steps(steps) if s.call == "undecided"]
+    if not fixed or not undecided:
+        return f"exit 3: not decided (INCONCLUSIVE, not a failure) — {reasons[0] if reasons else ''}".rstrip(" —")
+    longer = longer_step_s(undecided)
+    fix = f"--step-duration {longer:g}" if longer else "--until decided"
+    return (f"exit 3: not decided (INCONCLUSIVE, not a failure) — {len(undecided)} undecided step"
+            f"{'s' if len(undecided) > 1 else ''} had too few samples to decide; run longer steps to decide: {fix}")
 
 
 def _n(value: Optional[float]) -> str:
@@ -195,7 +244,7 @@ def exit_code(cap: Capacity, require: Optional[float], calls: Optional[list[Call
     if require is None and calls is not None:
         if "fail" in calls:
             return 1, [f"{calls.count('fail')} of {len(calls)} steps failed their SLOs"]
-        return (3, [f"{calls.count('undecided')} step(s) undecided"]) if "undecided" in calls else (0, [])
+        return (3, [f"{calls.count('undecided')} of {len(calls)} steps undecided"]) if "undecided" in calls else (0, [])
     if require is not None:
         if cap.low is not None and cap.low >= require:
             return 0, [f"capacity ≥ {cap.low:g} meets --require {require:g}"]
@@ -224,6 +273,8 @@ def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[f
     if interrupted:
         code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
     saturated = [s.load for s in final_steps(steps) if s.saturated]
+    reasons += [stop_reason] if stop_reason and code == 3 else []
+    reasons += [exit_line(code, reasons, steps, fixed and not interrupted)] if code else []
     return SweepResult(name, mode, "req/s" if mode == "rate" else "users", steps, cap, attain, knee_of(steps),
                        min(saturated) if saturated else None, require, tolerance, confidence, stop_reason, wall_s,
-                       code, reasons + ([stop_reason] if stop_reason and code == 3 else []), out_dir)
+                       code, reasons, out_dir)

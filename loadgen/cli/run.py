@@ -5,18 +5,19 @@
 from __future__ import annotations
 
 import importlib
-import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from loadgen import api
-from loadgen.cli import vocabulary
-from loadgen.cli.common import FLAGS, Parser, check_out_dir, console, err, fail, percent_option, \
-    scenario_overrides, seconds_option, workers_flag, workers_option
-from loadgen.plan import bundled, quick
-from loadgen.plan.scenario import ScenarioError
+from loadgen.cli import quickstart
+from loadgen.cli.common import check_out_dir, console, err, fail, seconds_option, workers_flag, workers_option
+from loadgen.cli.quickstart import Given, Loads, command_line
+from loadgen.plan import quick
+from loadgen.errors import ScenarioError
+
+if TYPE_CHECKING:
+    from loadgen import api
 
 NO_ARGUMENT = """\
 loadgen run needs a target or a scenario. A quick start, no file needed:
@@ -27,36 +28,22 @@ Or a scenario: loadgen scenario list shows the bundled ones, then
   loadgen run my_scenario.yaml                  (a file; run -h: all flags)"""
 
 
-def _one(kind: str, flag: str, plural: str) -> Parser:
-    """A single number; a comma-separated list is a sweep's (exit 2 with the command that takes one)."""
-    def parse(text: str) -> float:
-        values = vocabulary.numbers(str(text), flag)
-        if len(values) > 1:
-            raise vocabulary.FlagError(f"{flag} {text}: a list of {plural} is a sweep: loadgen sweep {flag} {text}")
-        if kind == "count" and values[0] != int(values[0]):
-            raise vocabulary.FlagError(f"{flag} {text}: give a whole number of users")
-        return values[0]
-    return Parser("list", flag, parse)
-
-
 # the options, one per line of run's signature below
 SCENARIO = typer.Argument(None, help="scenario file (YAML), or a bundled scenario's name (loadgen scenario list); "
                           "none: the quick start from the flags")
-BASE_URL = typer.Option(None, "--base-url", help="OpenAI-compatible base URL (…/v1; without /v1 it is tried too); "
-                        "default: the scenario's, 'embedded' starts the bundled simulator")
-MODEL = typer.Option(None, "--model", help="model name ('auto' = first of /v1/models)")
-API_KEY_ENV = typer.Option(None, "--api-key-env", help="environment variable with the API key")
-RATE = typer.Option(None, "--rate", metavar="REQ/S", parser=_one("number", "--rate", "rates"),
-                    help="requests per second, Poisson arrivals (quick start: 1)")
-CONCURRENCY = typer.Option(None, "--concurrency", metavar="N", parser=_one("count", "--concurrency", "concurrencies"),
+BASE_URL = quickstart.base_url_option("OpenAI-compatible base URL (…/v1; without /v1 it is tried too); default: "
+                                      "the scenario's, 'embedded' starts the bundled simulator")
+MODEL, API_KEY_ENV = quickstart.MODEL, quickstart.API_KEY_ENV
+RATE = typer.Option(None, "--rate", metavar="REQ/S", parser=quickstart.loads("--rate", "number"),
+                    help="requests per second, Poisson arrivals (quick start: 1; a list is a sweep's)")
+CONCURRENCY = typer.Option(None, "--concurrency", metavar="N", parser=quickstart.loads("--concurrency", "count"),
                            help="closed loop: N users, each sending its next request when the last one ends")
-PROMPT_TOKENS = typer.Option(None, "--prompt-tokens", "--input-len", min=1,
-                             help="prompt tokens per request (quick start: 512)")
-OUTPUT_TOKENS = typer.Option(None, "--output-tokens", "--output-len", min=1,
-                             help="output tokens per request (quick start: 128)")
-SPREAD = percent_option(None, "--spread", "token counts drawn uniformly within ±this share of --prompt-tokens/"
-                        "--output-tokens (vllm bench's --random-range-ratio), e.g. 10%")
-DATASET = typer.Option(None, "--dataset", help="prompts from a file (jsonl, csv, parquet, ShareGPT .json), or "
+PROMPT_TOKENS, OUTPUT_TOKENS, SPREAD = quickstart.PROMPT_TOKENS, quickstart.OUTPUT_TOKENS, quickstart.SPREAD
+DATASET, SLO, API = quickstart.DATASET, quickstart.SLO, quickstart.API
+OUT = typer.Option(None, "--out", help="write the run here (default reports/<time>-<name>)")
+DURATION = quickstart.duration_option("measured time, e.g. 20, 90s, 2m (load.duration_s; quick start: 30s)")
+REQUEST_TIMEOUT, DRAIN_TIMEOUT = quickstart.REQUEST_TIMEOUT, quickstart.DRAIN_TIMEOUT
+SET = typer.Option(None, "--dataset", help="prompts from a file (jsonl, csv, parquet, ShareGPT .json), or "
                        "sharegpt-sample (shipped)")
 SLO = typer.Option([], "--slo", metavar="METRIC.STAT=LIMIT", help="an objective, e.g. ttft_ms.p99=2000 or "
                    "error_rate.max=1% (repeatable; quick start: no failed request)")
@@ -82,13 +69,14 @@ CAPTURE = typer.Option(0, "--capture", min=0, max=1000, help="keep the first N f
                        "(headers as sent, body de-chunked and decoded, redacted) in the run directory's captures/")
 FAIL_FAST = typer.Option(True, "--fail-fast/--no-fail-fast", help="stop when the first requests all fail "
                          "(load.fail_fast_requests, 10); --no-fail-fast: run the whole plan")
-REPEAT = typer.Option(1, "--repeat", min=1, help="N runs (2-100), seeds seed…seed+N-1, in OUT/run-NN-seedS/, and "
-                      "one combined verdict and report (repeat.json, repeat.html; docs/verdicts.md)")
+REPEAT = typer.Option(1, "--repeat", min=1, max=100, help="runs of the scenario: 1, one run; N > 1, N runs "
+                      "(seeds seed…seed+N-1, in OUT/run-NN-seedS/) and one combined verdict and report (repeat.json, "
+                      "repeat.html; docs/verdicts.md)")  # max: run/repeat.py MAX_REPEAT (tests/test_cli_startup.py)
 
 
 def run(
     scenario: Optional[Path] = SCENARIO, base_url: Optional[str] = BASE_URL, model: Optional[str] = MODEL,
-    api_key_env: Optional[str] = API_KEY_ENV, rate: Optional[float] = RATE, concurrency: Optional[float] = CONCURRENCY,
+    api_key_env: Optional[str] = API_KEY_ENV, rate: Optional[Loads] = RATE, concurrency: Optional[Loads] = CONCURRENCY,
     prompt_tokens: Optional[int] = PROMPT_TOKENS, output_tokens: Optional[int] = OUTPUT_TOKENS,
     spread: Optional[float] = SPREAD, dataset: Optional[Path] = DATASET, slo: list[str] = SLO,
     api_: Optional[str] = API, out: Optional[Path] = OUT, duration: Optional[float] = DURATION,
@@ -99,17 +87,19 @@ def run(
 ) -> None:
     """Run a scenario (a file, a bundled one by name, or a quick start from --base-url and the load flags), write
     the run directory and print the verdict (--repeat N: N runs, one verdict)."""
+    from loadgen import api  # here, not at the top: `loadgen --help` starts without it (cli/app.py)
+
     if scenario is None and base_url is None:
         err.print(NO_ARGUMENT, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(2)
-    workers = _check_flags(engine, workers_, capture, server_metrics_period, api_, out)
-    q = quick.QuickLoad(rate, None if concurrency is None else int(concurrency), prompt_tokens, output_tokens,
-                        spread, None if dataset is None else bundled.dataset_path(dataset), tuple(slo), api_)
+    given = Given(base_url, model, api_key_env, prompt_tokens, output_tokens, spread, dataset, slo, api_, duration,
+                  request_timeout, drain_timeout, set_)
+    workers = _check_flags(engine, workers_, capture, server_metrics_period, given, out)
+    _one_load(scenario, rate, concurrency, [*given.args(), *_carried(out, engine, workers_, png, progress)])
+    q = given.load(rate[0] if rate else None, int(concurrency[0]) if concurrency else None)
     try:
-        sets = scenario_overrides(set_, base_url, model, api_key_env, seconds={
-            "load.duration_s": duration, "target.request_timeout_s": request_timeout,
-            "load.drain_timeout_s": drain_timeout}) + ([] if fail_fast else ["load.fail_fast_requests=0"])
-        sc = _scenario(scenario, q, sets)
+        sets = given.overrides() + ([] if fail_fast else ["load.fail_fast_requests=0"])
+        sc = quickstart.scenario(scenario, q, sets)
         if repeat > 1:
             raise typer.Exit(_repeat(sc, repeat, out, engine, workers, progress, png, server_metrics))
         result = api.run(sc, out=out, engine=engine, workers=workers, progress=progress,  # type: ignore
@@ -120,7 +110,26 @@ def run(
     raise typer.Exit(result.exit_code)
 
 
-def _check_flags(engine: str, workers_: str, capture: int, server_metrics_period: float, api_: Optional[str],
+def _one_load(scenario: Optional[Path], rate: Optional[Loads], concurrency: Optional[Loads], words: list[str]) -> None:
+    """A run runs one load; a list of them is a sweep: exit 2 with the sweep's command line, the user's other
+    flags carried over, so that it runs as printed."""
+    flag, values, plural = ("--rate", rate, "rates") if rate and len(rate) > 1 else \
+        ("--concurrency", concurrency, "concurrencies") if concurrency and len(concurrency) > 1 else ("", None, "")
+    if values is None:
+        return
+    steps = ",".join(f"{v:g}" for v in values)
+    head = [] if scenario is None else [str(scenario)]
+    raise fail(f"{flag} {steps}: a list of {plural} is a sweep: {command_line('sweep', *head, flag, steps, *words)}")
+
+
+def _carried(out: Optional[Path], engine: str, workers_: str, png: bool, progress: bool) -> list[str]:
+    """run's flags that sweep takes too, as given (for the sweep's command line run suggests)."""
+    return [*([] if out is None else ["--out", str(out)]), *([] if engine == "asyncio" else ["--engine", engine]),
+            *([] if str(workers_).strip() == "1" else ["--workers", workers_]), *([] if png else ["--no-png"]),
+            *([] if progress else ["--no-progress"])]
+
+
+def _check_flags(engine: str, workers_: str, capture: int, server_metrics_period: float, given: Given,
                  out: Optional[Path]) -> int:
     """The flags' combinations, before anything is loaded or sent (exit 2); the number of sending processes."""
     if engine not in ("asyncio", "locust"):
@@ -128,8 +137,7 @@ def _check_flags(engine: str, workers_: str, capture: int, server_metrics_period
     workers = workers_flag(workers_, capture)
     if server_metrics_period < 0.05:
         raise fail(f"--server-metrics-period {server_metrics_period:g}s: give 50ms or more")
-    if api_ is not None and api_ not in ("chat", "completions"):
-        raise fail(f"--api {api_!r}: choose chat or completions")
+    given.check()
     if out is not None:
         check_out_dir(out)
     if engine == "locust":  # first: Locust monkey-patches the process when imported
@@ -137,35 +145,11 @@ def _check_flags(engine: str, workers_: str, capture: int, server_metrics_period
     return workers
 
 
-def _load(path: Path, items: list[str], q: quick.QuickLoad) -> api.Scenario:
-    """The scenario; an error in a field a flag set names the flag (``--slo ttft_ms.p9=1``), not the field."""
-    return api.load_scenario(path, items, {**FLAGS, **quick.FLAGS, **quick.slo_flags(q)})
-
-
-def _scenario(arg: Optional[Path], q: quick.QuickLoad, sets: list[str]) -> api.Scenario:
-    """The quick start's scenario (``arg`` None), or the file's (a bundled one by name) with the quick flags
-    as overrides of its single class and its load; ``sets`` (--set and the dedicated flags) apply last."""
-    if arg is None:
-        with tempfile.TemporaryDirectory(prefix="loadgen-quick-") as tmp:
-            path = Path(tmp) / "quick-start-scenario.yaml"
-            path.write_text(quick.QUICK_YAML)
-            sc = _load(path, quick.overrides(q) + sets, q)
-        if not q.slo:
-            console.print(quick.DEFAULT_SLO_LINE, highlight=False, markup=False)
-        return sc
-    path = bundled.resolve_scenario_arg(arg)
-    if path != arg:
-        console.print(f"note: {arg} is the bundled scenario {path.stem} (loadgen scenario copy {path.stem}: a copy "
-                      "to edit)", highlight=False, markup=False)
-    sc = _load(path, sets, q)
-    if not q.given() and q.api is None:
-        return sc
-    return _load(path, quick.overrides(q, len(sc.workload.classes), quick=False) + sets, q)
-
-
 def _repeat(sc: api.Scenario, n: int, out: Optional[Path], engine: str, workers: int, progress: bool,
             png: bool, server_metrics: bool) -> int:
     """run --repeat N: N runs and their combined verdict's exit code."""
+    from loadgen import api
+
     many = api.repeat(sc, n, out=out, engine=engine, workers=workers, progress=progress,  # type: ignore
                       png=png, server_metrics=server_metrics, console=console)
     return many.exit_code

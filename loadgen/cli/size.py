@@ -1,23 +1,35 @@
-"""``loadgen size SCENARIO [--from RUN]``: how many requests, and how long, a run needs to certify each objective
-and for ``compare`` to detect a regression (docs/verdicts.md, Sizing a run)."""
+"""``loadgen size [SCENARIO] [--from RUN]``: how many requests, and how long, a run needs to certify each objective
+and for ``compare`` to detect a regression (docs/verdicts.md, Sizing a run). Without a scenario or --from, the
+pilot is run's quick start (--base-url and run's flags: cli/quickstart.py)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
-from loadgen.cli.common import LEVEL, console, fail, load, percent_option, points, scenario_overrides, seconds_option
+from loadgen.cli import quickstart
+from loadgen.cli.common import LEVEL, console, fail, percent_option, points, seconds_option
+from loadgen.cli.quickstart import Given, Loads
 from loadgen.errors import InputError
+
+if TYPE_CHECKING:
+    from loadgen.plan.scenario import Scenario
+
+RATE = typer.Option(None, "--rate", metavar="REQ/S", parser=quickstart.loads("--rate", "number"),
+                    help="the pilot's requests per second, as in run (quick start: 1)")
+CONCURRENCY = typer.Option(None, "--concurrency", metavar="N", parser=quickstart.loads("--concurrency", "count"),
+                           help="the pilot's closed loop of N users, as in run")
 
 
 def size(
     scenario: Optional[Path] = typer.Argument(None, help="scenario file (YAML): its pilot is run on its target, "
                                               "unless --from gives a run; with --from, its objectives are "
-                                              "judged on that run's records"),
+                                              "judged on that run's records; none: run's quick start "
+                                              "from --base-url and its flags"),
     from_run: Optional[Path] = typer.Option(None, "--from", help="a run directory to size from (its "
                                             "summary.json and records) instead of running a pilot"),
     pilot_s: float = seconds_option("20s", "--pilot-duration", "measured time of the pilot (at the scenario's "
@@ -37,8 +49,14 @@ def size(
                                       legacy="fraction", check=LEVEL),
     sets: list[str] = typer.Option([], "--set", help="override any scenario field, e.g. --set "
                                    "load.rate_per_s=8 (repeatable)"),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="the pilot's target (default the "
-                                           "scenario's; 'embedded' starts the bundled simulator)"),
+    base_url: Optional[str] = quickstart.base_url_option("the pilot's target (default the scenario's; "
+                                                         "'embedded' starts the bundled simulator)"),
+    model: Optional[str] = quickstart.MODEL, api_key_env: Optional[str] = quickstart.API_KEY_ENV,
+    rate: Optional[Loads] = RATE, concurrency: Optional[Loads] = CONCURRENCY,
+    prompt_tokens: Optional[int] = quickstart.PROMPT_TOKENS, output_tokens: Optional[int] = quickstart.OUTPUT_TOKENS,
+    spread: Optional[float] = quickstart.SPREAD, dataset: Optional[Path] = quickstart.DATASET,
+    slo: list[str] = quickstart.SLO, api_: Optional[str] = quickstart.API,
+    request_timeout: Optional[float] = quickstart.REQUEST_TIMEOUT,
     as_json: bool = typer.Option(False, "--json/--no-json", help="print the sizing as JSON (for machines)"),
 ) -> None:
     """Size a run from a pilot: per objective, the samples, requests and seconds (at the pilot's request rate)
@@ -47,10 +65,10 @@ def size(
     detect a --regression; then the load.duration_s and load.requests to set. Exit 0; 2 on bad input."""
     from loadgen import api
 
-    if scenario is None and from_run is None:
-        raise fail("give a scenario file, or a run directory with --from")
+    given = Given(base_url, model, api_key_env, prompt_tokens, output_tokens, spread, dataset, slo, api_,
+                  request_timeout_s=request_timeout, sets=sets)
+    sc = _scenario(scenario, from_run, given, rate, concurrency)
     try:
-        sc = load(scenario, scenario_overrides(sets, base_url)) if scenario is not None else None
         result = api.size(sc, from_run=from_run, confidence=confidence, power=power, regression_pct=points(regression),
                           compare_threshold_pct=points(compare_threshold), pilot_s=pilot_s, assurance=assurance,
                           console=None if as_json else console)
@@ -62,6 +80,25 @@ def size(
         typer.echo(write_json(result))
         return
     print_size(result)
+
+
+def _scenario(scenario: Optional[Path], from_run: Optional[Path], given: Given, rate: Optional[Loads],
+              concurrency: Optional[Loads]) -> Optional[Scenario]:
+    """The pilot's scenario (None: --from's run alone): a file's, or run's quick start, the flags over it."""
+    for flag, values in (("--rate", rate), ("--concurrency", concurrency)):
+        if values is not None and len(values) > 1:
+            raise fail(f"{flag} {','.join(f'{v:g}' for v in values)}: size sizes one load; give one (a list of "
+                       "loads is a sweep's)")
+    given.check()
+    if scenario is None and from_run is None and given.base_url is None:
+        raise fail("give a scenario file, a run directory with --from, or --base-url URL (run's quick start, "
+                   "e.g. loadgen size --base-url embedded)")
+    if scenario is None and from_run is not None:
+        if given.args() or rate or concurrency:
+            raise fail("--from sizes that run's own scenario: give its flags with a scenario file, or drop them")
+        return None
+    q = given.load(rate[0] if rate else None, int(concurrency[0]) if concurrency else None)
+    return quickstart.scenario(scenario, q, given.overrides())
 
 
 def _n(x: float | None) -> str:
