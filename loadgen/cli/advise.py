@@ -7,11 +7,8 @@ from typing import Optional
 
 import typer
 
-from loadgen import api
-from loadgen.advise.settings import SettingsError
-from loadgen.advise.whatif import AdviceError
 from loadgen.cli.common import console, fail, percent_option, points
-from loadgen.report.advice_report import console_tables, headline
+from loadgen.errors import AdviceError, SettingsError
 
 
 def advise(
@@ -43,6 +40,9 @@ def advise(
     with the most goodput, with its flags; when none does, say so and show the closest. Writes advice.json and
     advice.md in RUN_DIR and adds an advice section to its report.html. Exit 0: a setting keeps the margin;
     1: none does; 2: bad input."""
+    from loadgen import api  # here, not at the top: `loadgen --help` starts without the analysis (cli/app.py)
+    from loadgen.report.advice_report import console_tables, headline
+
     try:
         with console.status("advise: fitting the cost model") as status:
             result = api.advise(run_dir, tries=try_ or (), server=server or (), capacity=capacity, png=png,

@@ -1,7 +1,8 @@
 """The old flag names, kept for one release: argv is rewritten to the new names (cli/vocabulary.py ALIASES)
 before click parses it, with one warning line on stderr per old name. Stops at ``--`` (what follows goes to a
 server); handles ``--old=value``; a value that looks like a flag (``--set --rates``) is left alone; an old name
-is rewritten only where its command has the new one and not the old (a command not yet renamed keeps working)."""
+is rewritten only where its command has the new one and not the old (a command not yet renamed keeps working).
+The root group also names every value its commands' help shows (name_values)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 from typer.core import TyperGroup
 
 from loadgen.cli.common import fail
-from loadgen.cli.vocabulary import ALIASES, FALSE_WORDS, REMOVED_IN, TRUE_WORDS, VALUE_ALIASES, warn
+from loadgen.cli.vocabulary import (ALIASES, FALSE_WORDS, FLAGS, KIND_METAVARS, METAVARS, REMOVED_IN, TRUE_WORDS,
+                                   VALUE_ALIASES, warn)
 
 
 def command_path(root: Any, args: list[str]) -> tuple[str, Any, int]:
@@ -84,11 +86,48 @@ def _bool_word(name: str, word: str) -> str:
     return name if word.lower() in TRUE_WORDS else f"--no-{name[2:]}"
 
 
-class AliasGroup(TyperGroup):
-    """The root group: rewrites the old flag names of the command it is about to run, then parses."""
+def name_values(command: Any, path: str = "") -> None:
+    """Every value in COMMAND's help (and its subcommands') named as cli/vocabulary.py METAVARS says, where its
+    option names none: ``--set FIELD=VALUE``, ``--port PORT``, never typer's ``<list[str]>`` or ``<int range>``
+    (the range still shows, as ``[1<=x<=100]``); an argument by its name in capitals (``RUN_DIR``)."""
+    for param in getattr(command, "params", []):
+        if param.metavar is not None or getattr(param, "is_flag", False):
+            continue
+        if getattr(param, "param_type_name", "") == "argument":
+            param.metavar = param.name.upper()
+            continue
+        flag, described = param.opts[0], getattr(param, "type_descriptor", None)
+        choices = [str(getattr(c, "value", c)) for c in getattr(described, "choices", None) or ()]
+        numeric = getattr(described, "annotation", None) in (int, float)
+        kind = FLAGS[flag].kind if flag in FLAGS else "number" if numeric else "text"
+        shown = "|".join(choices) if choices else KIND_METAVARS[kind]
+        param.metavar = METAVARS.get(f"{path} {flag}".strip(), METAVARS.get(flag, shown))
+    for name, sub in getattr(command, "commands", {}).items():
+        name_values(sub, f"{path} {name}".strip())
+
+
+class Group(TyperGroup):
+    """loadgen's command groups (``typer.Typer(cls=Group)``): typer's, with the help option's value False when
+    it is not given. Typer coerces a None through pydantic, which it imports for that: 0.1 s of every subcommand's
+    start (``loadgen run -h`` passes the root group's help option unset); a bool it passes as is."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.default = False
+        return option
+
+
+class AliasGroup(Group):
+    """The root group: names the values in every command's help (name_values); rewrites the old flag names of
+    the command it is about to run, then parses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        name_values(self)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, rewrite(self, args))
 
 
-__all__ = ["AliasGroup", "command_path", "rewrite"]
+__all__ = ["AliasGroup", "Group", "command_path", "name_values", "rewrite"]

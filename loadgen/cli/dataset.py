@@ -1,5 +1,5 @@
-"""``loadgen dataset sample|inspect``: write the bundled sample dataset; check how loadgen reads a dataset file
-(rows, turns, estimated lengths) before a scenario uses it."""
+"""``loadgen dataset sample|sample-trace|inspect``: write the bundled sample dataset or trace; check how loadgen
+reads a dataset file (rows, turns, estimated lengths) before a scenario uses it."""
 
 from __future__ import annotations
 
@@ -8,33 +8,38 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from pydantic import ValidationError
 
+from loadgen.cli.aliases import Group
 from loadgen.cli.common import console, fail
 from loadgen.core.secrets import write_text
-from loadgen.plan.agent_traces import describe, read_agent_trace, trace_format_of
-from loadgen.plan.datasets import format_of, rows_for
-from loadgen.plan.sample_dataset import mooncake_jsonl, sample_json
-from loadgen.plan.scenario import DatasetSpec, ScenarioError
-from loadgen.plan.session_spec import SessionTrace
+from loadgen.errors import ScenarioError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Prompt datasets: the sample, and a check.")
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Prompt datasets: write the bundled samples (sample, sample-trace), or inspect a dataset file "
+                  "or an agent trace as loadgen reads it.")
 
 
 @app.command()
 def sample(out: Path = typer.Option(Path("scenarios/data/sharegpt_sample.json"), "--out", help="where to write it"),
-           conversations: int = typer.Option(100, "--conversations", min=1, max=100_000),
-           seed: int = typer.Option(0, "--seed")) -> None:
+           conversations: int = typer.Option(100, "--conversations", min=1, max=100_000,
+                                             help="conversations to write"),
+           seed: int = typer.Option(0, "--seed", help="the generator's seed (the same seed, the same file)")) -> None:
     """Write the sample ShareGPT-format dataset (generated from the seed; nothing is downloaded)."""
+    from loadgen.plan.sample_dataset import sample_json  # in each command: `loadgen --help` starts without plan/
+
     write_text(out, sample_json(conversations, seed))
     console.print(f"{conversations} conversations → {out}", highlight=False)
 
 
 @app.command("sample-trace")
-def sample_trace(out: Path = typer.Option(Path("scenarios/data/mooncake_sample.jsonl"), "--out"),
-                 requests: int = typer.Option(120, "--requests", min=1, max=1_000_000),
-                 seed: int = typer.Option(0, "--seed")) -> None:
+def sample_trace(out: Path = typer.Option(Path("scenarios/data/mooncake_sample.jsonl"), "--out",
+                                         help="where to write it"),
+                 requests: int = typer.Option(120, "--requests", min=1, max=1_000_000, help="requests to write"),
+                 seed: int = typer.Option(0, "--seed", help="the generator's seed (the same seed, the same file)")
+                 ) -> None:
     """Write the sample Mooncake-format trace (shared system prompts, growing sessions; generated)."""
+    from loadgen.plan.sample_dataset import mooncake_jsonl
+
     write_text(out, mooncake_jsonl(requests, seed))
     console.print(f"{requests} requests → {out}", highlight=False)
 
@@ -45,11 +50,20 @@ def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, p
             format: str = typer.Option("auto", "--format", help="auto (an agent trace by its first document, else a "
                                        "dataset by its suffix), jsonl, csv, parquet, sharegpt or hf; agent traces: "
                                        "weka, otel or loadgen"),
-            prompt_column: str = typer.Option("prompt", "--prompt-column"),
-            messages_column: Optional[str] = typer.Option(None, "--messages-column"),
-            output_column: Optional[str] = typer.Option(None, "--output-column")) -> None:
+            prompt_column: str = typer.Option("prompt", "--prompt-column", help="the column of the prompt text "
+                                              "(a scenario's dataset.prompt_column)"),
+            messages_column: Optional[str] = typer.Option(None, "--messages-column", help="a column of chat "
+                                                          "messages instead (dataset.messages_column)"),
+            output_column: Optional[str] = typer.Option(None, "--output-column", help="the column of a recorded "
+                                                        "answer, if any (dataset.output_column)")) -> None:
     """How a scenario's ``dataset:`` would read the file: rows, turns per row, estimated lengths; or how a
     class's ``session.trace`` would read an agent trace (``--format auto`` tells one by its first document)."""
+    from pydantic import ValidationError
+
+    from loadgen.plan.agent_traces import trace_format_of
+    from loadgen.plan.datasets import format_of, rows_for
+    from loadgen.plan.scenario import DatasetSpec
+
     if not path.exists():
         raise fail(f"{path}: no such file")
     auto = format == "auto"
@@ -75,6 +89,9 @@ def inspect(path: Path = typer.Argument(..., help="a dataset file (jsonl, csv, p
 
 def _inspect_trace(path: Path, format: str) -> None:
     """How a class's ``session.trace`` would read an agent trace (recorded waits uncapped)."""
+    from loadgen.plan.agent_traces import describe, read_agent_trace
+    from loadgen.plan.session_spec import SessionTrace
+
     try:
         sessions = read_agent_trace(SessionTrace(path=path, format=format, max_wait_s=3600))  # type: ignore[arg-type]
     except ScenarioError as exc:

@@ -80,6 +80,7 @@ FLAGS: dict[str, Flag] = _flags(
     ("--master", "bool", "run as a Locust master"),
     ("--markdown", "bool", "the scenario reference instead of the schema"),
     ("--json", "bool", "one JSON document for machines"),
+    ("--verbose", "bool", "the evidence behind each line (check)"),
     ("--capacity", "bool", "search each candidate's capacity"),
     ("--build-only", "bool", "build llama-server and exit"),
     ("--chunked-prefill", "bool", "vLLM's chunked prefill"),
@@ -89,6 +90,8 @@ FLAGS: dict[str, Flag] = _flags(
     ("--reports", "path", "the parent of run directories"),
     ("--from", "path", "a run directory to size from"),
     ("--log", "path", "the server's own output"),
+    ("--config", "path", "a YAML file of the simulator's engine fields (target sim)"),
+    ("--trace", "path", "where the simulator writes its ground-truth trace (target sim)"),
     # counts and numbers
     ("--replays", "count", "replays per candidate"),
     ("--replicates", "count", "bootstrap replicates"),
@@ -116,6 +119,7 @@ FLAGS: dict[str, Flag] = _flags(
     ("--find-max", "choice", "rate or concurrency"),
     ("--format", "choice", "a dataset's format"),
     ("--device", "choice", "cuda or cpu"),
+    ("--preset", "choice", "the simulator's hardware/model preset (target sim)"),
     ("--host", "text", "an interface or address"),
     ("--master-bind-host", "text", "the Locust master's interface for workers"),
     ("--master-host", "text", "the Locust master's address"),
@@ -159,6 +163,22 @@ ALIASES: dict[str, dict[str, str]] = {
 VALUE_ALIASES: dict[str, frozenset[str]] = {
     "target vllm": frozenset({"--chunked-prefill", "--prefix-caching"})}
 TRUE_WORDS, FALSE_WORDS = frozenset({"on", "true", "yes", "1"}), frozenset({"off", "false", "no", "0"})
+
+# what help calls a flag's value where its option names none (cli/aliases.py name_values): by command and flag,
+# by flag, else by kind; never typer's type names (<list[str]>, <int range>). An argument is its name in capitals.
+KIND_METAVARS: dict[Kind, str] = {"seconds": "TIME", "percent": "PCT", "count": "N", "number": "N", "path": "PATH",
+                                  "text": "TEXT", "choice": "CHOICE", "list": "LIST", "pairs": "KEY=VALUE"}
+METAVARS: dict[str, str] = {
+    "--base-url": "URL", "--model": "NAME", "target llamacpp --model": "GGUF", "--api-key-env": "VAR",
+    "--api": "chat|completions", "--set": "FIELD=VALUE", "--slo": "METRIC.STAT=LIMIT", "--try": "KEY=V1,V2",
+    "--server": "KEY=VALUE", "--rate": "REQ/S,…", "--concurrency": "N,…", "--metric": "METRIC.STAT",
+    "--dataset": "FILE|NAME", "--window": "START:END", "--scenario": "NAME", "--engine": "asyncio|locust",
+    "--until": "time|decided", "--find-max": "rate|concurrency", "--format": "FORMAT", "--host": "HOST",
+    "--master-host": "HOST", "--master-bind-host": "HOST", "--port": "PORT", "--master-port": "PORT",
+    "--master-bind-port": "PORT", "--seed": "SEED", "--stall": "ROW", "--request": "SEQ", "--require": "LOAD",
+    "--start": "LOAD", "--from": "RUN_DIR", "--reports": "DIR", "--log": "FILE",
+    "--config": "FILE", "--trace": "FILE", "--prompt-column": "COLUMN", "--messages-column": "COLUMN",
+    "--output-column": "COLUMN", "--kv-cache-gib": "GIB", "--dtype": "DTYPE"}
 
 _UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*$")

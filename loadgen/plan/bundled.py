@@ -9,8 +9,6 @@ import re
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 SCHEMA = "scenario.schema.json"
 SAMPLE_DATASETS = {"sharegpt-sample": "data/sharegpt_sample.json"}  # --dataset's shipped files
 _DATA_REF = re.compile(r"(?<![\w/.-])(data/[\w.-]+)")
@@ -44,6 +42,8 @@ def text(name: str) -> str:
 
 def summary(name: str) -> tuple[str, float | None]:
     """The scenario's description and its wall time in seconds (warm-up + duration), where its load says so."""
+    import yaml  # here: `loadgen run -h` imports this module, and needs no YAML
+
     data = yaml.safe_load(text(name))
     load = data.get("load") or {}
     seconds = [load.get(k) for k in ("warmup_s", "duration_s")]
