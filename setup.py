@@ -9,5 +9,6 @@ setup(
     packages=find_packages(include=["loadgen", "loadgen.*", "local_target", "local_target.*"])
     + ["loadgen.scenarios"],
     package_dir={"loadgen.scenarios": "scenarios"},
-    package_data={"loadgen.scenarios": ["*.yaml", "*.json", "data/*"]},
+    # ci/: the nightly workflow (`loadgen scenario workflow`); the simulator's README, which its help points to
+    package_data={"loadgen.scenarios": ["*.yaml", "*.json", "data/*", "ci/*"], "local_target.sim": ["README.md"]},
 )

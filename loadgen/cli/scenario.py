@@ -10,10 +10,13 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from loadgen.cli.aliases import Group
 from loadgen.cli.common import console, fail
 from loadgen.plan import bundled
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="The bundled scenarios: list them, show one, copy one to edit.")
+app = typer.Typer(cls=Group, no_args_is_help=True, rich_markup_mode=None, help="The bundled scenarios: list them, "
+                  "show one, copy one to edit; and the nightly CI workflow that runs one (workflow).")
+WORKFLOW = Path("ci") / "nightly-slo.yml"  # in the bundled folder; the same bytes as .github/workflows/ (tested)
 
 
 @app.command("list")
@@ -67,3 +70,29 @@ def copy(name: str = typer.Argument(..., help="a bundled scenario's name (loadge
     if parts:
         console.print(f"wrote {', '.join(str(folder / p) for p in parts)}", highlight=False, markup=False)
     console.print(f"run it: loadgen run {folder / source.name}", highlight=False, markup=False)
+
+
+@app.command()
+def workflow(dest: Optional[Path] = typer.Argument(None, help="the folder to write it into (default: "
+                                                   ".github/workflows, run from the repository's root)")) -> None:
+    """Write the nightly SLO workflow (GitHub Actions: run the nightly scenario, compare with the last good
+    night, publish the summary, fail the job on exit 1-4) into DEST/nightly-slo.yml (never overwrites a file
+    that differs). The CI gating guide (docs/guides/ci-gating.md) explains it."""
+    source = bundled.folder() / WORKFLOW
+    folder = dest or Path(".github") / "workflows"
+    target = folder / source.name
+    if folder.exists() and not folder.is_dir():
+        raise fail(f"{folder}: not a folder")
+    if target.exists() and (not target.is_file() or target.read_bytes() != source.read_bytes()):
+        raise fail(f"{target} exists and differs: nothing written (remove it, or write into another folder: "
+                   "loadgen scenario workflow DEST)")
+    there = target.exists()  # the same bytes: nothing to do
+    if not there:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    console.print(f"{target}: {'already there' if there else 'written'}", highlight=False, markup=False)
+    console.print("its scenario: scenarios/nightly.yaml (loadgen scenario copy nightly scenarios, to edit it; "
+                  "without it the bundled nightly runs)\ninstall: set the repository variable LOADGEN_PIP to "
+                  "loadgen's pip requirement (a wheel's URL, git+https://…)\ntarget: the secrets LOADGEN_BASE_URL, "
+                  "LOADGEN_MODEL, LOADGEN_API_KEY (unset: the embedded simulator)",
+                  highlight=False, markup=False, soft_wrap=True)

@@ -1,6 +1,7 @@
-"""``loadgen target …``: the bundled real targets — vLLM (``vllm``, with the offline tiny model it can serve,
-``tiny-model``) and llama.cpp's llama-server (``llamacpp``, built once from PyPI's sources, with an offline tiny
-GGUF, ``tiny-gguf``). The simulator needs no command: ``base_url: embedded`` starts it with the run."""
+"""``loadgen target …``: the bundled targets — the simulator as a server (``sim``, the same server as the
+``loadgen-sim`` command; ``base_url: embedded`` also starts it with a run), vLLM (``vllm``, with the offline tiny
+model it can serve, ``tiny-model``) and llama.cpp's llama-server (``llamacpp``, built once from PyPI's sources,
+with an offline tiny GGUF, ``tiny-gguf``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ from typing import Any, Optional
 
 import typer
 
+from loadgen.cli.aliases import Group
 from loadgen.cli.common import console, fail, seconds_option
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Start a bundled target to test against.")
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  short_help="Start a target: sim (also loadgen-sim), vllm, llamacpp.",
+                  help="Start a bundled target to test against: the simulator (`sim`, the same server as the "
+                  "`loadgen-sim` command), a real vLLM (`vllm`) or llama.cpp (`llamacpp`).")
+
+
+class SimPreset(str, enum.Enum):  # local_target/sim/config.py PRESETS (a test keeps them equal)
+    t4_phi3_mini = "t4-phi3-mini"
+    a100_llama_7b = "a100-llama-7b"
+    h100_llama_8b = "h100-llama-8b"
 
 
 class DeviceChoice(str, enum.Enum):
@@ -72,6 +83,108 @@ def vllm(
     _serve(server, "vLLM", opts.base_url, startup_timeout_s, f"model {model}", "about a minute on a CPU")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sim(
+    ctx: typer.Context,
+    preset: SimPreset = typer.Option(SimPreset.a100_llama_7b, "--preset", help="the modelled hardware and "
+                                     "model (local_target/sim/README.md: presets)"),
+    config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="a YAML file of engine "
+                                          "fields, applied over the preset"),
+    sets: list[str] = typer.Option([], "--set", metavar="FIELD=VALUE", help="override an engine field, dotted "
+                                   "for faults (--set chunked_prefill=true --set faults.error_rate=0.1)"),
+    model: Optional[str] = typer.Option(None, "--model", metavar="NAME", help="the model name it serves "
+                                        "(default: the preset's)"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, metavar="PORT", help="the server's port (0: a "
+                             "free one)"),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="HOST", help="the server's interface"),
+    trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE", help="write the ground truth (JSON "
+                                         "lines: which step held which prefill) here"),
+) -> None:
+    """Run the simulator (a CPU model of a continuous-batching LLM server with an OpenAI-compatible API, the
+    `loadgen-sim` command) until Ctrl-C: prints its base URL when it listens. Arguments after `--` go to
+    loadgen-sim as engine fields (`-- --time-scale 0.1`, as --set time_scale=0.1; `loadgen-sim --help` lists
+    every field)."""
+    from local_target.server_process import port_free
+    from local_target.sim.launcher import SimulatorStartError, start_simulator
+
+    cfg = _sim_config(preset.value, config, [*sets, *_field_flags(ctx.args)], model)
+    if port and not port_free(host, port):
+        raise fail(f"{host}:{port} is busy (is a server already running there?): choose another --port, or "
+                   "--port 0 for a free one")
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = None
+    try:
+        server = start_simulator(cfg, trace, host, port)
+        console.print(f"simulator ready: {server.base_url}  (preset {preset.value}, model {cfg.model}, pid "
+                      f"{server.pid}; Ctrl-C stops it)", highlight=False, soft_wrap=True)
+        console.print(f"try: loadgen run --base-url {server.base_url} --rate 4 --input-len 512 --output-len 128 "
+                      f"--duration 20\nits fields and faults: {_sim_readme()}", highlight=False, soft_wrap=True)
+        code = server.process.wait()
+        raise fail(f"the simulator exited by itself (code {code})", 1)
+    except SimulatorStartError as exc:
+        raise fail(str(exc), 1) from None
+    except KeyboardInterrupt:
+        console.print("stopping the simulator …", highlight=False)
+    finally:
+        if server is not None:
+            server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _sim_config(preset: str, config: Optional[Path], pairs: list[str], model: Optional[str]) -> Any:
+    """The preset, the file, then FIELD=VALUE overrides (local_target/sim/config.py build_config, as loadgen-sim
+    does): a bad field, value or file is one line and exit 2, before anything starts."""
+    import yaml
+    from pydantic import ValidationError
+
+    from local_target.sim.config import build_config, parse_value
+
+    try:
+        overrides = {key.strip(): parse_value(value) for key, value in map(_pair, pairs)}
+        if model is not None:
+            overrides["model"] = model  # as given, not read as YAML
+        return build_config(preset, config, overrides)
+    except ValidationError as exc:
+        raise fail(f"simulator configuration: {'; '.join(_field_errors(exc))}") from None
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        raise fail(f"simulator configuration: {' '.join(str(exc).split())}") from None
+
+
+def _pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{item!r}: expected FIELD=VALUE")
+    return key, value
+
+
+def _field_flags(args: list[str]) -> list[str]:
+    """loadgen-sim's field flags (``--time-scale 0.1``, ``--chunked-prefill=true``) as FIELD=VALUE."""
+    pairs, rest = [], list(args)
+    while rest:
+        flag = rest.pop(0)
+        name, sep, value = flag[2:].partition("=")
+        if not flag.startswith("--") or not name:
+            raise fail(f"{flag}: give an engine field's flag and its value (e.g. --time-scale 0.1)")
+        if not sep:
+            if not rest:
+                raise fail(f"{flag}: give it a value")
+            value = rest.pop(0)
+        pairs.append(f"{name.replace('-', '_')}={value}")
+    return pairs
+
+
+def _field_errors(exc: Any) -> list[str]:
+    return [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+
+
+def _sim_readme() -> str:
+    """Where the simulator's README is: in the installed package (the wheel ships it) or the clone."""
+    import local_target.sim
+
+    return str(Path(local_target.sim.__file__).with_name("README.md"))
+
+
 def _serve(server: Any, name: str, base_url: str, startup_timeout_s: float, what: str, start_time: str) -> None:
     """Start ``server``, wait for /health, print the base URL, run until Ctrl-C or `kill PID`, stop it."""
     from local_target.server_process import LaunchError
@@ -84,7 +197,7 @@ def _serve(server: Any, name: str, base_url: str, startup_timeout_s: float, what
             server.wait_ready(startup_timeout_s, on_wait=lambda s: status.update(
                 f"waiting for {name}'s /health … {s:.0f} s (a start takes {start_time})"))
         console.print(f"{name} ready: {base_url}  ({what}; Ctrl-C stops it)", highlight=False)
-        console.print(f"try: loadgen run scenarios/aggressor_victim.yaml --base-url {base_url}",
+        console.print(f"try: loadgen run aggressor_victim --base-url {base_url}",
                       highlight=False, soft_wrap=True)
         code = server.process.wait() if server.process else 0
         raise fail(f"{server.name} exited by itself (code {code}):\n{server.log_tail()}", 1)
