@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from loadgen import api
 from loadgen.cli.app import app
-from loadgen.core.secrets import CUT, Redactor
+from loadgen.core.secrets import CUT, Redactor, masked_fields
 from tests.shape_server import SSE_HEAD, ShapeServer, chunk, event
 
 B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
@@ -277,3 +277,18 @@ def test_shrink_refuses_a_masked_value_with_no_known_source_naming_it(shrinkable
     res = CliRunner().invoke(app, ["shrink", str(run_dir), "--request", "0", "--confirmations", "0", "--no-png"])
     assert res.exit_code == 2 and "target.extra_body.user" in res.output, res.output
     assert not list(run_dir.glob("shrink-*"))
+
+
+def test_the_source_run_json_keeps_for_a_masked_value_is_its_variable_never_a_default_or_a_literal():
+    """run.json's ``masked`` names where each masked value came from: ``${VAR}`` alone, its ``:-default`` dropped
+    (a default may be the key itself), and nothing where a literal stood beside the reference."""
+    default = "sk-defaultsecret12345"
+    sent = {"headers": {"Helicone-Auth": f"Bearer {default}", "X-Org": "Bearer sk-lit-abcdef123456-x"},
+            "extra_body": {"user": "u-42"}}
+    shown = {"headers": {"Helicone-Auth": "Bearer ***", "X-Org": "Bearer ***"}, "extra_body": {"user": "***"}}
+    refs = {("headers", "Helicone-Auth"): f"Bearer ${{NOPE_UNSET:-{default}}}",
+            ("headers", "X-Org"): "Bearer sk-lit-abcdef123456${SUFFIX}", ("extra_body", "user"): "${USER_ID}"}
+    got = {tuple(m["field"]): m["from"] for m in masked_fields(sent, shown, refs)}
+    assert got == {("headers", "Helicone-Auth"): "Bearer ${NOPE_UNSET}", ("headers", "X-Org"): None,
+                   ("extra_body", "user"): "${USER_ID}"}
+    assert default not in json.dumps(list(got.values())) and "sk-lit" not in json.dumps(list(got.values()))

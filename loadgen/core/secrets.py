@@ -270,10 +270,22 @@ def masked_fields(sent: Any, shown: Any, refs: dict[tuple[str | int, ...], str],
     and the ``${VAR}`` text the scenario gave it (``refs``; None: none), for a replay to take it from the
     environment as the run did (loadgen shrink), never from the masked record."""
     if isinstance(sent, str):
-        masked = not isinstance(shown, str) or REDACTOR(shown) != sent
-        return [{"field": list(path), "from": refs.get(path)}] if masked else []
+        written = REDACTOR(shown) if isinstance(shown, str) else None  # as run.json will hold it
+        return [{"field": list(path), "from": _source(refs.get(path), written)}] if written != sent else []
     if isinstance(sent, dict) and isinstance(shown, dict):
         return [m for k, v in sent.items() for m in masked_fields(v, shown.get(k), refs, (*path, k))]
     if isinstance(sent, list) and isinstance(shown, list) and len(sent) == len(shown):
         return [m for i, (v, w) in enumerate(zip(sent, shown)) for m in masked_fields(v, w, refs, (*path, i))]
     return []
+
+
+_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")  # ${VAR}, ${VAR:-default} (plan/scenario_file.py)
+
+
+def _source(ref: str | None, shown: Any) -> str | None:
+    """The ``${VAR}`` text a masked value came from, its defaults dropped (a default may be the secret itself);
+    None unless masking left nothing but its references (a literal beside them may be a secret too)."""
+    if ref is None:
+        return None
+    bare = _REF.sub(lambda m: "${" + m.group(1) + "}", ref)
+    return bare if _REF.sub(MASK, bare) == shown else None
