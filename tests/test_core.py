@@ -27,7 +27,7 @@ def _chunk(content=None, role=None, finish=None, usage=None, reasoning=None, cid
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def _meta(asked_out=3):
+def _meta(asked_out=16):
     return RequestMeta(seq=7, class_name="chat", warmup=False, t_intended_ns=1000, prompt_tokens_asked=20,
                        output_tokens_asked=asked_out)
 

@@ -31,8 +31,8 @@ PARSERS = {"core": None, "fast": parse_chunk}  # the tracker's default parser an
 
 
 def output_bound(asked: int, chars: int, chunks: int) -> int:
-    """docs/servers.md: max(max_tokens, 4 × characters received + one per chunk + 16)."""
-    return max(asked, 4 * chars + chunks + 16)
+    """docs/servers.md: the max_tokens asked (the chunks where there were more), else 4 × characters + chunks + 16."""
+    return max(asked, chunks) if asked > 0 else 4 * chars + chunks + 16
 
 
 def sse(obj: Any) -> bytes:
@@ -84,7 +84,7 @@ def test_every_usage_claim_leaves_counts_within_what_was_asked_and_received(word
     assert record.reasoning_tokens is None or 0 <= record.reasoning_tokens <= record.output_tokens
     claim = final.get("completion_tokens")
     taken = isinstance(claim, (int, float)) and not isinstance(claim, bool) and claim == claim \
-        and abs(claim) != float("inf") and int(claim) == claim and (1 if n else 0) <= claim <= high
+        and abs(claim) != float("inf") and int(claim) == claim and n <= claim <= high
     if taken:
         assert (record.output_tokens, record.output_tokens_source) == (int(claim), "server")
     if record.usage_rejected is None:
@@ -104,6 +104,18 @@ def test_an_impossible_completion_count_keeps_the_chunks_count_and_says_why(pars
     assert (record.prompt_tokens, record.prompt_tokens_source) == (300, "asked")  # 1,000,000 for ~300 asked
     assert f"usage.completion_tokens {claim}"[:30] in record.usage_rejected and "16 counted" in record.usage_rejected
     assert "usage.prompt_tokens 1000000" in record.usage_rejected
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_a_claim_over_max_tokens_keeps_the_chunks_count(parser):
+    """16 one-token chunks for max_tokens 16 and a claim of 200: possible by the text's bytes, not by the cap."""
+    events = [sse(content_delta("c1", f" w{i}")) for i in range(16)]
+    events += [sse({"id": "c1", "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 200}}),
+               b"data: [DONE]\n\n"]
+    record, chunks, _ = track(events, parser)
+    assert (record.output_tokens, record.output_tokens_source) == (16, "local")
+    assert [c.tokens for c in chunks] == [1] * 16
+    assert "usage.completion_tokens 200, possible 16..16" in record.usage_rejected
 
 
 @pytest.mark.parametrize("parser", sorted(PARSERS))

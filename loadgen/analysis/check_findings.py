@@ -267,13 +267,13 @@ def usage(probes: Sequence[Probe]) -> Finding:
     rejected = [p.usage_rejected for p in good if p.usage_rejected]
     if rejected:
         evidence["usage_rejected"] = rejected[:3]
-        return Finding("usage", FINDING, f"usage claims counts no answer can hold in {len(rejected)} of {len(good)} "
-                       f"answers: loadgen's own counts are kept there (first: {rejected[0]})", evidence)
-    if any(n is None for n in reported):
+    if any(p.completion_tokens is None and not p.usage_rejected for p in good):
         return Finding("usage", FINDING, "no usage in the stream (stream_options.include_usage not honoured): output "
                        "tokens are estimated from the text, not counted", evidence)
     for p in good:
-        n = p.completion_tokens or 0
+        if p.completion_tokens is None:  # a run's record keeps no claim it rejected: said below
+            continue
+        n = p.completion_tokens
         # a server stops at max_tokens, and may stop sooner (a context limit, its own cap: finish_reason length
         # too); a finish_reason of None: the cap is not known (a run's reasoning request: answer plus budget)
         if p.finish_reason is not None and n > p.max_tokens and _off(n, p.max_tokens):
@@ -283,6 +283,9 @@ def usage(probes: Sequence[Probe]) -> Finding:
         if n < len(p.content_ns):
             return Finding("usage", FINDING, f"usage misreports completion_tokens: {n} reported for "
                            f"{len(p.content_ns)} chunks that each carried a token", evidence)
+    if rejected:
+        return Finding("usage", FINDING, f"usage claims counts no answer can hold in {len(rejected)} of {len(good)} "
+                       f"answers: loadgen's own counts are kept there (first: {rejected[0]})", evidence)
     if all(p.finish_reason == "length" and p.completion_tokens == p.max_tokens for p in good):
         return Finding("usage", OK, f"usage reported; completion_tokens = max_tokens ({good[0].max_tokens}) in every "
                        "answer", evidence)

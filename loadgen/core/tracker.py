@@ -38,7 +38,7 @@ from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, ToolDelta, erro
 from loadgen.core.secrets import CUT, clip
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.think_tags import ThinkSplitter, tag_excess
-from loadgen.core.token_shares import phase_tokens
+from loadgen.core.token_shares import phase_tokens, scale
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
 from loadgen.core.usage_claims import Seen, judge, running
 
@@ -84,7 +84,7 @@ ERROR_BODY_BYTES = 4096  # an error answer's message is cut to 300 characters an
 class StreamTracker:
     __slots__ = ("meta", "t_sent_ns", "last_read_ns", "_head", "_decoder", "_chunks", "_exact", "_last_count",
                  "_summary", "_error", "_text", "record", "_parse", "_body", "_events", "_first", "_parts", "_calls",
-                 "_think", "_opaque", "_chars", "_rejected", "after_done")
+                 "_think", "_opaque", "_chars", "_rejected", "claimed", "after_done")
 
     def __init__(self, meta: RequestMeta, t_sent_ns: int, max_event_bytes: int = MAX_EVENT_BYTES,
                  api: str = "chat", parse: Callable[[str], Parsed] | None = None, think_tags: bool = True) -> None:
@@ -113,6 +113,7 @@ class StreamTracker:
         self._opaque = False  # a reasoning event without text (a thinking block that streams none)
         self._chars = 0  # characters of generated text received: bounds the output tokens (usage_claims)
         self._rejected: str | None = None  # why a usage claim was not taken (usage_claims.judge)
+        self.claimed: tuple[int | None, int | None] = (None, None)  # usage's completion and prompt tokens, unjudged
         self.after_done = 0  # events after the stream's end ([DONE]): not counted
         self.record: RequestRecord | None = None  # set by finish
 
@@ -303,9 +304,13 @@ class StreamTracker:
         seen = Seen(m.output_cap or m.output_tokens_asked, m.prompt_tokens_asked, m.body_bytes,
                     m.conversation is not None or m.session is not None, self._chars, len(self._chunks),
                     sum(c.tokens for c in self._chunks))
+        self.claimed = (s.completion_tokens, s.prompt_tokens)  # as the server said them: loadgen check's evidence
         j = judge(s.completion_tokens, s.prompt_tokens, s.cached_tokens, s.reasoning_tokens, seen)
         s.completion_tokens, s.prompt_tokens, s.cached_tokens = j.completion_tokens, j.prompt_tokens, j.cached_tokens
         s.reasoning_tokens, self._rejected = j.reasoning_tokens, j.rejected
+        if j.chunk_cap is not None:  # running counts the stream's end rules out: the chunks scaled to the bound
+            for chunk, n in zip(self._chunks, scale([c.tokens for c in self._chunks], j.chunk_cap)):
+                chunk.tokens = n
 
     def _no_token(self) -> tuple[str | None, str | None]:
         """A stream that ended well but in which no event carried a token loadgen reads: a success only where the

@@ -11,8 +11,10 @@ A claim is taken where it is possible, else the records keep what loadgen counte
 (``RequestRecord.usage_rejected``):
 
 - ``completion_tokens`` (and each running count, vLLM's ``continuous_usage_stats``, never below the count before
-  it): at least 1 when a chunk carried text (0 when none did), at most ``output_bound``: the ``max_tokens`` asked
-  (a server stops there; hidden reasoning fits under it), or what arrived — a token that is not special holds at
+  it): at least one per chunk that carried text (a token streams whole: a count under the chunks is the
+  misreport loadgen check names), at most ``output_bound``: the ``max_tokens`` asked
+  (a server stops there; hidden reasoning fits under it; the chunks seen where a server ignored it), or, where
+  nothing capped the output, what arrived — a token that is not special holds at
   least one UTF-8 byte of text, a character at most four bytes, and special tokens (end of sequence, think tags,
   tool-call markup) hold none: one per chunk and ``OUTPUT_SLACK_TOKENS`` more. Rejected: the chunks' own count.
 - ``prompt_tokens``: at least 0, at most ``prompt_bound``: the request body's UTF-8 bytes (each prompt token is
@@ -49,9 +51,12 @@ def as_count(value: Any) -> int | None:
 
 
 def output_bound(asked: int, chars: int, chunks: int) -> int:
-    """The most output tokens a stream can have generated: ``asked`` (max_tokens), or what arrived (``chars``
-    characters of text in ``chunks`` chunks)."""
-    return max(asked, BYTES_PER_CHAR * chars + chunks + OUTPUT_SLACK_TOKENS)
+    """The most output tokens a stream can have generated: ``asked`` (max_tokens: a server stops there; more
+    chunks than that only where the server ignored it), else what arrived (``chars`` characters of text in
+    ``chunks`` chunks)."""
+    if asked > 0:
+        return max(asked, chunks)
+    return BYTES_PER_CHAR * chars + chunks + OUTPUT_SLACK_TOKENS
 
 
 def prompt_bound(asked: int, body_bytes: int | None, history: bool) -> int | None:
@@ -72,6 +77,7 @@ class Judged:
     cached_tokens: int | None
     reasoning_tokens: int | None
     rejected: str | None
+    chunk_cap: int | None = None  # the chunks' tokens scaled down to this (running counts over the bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +107,17 @@ def judge(completion: int | None, prompt: int | None, cached: int | None, reason
           seen: Seen) -> Judged:
     """The rule (module doc) applied to a request's final claims."""
     notes: list[str] = []
-    low, high = 1 if seen.chunks else 0, output_bound(seen.output_asked, seen.chars, seen.chunks)
+    low, high = seen.chunks, output_bound(seen.output_asked, seen.chars, seen.chunks)
+    kept = min(seen.counted, high)
     if completion is not None and _outside(completion, low, high):
         notes.append(f"usage.completion_tokens {shown(completion)}, possible {low}..{high} (max_tokens "
-                     f"{seen.output_asked}; {seen.chars} characters in {seen.chunks} chunks): {seen.counted} "
+                     f"{seen.output_asked}; {seen.chars} characters in {seen.chunks} chunks): {kept} "
                      "counted from the chunks")
         completion = None
+    chunk_cap = None
+    if completion is None and seen.counted > high:  # running counts taken that the stream's end rules out
+        notes.append(f"the running counts come to {seen.counted} tokens, {high} possible: the chunks scaled to it")
+        chunk_cap = high
     p_high = prompt_bound(seen.prompt_asked, seen.body_bytes, seen.history)
     if prompt is not None and _outside(prompt, 0, p_high):
         sent = f"a body of {seen.body_bytes} bytes" if seen.body_bytes else f"{seen.prompt_asked} tokens asked"
@@ -117,11 +128,11 @@ def judge(completion: int | None, prompt: int | None, cached: int | None, reason
     if cached is not None and _outside(cached, 0, prompt_known):
         notes.append(f"usage cached_tokens {shown(cached)}, possible 0..{prompt_known}: dropped")
         cached = None
-    output_known = completion if completion is not None else seen.counted
+    output_known = completion if completion is not None else kept
     if reasoning is not None and _outside(reasoning, 0, output_known):
         notes.append(f"usage reasoning_tokens {shown(reasoning)}, possible 0..{output_known}: dropped")
         reasoning = None
-    return Judged(completion, prompt, cached, reasoning, "; ".join(notes) or None)
+    return Judged(completion, prompt, cached, reasoning, "; ".join(notes) or None, chunk_cap)
 
 
 def running(count: int | None, last: int, asked: int, chars: int, chunks: int) -> int | None:

@@ -158,13 +158,13 @@ async def stream_probe(s: Session, text: str, output_tokens: int, counted: int |
     record, chunks = reader.tracker.finish(t_done_ns, status, kind, message)
     s.heads.append(response_head(bytes(ctx.raw or b"")))
     s.versions.append(ctx.http_version)
-    server = record.output_tokens_source == "server"
+    claimed_output, claimed_prompt = reader.tracker.claimed  # as reported: judged by check's own rules
     return Probe(status=record.http_status if kind is None or status != 200 else 0,
                  error=clip(s.target.redact(record.error_message) or "", 200) if record.error_kind else None,
                  t_sent_ns=ctx.t_sent_ns or t_done_ns, t_done_ns=t_done_ns, t_first_event_ns=reader.first_event_ns,
                  first_event_text=reader.first_event_text, content_ns=tuple(c.t_ns for c in chunks),
-                 max_tokens=output_tokens, completion_tokens=record.output_tokens if server else None,
-                 prompt_tokens=record.prompt_tokens if record.prompt_tokens_source == "server" else None,
+                 max_tokens=output_tokens, completion_tokens=claimed_output,
+                 prompt_tokens=claimed_prompt,
                  cached_tokens=record.cached_tokens, finish_reason=record.finish_reason,
                  text=reader.tracker.answer, prompt_counted=counted, usage_rejected=record.usage_rejected,
                  after_done=reader.tracker.after_done)
