@@ -5,7 +5,6 @@ warns first and ends no line on a colon; report.html escapes the model name once
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import io
 import json
@@ -19,7 +18,6 @@ from typing import Any, Iterator
 import pytest
 from rich.console import Console
 
-from loadgen import api
 from loadgen.analysis.check_findings import Finding
 from loadgen.analysis.check_result import CheckResult
 from loadgen.analysis.compare_basis import miss_change
@@ -29,10 +27,7 @@ from loadgen.report import html as html_module
 from loadgen.report.check_report import print_check
 from loadgen.report.compare_report import print_comparison
 from loadgen.report.console import print_summary
-from loadgen.run.prepare import open_client
-from loadgen.run.target import TargetError, auth_headers, resolve
 from tests.check_servers import CheckServer
-from tests.shape_server import ShapeServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -176,32 +171,6 @@ def test_a_quick_start_on_the_simulator_prints_no_noise(tmp_path: Path) -> None:
     for routine in ("recognised by", "the word model matched all"):  # a known engine, estimates that all matched
         assert routine not in out, (routine, out)
     assert "recognised by" in (tmp_path / "r" / "summary.md").read_text()  # kept where the run is read at leisure
-
-
-@pytest.fixture(scope="module")
-def shapes() -> Iterator[ShapeServer]:
-    with ShapeServer() as srv:
-        yield srv
-
-
-def resolve_at(base_url: str) -> Any:
-    sc = api.load_scenario(ROOT / "scenarios/smoke.yaml", [f"target.base_url={base_url}"])
-
-    async def go() -> Any:
-        async with open_client(sc, base_url) as client:
-            headers, redact = auth_headers(sc)
-            return await resolve(sc, client, base_url, headers, redact)
-    return asyncio.run(go())
-
-
-def test_models_404_is_silent_where_v1_works_and_named_where_nothing_does(shapes: ShapeServer) -> None:
-    bare = shapes.url("ok").removesuffix("/v1")
-    target = resolve_at(bare)
-    assert target.base_url == bare + "/v1"
-    assert not any("404" in note or "/models" in note for note in target.notes), target.notes
-    nowhere = f"http://127.0.0.1:{shapes.port}/nothing/here"
-    with pytest.raises(TargetError, match=r"here/models: HTTP 404, and .*here/v1/models: HTTP 404"):
-        resolve_at(nowhere)
 
 
 def test_no_cost_or_energy_absence_on_the_console_unless_declared() -> None:

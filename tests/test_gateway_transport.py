@@ -26,6 +26,7 @@ from tests.proxy_server import ProxyServer
 from tests.run_helpers import run_cli
 from tests.shape_server import SSE_HEAD, ShapeServer, _head, _write, chunk, event, tail
 from tests.test_preflight_shapes import one_line_exit_2
+from tests.test_proxy import ca, ca_file  # noqa: F401 (fixtures: one throwaway CA for the https cases)
 
 REQUESTS = 12
 SCENARIO = f"""\
@@ -75,18 +76,6 @@ class GatewayServer(ShapeServer):
         head = SSE_HEAD.replace(b"transfer-encoding: chunked", b"transfer-encoding: gzip, chunked")
         body = event({"id": e["id"], "choices": [{"index": 0, "delta": {"content": " t"}}]}) + tail(e["id"], 1)
         return _write(writer, head + chunk(z.compress(body) + z.flush()) + chunk(b""))
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_file(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pki") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return path
 
 
 @pytest.fixture
