@@ -31,6 +31,7 @@ WARMUP_S = 2.0
 STARTUP_S = 60.0  # a step's allowance beyond its load: both children's start, the drain, the report, the scoring
 MAX_STREAMS = 4096  # each stream holds one connection (and one file descriptor on either side)
 READY_TIMEOUT_S = 15.0
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM}  # what loadgen's CLI turns into KeyboardInterrupt
 STOP_GRACE_S = 5.0  # a step's ``loadgen run``, SIGTERMed, ends its --workers processes within this, then SIGKILL
 _ROOT = Path(__file__).resolve().parents[2]  # the folder that holds loadgen/ and local_target/
 
@@ -101,11 +102,14 @@ def _env() -> dict[str, str]:
 
 
 def _child_setup(cpus: tuple[int, ...] | None) -> Callable[[], None]:
+    # imported here, in the parent: between fork and exec the child only calls it (an import there, since the CLI
+    # imports lazily, held the child unexec'd long enough for an interrupt to leave it behind)
+    from local_target.sim.launcher import die_with_parent
+
     parent = os.getpid()
 
     def setup() -> None:
-        from local_target.sim.launcher import die_with_parent
-
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)  # held by run_child in the parent only
         die_with_parent(parent)
         if cpus:
             os.sched_setaffinity(0, set(cpus))
@@ -150,9 +154,15 @@ def run_child(cmd: list[str], cpus: tuple[int, ...] | None, timeout_s: float) ->
     """``cmd`` (``loadgen run``) in a process group of its own, its output captured. Past ``timeout_s`` or on an
     interrupt (Ctrl-C, SIGTERM): SIGTERM, which ``loadgen run`` answers by stopping its ``--workers`` processes,
     then SIGKILL after ``STOP_GRACE_S``; either way whatever is left in its group (a worker) is SIGKILLed."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
-                            preexec_fn=_child_setup(cpus), process_group=0)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)  # an interrupt while the child starts waits
+    try:  # until the child is ours to stop (one in Popen left it running, unsignalled)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                preexec_fn=_child_setup(cpus), process_group=0)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a pending interrupt lands here, where it stops the child
         out, err = proc.communicate(timeout=timeout_s)
     except BaseException:
         proc.send_signal(signal.SIGTERM)
