@@ -114,6 +114,9 @@ def test_unexplained_misses_are_counted_and_a_long_tail_of_causes_is_summed() ->
                     "2 more cause(s) 3; unexplained 1")
     (none,) = console_lines(result_of(summary({**block(RUN, 1200), "requests": 0, "by_cause": {}, "top": []})))
     assert none == "misses: none of 1,200 requests missed a limit"
+    nothing = {**block(RUN, 1200), "of": 0, "requests": 0, "by_cause": {}, "top": []}
+    (empty,) = console_lines(result_of(summary(nothing)))
+    assert empty == "misses: no request measured"  # not "none of 0 requests"
 
 
 def test_summary_md_has_the_per_cause_table_with_each_meaning() -> None:

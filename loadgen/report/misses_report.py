@@ -50,7 +50,7 @@ def headline(block: dict[str, Any], most: int = 4) -> str:
     """'misses: 42 of 1,200 requests — queueing 30 (goodput lost 28), prefill 9, own_prompt 3; unexplained 0'."""
     n, of = int(block.get("requests", 0)), int(block.get("of", 0))
     if n == 0:
-        return f"misses: none of {of:,} requests missed a limit"
+        return f"misses: none of {of:,} requests missed a limit" if of else "misses: no request measured"
     causes = causes_in_order(block)
     parts = [f"{c} {f['requests']:,}" + (f" (goodput lost {lost:,})" if i == 0 and lost else "")  # none lost: said
              for i, (c, f) in enumerate(causes[:most]) for lost in [int(f.get("goodput_lost", 0))]]  # by silence
