@@ -6,13 +6,29 @@ local estimates (``openai_stream.local_token_weight`` of its text), rescaled her
 and answer text (one event may carry reasoning beside content: vLLM's multi-token steps across ``</think>``).
 With the server's reasoning count (usage ``completion_tokens_details.reasoning_tokens``, Responses
 ``output_tokens_details.reasoning_tokens``, SGLang's ``usage.reasoning_tokens``) the reasoning parts are scaled to
-it and the other parts to the rest, so that per-phase token rates follow the server's split. Pure functions.
+it and the other parts to the rest, so that per-phase token rates follow the server's split. The server's counts
+are first settled by ``usage_claims``' rule (``settle_usage``): an impossible claim is not shared out. Pure functions.
 """
 
 from __future__ import annotations
 
 from loadgen.core.records import ChunkRecord
 from loadgen.core.openai_stream import Parsed
+from loadgen.core.usage_claims import Seen, judge
+
+
+def settle_usage(s: Parsed, chunks: list[ChunkRecord], seen: Seen) -> str | None:
+    """The server's usage claims judged by ``usage_claims``' rule: ``s`` keeps the counts taken, the chunks are
+    scaled down where running counts the stream's end rules out; why a claim was not taken (None: all were)."""
+    j = judge(s.completion_tokens, s.prompt_tokens, s.cached_tokens, s.reasoning_tokens, seen)
+    s.completion_tokens = j.completion_tokens
+    s.prompt_tokens = j.prompt_tokens
+    s.cached_tokens = j.cached_tokens
+    s.reasoning_tokens = j.reasoning_tokens
+    if j.chunk_cap is not None:
+        for chunk, n in zip(chunks, scale([c.tokens for c in chunks], j.chunk_cap)):
+            chunk.tokens = n
+    return j.rejected
 
 
 def phase_tokens(chunks: list[ChunkRecord], parts: list[tuple[int, int, int]], s: Parsed,

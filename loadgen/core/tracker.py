@@ -38,9 +38,9 @@ from loadgen.core.openai_stream import ERROR_TEXT_CHARS, Parsed, ToolDelta, erro
 from loadgen.core.secrets import CUT, clip
 from loadgen.core.records import ChunkRecord, RequestRecord, ToolCall
 from loadgen.core.think_tags import ThinkSplitter, tag_excess
-from loadgen.core.token_shares import phase_tokens, scale
+from loadgen.core.token_shares import phase_tokens, settle_usage
 from loadgen.core.sse import MAX_EVENT_BYTES, SseDecoder
-from loadgen.core.usage_claims import Seen, judge, running
+from loadgen.core.usage_claims import Seen, running
 
 
 @dataclass(slots=True)
@@ -305,12 +305,7 @@ class StreamTracker:
                     m.conversation is not None or m.session is not None, self._chars, len(self._chunks),
                     sum(c.tokens for c in self._chunks))
         self.claimed = (s.completion_tokens, s.prompt_tokens)  # as the server said them: loadgen check's evidence
-        j = judge(s.completion_tokens, s.prompt_tokens, s.cached_tokens, s.reasoning_tokens, seen)
-        s.completion_tokens, s.prompt_tokens, s.cached_tokens = j.completion_tokens, j.prompt_tokens, j.cached_tokens
-        s.reasoning_tokens, self._rejected = j.reasoning_tokens, j.rejected
-        if j.chunk_cap is not None:  # running counts the stream's end rules out: the chunks scaled to the bound
-            for chunk, n in zip(self._chunks, scale([c.tokens for c in self._chunks], j.chunk_cap)):
-                chunk.tokens = n
+        self._rejected = settle_usage(s, self._chunks, seen)
 
     def _no_token(self) -> tuple[str | None, str | None]:
         """A stream that ended well but in which no event carried a token loadgen reads: a success only where the

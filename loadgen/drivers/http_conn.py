@@ -36,6 +36,7 @@ import httpx
 from loadgen.drivers.content_coding import BodyDecoder, decoding
 from loadgen.drivers.errors import ClosedIdle, FeedError
 from loadgen.drivers.kernel_stamps import count_events
+from loadgen.drivers.response_head import ends_at_close, header_value
 from loadgen.drivers.stream_context import CONTEXT_KEY, StreamContext
 from loadgen.drivers.timing import sleep_until
 from loadgen.drivers.wire_capture import WireCapture
@@ -109,7 +110,8 @@ class Connection(asyncio.Protocol):
         try:
             self._feed(data, self._t_ns)  # type: ignore[misc] - checked by the caller
         except Exception as exc:  # noqa: BLE001 - the reader's bug fails this request, not the run
-            self._feed, self.done = None, False  # failed even when its last byte came in this read
+            self._feed = None
+            self.done = False  # failed even when its last byte came in this read: _fail fails the response
             self._fail(FeedError(f"{type(exc).__name__}: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -141,12 +143,10 @@ class Connection(asyncio.Protocol):
             self.headers = []
             return
         self.keep_alive = self.parser.should_keep_alive()
-        names = {k.lower() for k, _ in self.headers}
-        self._until_close = (b"content-length" not in names and b"transfer-encoding" not in names
-                             and status not in (204, 304))
+        self._until_close = ends_at_close(status, self.headers)
         if self.ctx is not None:
             self.ctx.http_version, self.ctx.t_headers_ns = self.parser.get_http_version(), self._t_ns
-            self.ctx.location = _value(self.headers, b"location") if status in REDIRECTS else None
+            self.ctx.location = header_value(self.headers, b"location") if status in REDIRECTS else None
             self._discard = status in REDIRECTS
         try:
             self._decode, self.headers = decoding(self.headers)
@@ -184,7 +184,8 @@ class Connection(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         if self.done and self.head is not None and self.head.done():  # after the response ended: bytes past it
             return self._spoilt()
-        self.error, self.done, self._discard = error, True, True  # nothing after a failure is fed
+        self.error, self.done = error, True
+        self._discard = True  # nothing after a failure is fed
         if self.head is not None and not self.head.done():
             self.head.set_exception(error)
         self.wakeup.set()
@@ -205,7 +206,8 @@ class Connection(asyncio.Protocol):
         self.head = asyncio.get_running_loop().create_future()
         self.headers, self.done, self.error = [], False, None
         self.requests_sent, self._answered = self.requests_sent + 1, False
-        self._interim, self._until_close, self._discard, self._decode = False, False, False, None
+        self._interim = self._until_close = self._discard = False
+        self._decode = None
         self._capture = WireCapture(ctx.raw) if ctx is not None and ctx.raw is not None else None
         self.body.clear()
         if ctx is not None:  # a fresh connection's opening time goes with its first request only
@@ -243,8 +245,3 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    found = [v for k, v in headers if k.lower() == name]
-    return found[0].decode("latin-1") if found else None
