@@ -92,6 +92,8 @@ def parse_event(data: str) -> Parsed:
 def several_choices(choices: list[Any]) -> str | None:
     """Why a chunk is not one stream's (``n`` > 1: a server interleaves its choices' chunks, each with its
     ``index``), or None: loadgen times one stream per request, so several choices are an error, never merged."""
+    if len(choices) == 1 and not (isinstance(choices[0], dict) and as_int(choices[0].get("index"))):
+        return None  # the common chunk: one choice, index 0 (or none): nothing built on the hot path
     indexes = [as_int(c.get("index")) if isinstance(c, dict) else None for c in choices]
     if len(choices) > 1 or any(i for i in indexes if i is not None and i > 0):
         return (f"the server streamed several choices (index {max((i or 0) for i in indexes)}): loadgen times one "
@@ -177,9 +179,7 @@ def error_of(err: Any) -> Parsed:
     return Parsed(error=clip(text, ERROR_TEXT_CHARS), error_status=status)
 
 
-def as_int(value: Any) -> int | None:
-    """A whole JSON number (``16`` or ``16.0``: RFC 8259 numbers; ``usage_claims.as_count``), else None."""
-    return as_count(value)
+as_int = as_count  # a whole JSON number (``16`` or ``16.0``: RFC 8259 numbers), else None: usage_claims' rule
 
 
 _WORD = re.compile(r"\w+|[^\w\s]")

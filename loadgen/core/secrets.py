@@ -105,7 +105,7 @@ def _head_length(piece: str, secret: str) -> int:
 # Where a text may spell a character other than as itself: JSON's escapes (RFC 8259 §7: ``\uXXXX``, a UTF-16
 # pair past U+FFFF, ``\/`` as PHP writes it, ``\"``, ``\\``, ``\n``…), HTML's numeric character references
 # (``&#43;``, ``&#x2B;``: WHATWG HTML §13.1.4) and URL percent-encoding (``%2B``: RFC 3986 §2.1).
-_ESCAPED = re.compile(r"\\|&#|%")
+_ESCAPED = re.compile(r"\\[u\"\\/bfnrt]|&#|%[0-9A-Fa-f]{2}")  # only these can spell a character otherwise
 _JSON_SHORT = {"\\b": "\b", "\\f": "\f", "\\n": "\n", "\\r": "\r", "\\t": "\t"}
 _ONE_SPELLING = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[0-9a-fA-F]{4}"
                            r"|\\[\"\\/bfnrt]|&#[xX][0-9a-fA-F]{1,6};|&#[0-9]{1,7};|(?:%[0-9a-fA-F]{2})+|.", re.S)

@@ -7,6 +7,7 @@ from typing import Any
 
 from loadgen.plan.scenario import RequestClass, Scenario
 from loadgen.plan.session_bodies import PromptText, add_knobs
+from loadgen.core.usage_claims import as_count
 
 History = list[tuple[str, str]]  # a conversation's earlier turns: (the message sent, the answer received)
 
@@ -54,4 +55,4 @@ def output_cap(scenario: Scenario, cls: RequestClass, output_tokens: int) -> int
     r = cls.reasoning
     budget = r.budget_tokens if r is not None and r.enabled and r.budget_tokens else 0
     caps = [scenario.target.extra_body.get(key) for key in CAP_KEYS]
-    return max([output_tokens + budget] + [c for c in caps if isinstance(c, int) and not isinstance(c, bool)])
+    return max([output_tokens + budget] + [c for c in map(as_count, caps) if c is not None])
