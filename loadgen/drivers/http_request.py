@@ -29,7 +29,12 @@ def origin_of(u: httpx.URL) -> tuple[str, str, int]:
     is no server's (it asks the OS for any port), never read as the default: httpx.ConnectError."""
     if u.port == 0:
         raise httpx.ConnectError(f"{u.host}:0: port 0 is no server's port; give one from 1 to 65535")
-    return u.scheme, u.host, u.port if u.port is not None else (443 if u.scheme == "https" else 80)
+    return u.scheme, u.host, u.port if u.port is not None else default_port(u.scheme)
+
+
+def default_port(scheme: str) -> int:
+    """The port a URL of ``scheme`` means when it names none (RFC 9110 §4.2.1 http, §4.2.2 https)."""
+    return 443 if scheme == "https" else 80
 
 
 def host_header(u: httpx.URL) -> str:

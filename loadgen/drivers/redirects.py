@@ -28,6 +28,7 @@ import httpx
 
 from loadgen.core.secrets import SENSITIVE_HEADER, clip
 from loadgen.drivers.errors import RedirectError
+from loadgen.drivers.http_request import default_port
 
 MAX_REDIRECTS = 5
 FOLLOWED = (307, 308)
@@ -35,7 +36,8 @@ FOLLOWED = (307, 308)
 
 def origin(url: str) -> tuple[str, str, int]:
     parts = urlsplit(url)
-    return parts.scheme, (parts.hostname or "").lower(), parts.port or (443 if parts.scheme == "https" else 80)
+    port = parts.port if parts.port is not None else default_port(parts.scheme)  # 0 stays 0: no server's port
+    return parts.scheme, (parts.hostname or "").lower(), port
 
 
 def describe(status: int, url: str, location: str | None, follow: bool) -> str:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from loadgen.drivers.proxy import ProxyError
 from loadgen.errors import TargetError
+from loadgen.drivers.http_request import default_port
 
 SIM_HINT = "`loadgen target sim` starts the bundled simulator"
 
@@ -56,7 +57,7 @@ def unreachable_words(base_url: str, error: BaseException) -> str | None:
     if any(isinstance(e, ProxyError) for e in chain):
         return None
     parts = urlsplit(base_url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = parts.port if parts.port is not None else default_port(parts.scheme)
     if any(_refused(e) for e in chain):
         return (f"cannot reach {base_url}: connection refused (nothing listens on port {port} of "
                 f"{parts.hostname}). Is the server running, and on that port? {SIM_HINT}.")
