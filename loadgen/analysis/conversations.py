@@ -46,7 +46,7 @@ def _stats(values: pl.Series) -> dict[str, float | None]:
 def _per_conversation(conv: pl.DataFrame) -> dict[str, Any]:
     per = conv.group_by("worker", "conversation").agg(
         turns=pl.len(), failed=(~pl.col("ok")).any(),
-        duration_s=(pl.col("t_done_ns").max() - pl.col("t_intended_ns").min()) / 1e9)
+        duration_s=(pl.col("t_done_ns").max() - pl.col("t_intended_ns").min()) / 1e9).sort("worker", "conversation")
     done = per.filter(~pl.col("failed"))
     return {"count": per.height, "failed": int(per["failed"].sum()),
             "turns_mean": float(per["turns"].mean()), "turns_max": int(per["turns"].max()),  # type: ignore

@@ -66,7 +66,7 @@ def blocked_ms(intervals: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     tol_ns = int(READ_TOL_MS * NS_PER_MS)
     hit = (intervals.join_where(blocks, pl.col("b0_ns") < pl.col("b_ns"), pl.col("b1_ns") > pl.col("a_ns"),
                                 pl.col("b1_ns") >= pl.col("b_ns") - tol_ns)
-           .group_by(KEY + ["a_ns", "b_ns"])
+           .sort(KEY + ["a_ns", "b_ns", "b0_ns"]).group_by(KEY + ["a_ns", "b_ns"])  # summed in order
            .agg(blocked_ms=((pl.min_horizontal("b_ns", "b1_ns") - pl.max_horizontal("a_ns", "b0_ns")) / 1e6).sum()))
     return (intervals.join(hit, on=KEY + ["a_ns", "b_ns"], how="left", maintain_order="left")
             .with_columns(pl.col("blocked_ms").fill_null(0.0)))
@@ -228,7 +228,7 @@ def stacked_culprits(gaps: pl.DataFrame, requests: pl.DataFrame, fit: PrefillFit
     other = ~((pl.col("c_worker") == pl.col("worker")) & (pl.col("c_seq") == pl.col("seq")))
     hit = (gaps.join_where(longs, pl.col("c_first_ns") > pl.col("t_start_ns"),
                            pl.col("c_first_ns") <= pl.col("t_end_ns") + tol_ns).filter(other)
-           .sort("c_ms", descending=True)
+           .sort("c_ms", "c_seq", descending=[True, False])  # equal prompts: by seq, not by the join's order
            .group_by(keys, maintain_order=True).agg(s_culprits=pl.col("c_seq"), s_tokens=pl.col("c_tokens"),
                                                     s_ms=pl.col("c_ms").sum()))
     return (gaps.join(hit, on=keys, how="left", maintain_order="left")

@@ -129,7 +129,7 @@ def window_s(requests: pl.DataFrame) -> float:
 
 
 def request_counts(requests: pl.DataFrame) -> dict[str, Any]:
-    kinds = requests.filter(pl.col("error_kind").is_not_null()).group_by("error_kind").len()
+    kinds = requests.filter(pl.col("error_kind").is_not_null()).group_by("error_kind").len().sort("error_kind")
     by_kind = {row["error_kind"]: row["len"] for row in kinds.iter_rows(named=True)}
     cancelled = by_kind.get("cancelled", 0)
     failed = sum(n for k, n in by_kind.items() if k != "cancelled")

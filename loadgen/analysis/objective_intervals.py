@@ -210,9 +210,13 @@ def batch_dispersion(event_t_ns: pl.Series, g: pl.DataFrame) -> float:
     if g.is_empty() or event_t_ns.is_empty():
         return 1.0
     batch = _time_batch(g)
-    exposure = g.lazy().group_by(batch.alias("b")).agg(e=pl.col("tokens").cast(pl.Int64).sum()).collect()
+    # in batch order: group_by's order varies with the thread count, and the χ² sum with it (summary.json
+    # byte-stable across rebuilds)
+    exposure = (g.lazy().group_by(batch.alias("b")).agg(e=pl.col("tokens").cast(pl.Int64).sum())
+                .sort("b").collect())
     events = pl.DataFrame({"t_ns": event_t_ns}).lazy().group_by(batch.alias("b")).agg(n=pl.len()).collect()
-    joined = exposure.join(events, on="b", how="left").with_columns(pl.col("n").fill_null(0))
+    joined = exposure.join(events, on="b", how="left", maintain_order="left").with_columns(
+        pl.col("n").fill_null(0))
     return iv.dispersion(joined["n"].to_numpy().astype(float), joined["e"].to_numpy().astype(float))
 
 
@@ -221,7 +225,8 @@ def token_mean(run: RunAnalysis, metric: str, limit: float, confidence: float) -
     with one degree of freedom per request less one."""
     g = run.gaps
     size = pl.col("tokens").cast(pl.Int64) if metric == "itl_ms" else pl.lit(1)
-    per = g.lazy().group_by("i").agg(s=(pl.col("gap_ns") / 1e6).sum(), m=size.sum()).collect()
+    per = (g.lazy().group_by("i").agg(s=(pl.col("gap_ns") / 1e6).sum(), m=size.sum())
+           .sort("i").collect())  # in request order: the sums below in a fixed order
     k, n = per.height, float(per["m"].sum())
     if k < 2 or n == 0:
         return Judged(None, "undecided", "interval")

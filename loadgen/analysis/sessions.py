@@ -80,7 +80,7 @@ def session_table(calls: pl.DataFrame, steps: pl.DataFrame, good: dict[str, floa
         path_calls=pl.col("call"), path_after=pl.col("after_call"), path_done=pl.col("t_done_ns"),
         worst_answer_ms=(pl.col("ttft_answer_ms").max() if "ttft_answer_ms" in calls.columns else pl.lit(None))))
     paths = [critical_path(c, a, d) for c, a, d in per.select("path_calls", "path_after", "path_done").iter_rows()]
-    slowest = (steps.sort("agent_step_ms", descending=True, nulls_last=True).group_by(SESSION_KEY)
+    slowest = (steps.sort("agent_step_ms", "call", descending=[True, False], nulls_last=True).group_by(SESSION_KEY)
                .agg(slowest_step=pl.col("call").first(), slowest_step_ms=pl.col("agent_step_ms").first(),
                     worst_step_ms=pl.col("agent_step_ms").max()))
     table = (per.with_columns(session_ms=(pl.col("t_end_ns") - pl.col("t_start_ns")) / 1e6,

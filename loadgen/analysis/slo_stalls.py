@@ -26,7 +26,7 @@ def stall_objectives(slo: Slo, measured: pl.DataFrame, gaps: pl.DataFrame | pl.L
     out = _ttft_prompt_aware(slo, ok, samples, mode)
     if slo.itl_ms is not None and slo.itl_ms.max_per_request is not None:
         worst = gaps.lazy().join(ok.select("worker", "seq").lazy(), on=["worker", "seq"], how="semi").group_by(
-            "worker", "seq").agg(pl.col("chunk_gap_ms").max()).collect()["chunk_gap_ms"]
+            "worker", "seq").agg(pl.col("chunk_gap_ms").max()).sort("worker", "seq").collect()["chunk_gap_ms"]
         stats = describe(worst)
         limit = slo.itl_ms.max_per_request
         judged = samples.requests(worst, "p99", limit) if samples is not None else None

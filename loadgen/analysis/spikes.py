@@ -91,7 +91,7 @@ def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFram
               cfg: SpikeConfig) -> pl.DataFrame:
     keys = ["worker", "seq", "t_end_ns"]
     pairs = culprit_pairs(stalls, windows, cfg.overlap_share, cfg.tol_ms, cfg.min_gap_ms)
-    culprits = (pairs.sort("overlap_ms", descending=True)
+    culprits = (pairs.sort("overlap_ms", "c_seq", descending=[True, False])  # ties by seq: a fixed first culprit
                 .group_by(keys).agg(culprits=pl.col("c_seq"), culprit_prompt_tokens=pl.col("c_prompt_tokens"),
                                     overlap_ms=pl.col("overlap_ms"))
                 .join(covered(pairs, keys, cfg.overlap_share), on=keys))
@@ -100,7 +100,8 @@ def attribute(stalls: pl.DataFrame, windows: pl.DataFrame, requests: pl.DataFram
     out = out.with_columns(  # culprits of a stall that is not prefill-induced are only neighbours: drop them
         [pl.when(pl.col("prefill_induced")).then(pl.col(c)).otherwise(None).alias(c)
          for c in ("culprits", "culprit_prompt_tokens", "overlap_ms")])
-    return out.with_columns(cause=pl.Series(_other_causes(out, requests, cfg), dtype=pl.String)).sort("t_end_ns")
+    causes = pl.Series(_other_causes(out, requests, cfg), dtype=pl.String)
+    return out.with_columns(cause=causes).sort("t_end_ns", "worker", "seq")  # a fixed order: summed later
 
 
 def _other_causes(stalls: pl.DataFrame, requests: pl.DataFrame, cfg: SpikeConfig) -> list[str]:
@@ -153,7 +154,7 @@ def group_events(stalls: pl.DataFrame, group_ms: float) -> pl.DataFrame:
             .agg(t_start_ns=pl.col("t_start_ns").min(), t_end_ns=pl.col("t_end_ns").max(), victims=pl.len(),
                  max_gap_ms=pl.col("chunk_gap_ms").max(), prefill_induced=pl.col("prefill_induced").any(),
                  culprits=pl.col("culprits").list.explode(keep_nulls=False, empty_as_null=False).unique().sort(),
-                 cause=pl.col("cause").mode().first()))
+                 cause=pl.col("cause").mode().sort().first()))  # a tie: by name (mode's order varies)
 
 
 # ---- figures ---------------------------------------------------------------------------------------------
@@ -354,7 +355,7 @@ def top_culprits(stalls: pl.DataFrame, requests: pl.DataFrame, n: int = 10) -> l
     rows = (induced.select(pl.col("culprits").alias("seq"), "excess_ms").explode("seq")
             .group_by("seq").agg(stalls=pl.len(), stalled_ms=pl.col("excess_ms").sum())
             .join(requests.select("seq", "prompt_tokens", "class_name", *extra), on="seq", how="left")
-            .sort(["prompt_tokens", "stalled_ms"], descending=True).head(n))
+            .sort(["prompt_tokens", "stalled_ms", "seq"], descending=[True, True, False]).head(n))
     if "session" in extra and "call" in extra and rows["session"].null_count() < rows.height:
         rows = rows.with_columns(label=pl.when(pl.col("session").is_not_null())
                                  .then(pl.format("session {} call {}", "session", "call")))
@@ -370,7 +371,7 @@ def worst_events(events: pl.DataFrame, requests: pl.DataFrame, measured: pl.Data
     t0 = t0_ns if t0_ns is not None else measured["t_intended_ns"].min() if measured.height else 0
     prompts = dict(zip(requests["seq"].to_list(), requests["prompt_tokens"].to_list()))
     out = []
-    for e in events.sort("max_gap_ms", descending=True).head(n).iter_rows(named=True):
+    for e in events.sort("max_gap_ms", "t_end_ns", descending=[True, False]).head(n).iter_rows(named=True):
         out.append({"at_s": (e["t_end_ns"] - t0) / 1e9, "victims": e["victims"], "max_gap_ms": e["max_gap_ms"],
                     "cause": e["cause"], "culprits": [{"seq": c, "prompt_tokens": prompts.get(c)}
                                                       for c in e["culprits"]]})
@@ -387,7 +388,7 @@ def worst_stall(stalls: pl.DataFrame, requests: pl.DataFrame) -> dict[str, Any] 
     """The longest stall: its gap, and its culprit (the longest-overlapping prefill) or its cause."""
     if stalls.is_empty():
         return None
-    worst = stalls.sort("chunk_gap_ms", descending=True).row(0, named=True)
+    worst = stalls.sort(-pl.col("chunk_gap_ms"), "t_end_ns", "worker", "seq").row(0, named=True)  # ties: earliest
     out: dict[str, Any] = {"gap_ms": worst["chunk_gap_ms"], "cause": worst["cause"], "culprit": None,
                            "culprit_prompt_tokens": None}
     if worst["prefill_induced"]:
