@@ -231,6 +231,7 @@ class RunResult:
     findings: list[dict[str, Any]] = field(default_factory=list)  # what limits the measurement (run_findings.py)
     decision: dict[str, Any] = field(default_factory=dict)  # rule ("interval" | "point"), confidence
     steady_state: dict[str, Any] = field(default_factory=dict)  # the window measured (analysis/steady.py)
+    generator_lag: dict[str, Any] = field(default_factory=dict)  # the lag rule's figures (generator_lag.py)
     figures: dict[str, Any] = field(default_factory=dict)  # cost, energy, power; ``absent``: why (figures.py)
     mlperf: dict[str, Any] = field(default_factory=dict)  # ttft_p90_ms, tpot_p90_ms, tokens_per_s_per_user
     run_dir: Optional[Path] = field(default=None, compare=False)  # not serialised

@@ -2,8 +2,11 @@
 
 A percentile needs enough samples to exist: p_q needs at least ceil(1 / (1 − q)) (p99: 100, p99.9: 1000);
 with fewer the objective is inconclusive, never passed. Verdict: ``inconclusive`` when the generator lagged
-(p99 ``queue_delay_ms`` above ``slo.max_generator_lag_ms``: its latencies include its own lateness); else
-``fail`` if any objective failed; else ``inconclusive`` if any lacked samples; else ``pass``.
+(p99 ``client_lag_ms`` above ``slo.max_generator_lag_ms``: its latencies include its own lateness; the queue
+delay less the wait for a slot of ``load.max_in_flight`` the server held, analysis/generator_lag.py); else
+``fail`` if any objective failed; else ``inconclusive`` if any lacked samples; else ``pass``. A measured
+request cancelled after waiting longer than a latency limit has missed it (a censored value:
+analysis/objective_samples.py), as a request that reasoned and never answered has.
 
 No PASS without evidence: a scenario without ``slo.error_rate`` is judged by a default one, ``max: 0`` (as in
 Locust, any failed request fails the run); and ``evidence`` (below) turns a would-be pass into ``inconclusive``
@@ -192,14 +195,16 @@ def _on_metric(oid: ObjectiveId, row: dict[str, Any], limit: float, samples: "Ob
                mode: str) -> Objective:
     """An objective on a metric's statistic (``row``: the summary's metric row). Its samples may hold misses the
     row leaves out (``ObjectiveSamples.misses``: requests that reasoned and never answered, for
-    ``ttft_answer_ms``): then its value and sample count are over them too, and its note says so."""
-    misses = samples.misses(oid.metric) if samples is not None else 0
-    value = samples.estimate(oid.metric, oid.stat, row[oid.stat]) if samples is not None else row[oid.stat]
+    ``ttft_answer_ms``; requests cancelled after waiting past the limit, for the metrics a wait bounds): then its value and sample count are over them too, and its note says so."""
+    misses = samples.misses(oid.metric, limit) if samples is not None else 0
+    value = samples.estimate(oid.metric, oid.stat, row[oid.stat], limit) if samples is not None else row[oid.stat]
     judged = samples.metric(oid.metric, oid.stat, value, limit) if samples is not None else None
     o = decided(oid, value, limit, row["count"] + misses, judged, mode, min_samples(oid.stat))
-    if misses:
-        o.note = (o.note + "; " if o.note else "") + (f"{misses} request(s) reasoned and never answered: "
-                                                      "counted as misses (+inf)")
+    cut = samples.censored(oid.metric, limit) if samples is not None else 0
+    said = ([f"{misses - cut} request(s) reasoned and never answered"] if misses > cut else []) + \
+        ([f"{cut} request(s) cancelled after waiting longer than the limit"] if cut else [])
+    if said:
+        o.note = (o.note + "; " if o.note else "") + " and ".join(said) + ": counted as misses (+inf)"
     return o
 
 
@@ -244,11 +249,12 @@ def _goodput(slo: Slo, good: int, total: int, goodput_per_s: float, samples: "Ob
 
 
 def verdict(objectives: list[Objective], lag_p99_ms: float | None, max_lag_ms: float) -> tuple[str, list[str]]:
-    """The verdict and the reasons behind it (for the console and summary)."""
+    """The verdict and the reasons behind it (for the console and summary); ``lag_p99_ms``: p99 client_lag_ms,
+    loadgen's own lateness (analysis/generator_lag.py)."""
     reasons = []
     if lag_p99_ms is not None and lag_p99_ms > max_lag_ms:
-        reasons.append(f"the generator lagged: p99 queue_delay_ms {lag_p99_ms:.1f} > {max_lag_ms:g} "
-                       f"(raise max_in_flight, lower the rate, or use more workers)")
+        reasons.append(f"the generator lagged: p99 client_lag_ms {lag_p99_ms:.1f} > {max_lag_ms:g} (loadgen sent "
+                       "late while a slot of load.max_in_flight was free: lower the rate, or use more workers)")
         return "inconclusive", reasons
     failed = [o for o in objectives if o.passed is False]
     if failed:
@@ -283,7 +289,7 @@ def evidence(result: str, reasons: list[str], counts: dict[str, Any],
         weak.append("the run was interrupted before its plan ended")
     if counts["cancelled"]:
         weak.append(f"{counts['cancelled']} measured request(s) were cancelled before they ended (their latency "
-                    "is unknown)")
+                    "is unknown; a wait past a latency limit counts as a miss of it)")
     if counts["completed"] == 0:
         weak.append("no measured request completed")
     if result == "pass" and weak:

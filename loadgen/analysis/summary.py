@@ -19,6 +19,7 @@ from loadgen.analysis.run_analysis import RunAnalysis
 from loadgen.analysis.run_findings import run_findings
 from loadgen.analysis.objective_samples import ObjectiveSamples
 from loadgen.analysis.generator_load import saturated_processes
+from loadgen.analysis.generator_lag import cap_note, lag_figures
 from loadgen.analysis.slo import evaluate, evidence, verdict
 from loadgen.analysis.slo_stalls import stall_objectives
 
@@ -46,13 +47,12 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
                            spikes.config_from(scenario.slo, scenario.load.max_in_flight),
                            server_frames.preemption_windows(server))
     misses = miss_ledger(run, scenario.slo, spike, server, client, scenario.load.max_in_flight) if ledger else None
-    samples = ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence,
-                               frames.sessions if frames else None, frames.steps if frames else None)
+    samples = _samples(measured, run, scenario, frames)
     sessions = frames.figures() if frames else None
     objectives = evaluate(scenario.slo, metric_table, counts, int(good.sum()), measured.height,
                           tput["goodput_requests_per_s"], samples, sessions)
     objectives += stall_objectives(scenario.slo, measured, run.wide(), spike.summary, samples)
-    result, reasons = _verdict(scenario, objectives, metric_table["queue_delay_ms"]["p99"], extra or {})
+    result, reasons, lag = _verdict(scenario, objectives, req, extra or {})
     result, reasons = evidence(result, reasons, counts, extra or {})
     if run.steady.reached is False:  # the figures are over a run that never settled: say so beside the verdict
         reasons = reasons + [f"steady state was not reached ({run.steady.reason}): the figures are over every "
@@ -63,6 +63,7 @@ def summarize(scenario: Scenario, requests: pl.DataFrame, chunks: pl.DataFrame |
         "requests": {"planned": planned, "sent": requests.height, "warmup": int(requests["warmup"].sum()),
                      "transient": run.steady.transient, **counts},
         "steady_state": run.steady.as_dict(),  # the window measured (analysis/steady.py); its cuts: transient_requests
+        "generator_lag": lag,  # the lag rule's figure beside the queue delay it is taken from (generator_lag.py)
         "metrics": metric_table,
         "throughput": tput,
         **quoted_figures(scenario, measured, tput, server, metric_table),
@@ -123,15 +124,35 @@ def prefilled(requests: pl.DataFrame) -> pl.DataFrame:
     return requests.with_columns(prompt_tokens=pl.col("prompt_tokens") - pl.col("cached_tokens").fill_null(0))
 
 
-def _verdict(scenario: Scenario, objectives: list[Any], lag_p99_ms: float | None,
-             extra: dict[str, Any]) -> tuple[str, list[str]]:
-    """The objectives' verdict under the generator's two health rules: its lag (analysis/slo.py) and the CPU
-    of each sending process (analysis/generator_load.py); either makes the run inconclusive."""
-    result, reasons = verdict(objectives, lag_p99_ms, scenario.slo.max_generator_lag_ms)
+def _samples(measured: pl.DataFrame, run: RunAnalysis, scenario: Scenario,
+             frames: SessionFrames | None) -> ObjectiveSamples:
+    """The objectives' samples: the successful requests', the sessions' and steps', and the cancelled
+    requests' censored waits."""
+    return ObjectiveSamples(measured.filter(pl.col("ok")), run, scenario.slo.confidence,
+                            frames.sessions if frames else None, frames.steps if frames else None,
+                            measured.filter(pl.col("error_kind") == "cancelled"))
+
+
+def _processes(req: pl.DataFrame, extra: dict[str, Any]) -> int:
+    """The sending processes the cap was dealt over: the generator's count, else the records' workers."""
+    n = (extra.get("generator") or {}).get("processes")
+    return int(n) if n else int(req["worker"].max() or 0) + 1 if req.height else 1  # type: ignore[operator]
+
+
+def _verdict(scenario: Scenario, objectives: list[Any], req: pl.DataFrame,
+             extra: dict[str, Any]) -> tuple[str, list[str], dict[str, Any]]:
+    """The objectives' verdict under the generator's two health rules: its own lateness (p99 client_lag_ms of
+    ``req``, every request: analysis/generator_lag.py; a cap the server kept full is noted, not held against
+    loadgen) and the CPU of each sending process (analysis/generator_load.py); either makes the run
+    inconclusive. Also the lag rule's figures (summary.json's ``generator_lag``)."""
+    lag = lag_figures(req, scenario.load.max_in_flight, _processes(req, extra), scenario.slo.max_generator_lag_ms)
+    result, reasons = verdict(objectives, lag["client_lag_p99_ms"], scenario.slo.max_generator_lag_ms)
+    note = cap_note(lag)
+    reasons = reasons + ([note] if note else [])
     cpu_bound = saturated_processes(extra.get("generator"), scenario.slo.max_generator_cpu)
     if cpu_bound:
         result, reasons = "inconclusive", cpu_bound + (reasons if result == "inconclusive" else [])
-    return result, reasons
+    return result, reasons, lag
 
 
 def _good(requests: pl.DataFrame, scenario: Scenario) -> pl.Series:

@@ -172,8 +172,10 @@ class Slo(_Strict):
                                                   "limit")
     confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence level of every objective's "
                               "interval (two-sided)")
-    max_generator_lag_ms: float = Field(10.0, gt=0, description="ms: a p99 queue_delay_ms above this makes the "
-                                         "run inconclusive (the generator lagged)")
+    max_generator_lag_ms: float = Field(10.0, gt=0, description="ms: a p99 client_lag_ms (loadgen's own "
+                                         "lateness: the queue delay less any wait for a slot of a full "
+                                         "load.max_in_flight) above this makes the run inconclusive (the "
+                                         "generator lagged)")
     max_generator_cpu: float = Field(0.95, gt=0, le=64, description="share of one core: a sending process whose "
                                      "CPU over the run reaches this makes the run inconclusive (the generator was "
                                      "CPU-bound; docs/verdicts.md)")
