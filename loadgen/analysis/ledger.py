@@ -29,6 +29,7 @@ import polars as pl
 from loadgen.analysis import ledger_evidence as ev
 from loadgen.analysis import ledger_rules as rules
 from loadgen.analysis import metrics as m
+from loadgen.analysis.objective_samples import CENSORED, censored_wait_ms
 from loadgen.analysis.prefill import NS_PER_MS, PrefillFit
 from loadgen.analysis.reasoning import never_answered
 from loadgen.analysis.run_analysis import RunAnalysis
@@ -123,6 +124,9 @@ def _missed(run: RunAnalysis, measured: pl.DataFrame, limits: dict[str, float]) 
     flags += [pl.when(pl.col("ok") & (pl.col(k) > limits[k])).then(pl.lit(k))
               for k in REQUEST_JUDGED if k in limits and k in rows.columns]
     flags += [pl.when(pl.col("no_answer")).then(pl.lit("ttft_answer_ms"))]  # never answered: a miss at any limit
+    waits = {k: censored_wait_ms(k, rows.columns) for k in CENSORED if k in limits}  # cancelled past a limit
+    flags += [pl.when(w > limits[k]).then(pl.lit(k)) for k, w in waits.items()]
+    rows = rows.with_columns(**{k: pl.coalesce(k, w) for k, w in waits.items() if k in rows.columns})
     flags += [pl.when(pl.col(flag).fill_null(False)).then(pl.lit(k))
               for k, flag in (("itl_ms", "itl_over"), ("chunk_gap_ms", "gap_over"))]
     return (rows.with_columns(missed=pl.concat_list(flags).list.drop_nulls())

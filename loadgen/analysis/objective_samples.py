@@ -16,24 +16,58 @@ from loadgen.core.vocabulary import METRICS, QUANTILES, TOKEN_METRICS
 
 PHASE_OF = {"itl_reasoning_ms": "reasoning", "itl_answer_ms": "answer"}  # a phase's ITL: that phase's gaps
 UNANSWERED_MISS = "ttft_answer_ms"  # a request that reasoned and never answered: +inf in this objective's samples
+# A measured request cancelled (the run's end, its hard end, Ctrl-C) before its value was known: that value is at
+# least its wait (censored), from the metric's start to the cancel stamp (t_done_ns). The metrics whose value must
+# be at least the wait, by (start, the stamp that would have ended it: None, the request's end):
+CENSORED = {"ttft_ms": ("t_intended_ns", "t_first_token_ns"), "e2e_ms": ("t_intended_ns", None),
+            "ttft_service_ms": ("t_sent_ns", "t_first_token_ns"),
+            "ttft_answer_ms": ("t_intended_ns", "t_first_answer_ns")}
+
+
+def censored_wait_ms(metric: str, columns: list[str]) -> pl.Expr:
+    """Per request: the wait its ``metric`` already exceeds when it was cancelled before that value was known
+    (null otherwise; a request never sent has waited 0 since its send)."""
+    start, end = CENSORED[metric]
+    if end is not None and end not in columns:
+        return pl.lit(None, dtype=pl.Float64)
+    unknown = pl.col("error_kind") == "cancelled"
+    if end is not None:
+        unknown = unknown & pl.col(end).is_null()
+    return pl.when(unknown).then((pl.col("t_done_ns") - pl.col(start)) / 1e6).otherwise(None)
 
 
 class ObjectiveSamples:
     """``ok``: the measured, successful requests (with metric columns); ``run``: the records' analysis (its
     narrow gaps are the token-level samples); ``confidence``: the intervals' level; ``sessions`` and ``steps``:
-    one row per session and per agent step (analysis/sessions.py; the session and step metrics' samples)."""
+    one row per session and per agent step (analysis/sessions.py; the session and step metrics' samples);
+    ``cut``: the measured requests cancelled before they ended (their censored waits, ``CENSORED``)."""
 
     def __init__(self, ok: pl.DataFrame, run: RunAnalysis, confidence: float,
-                 sessions: pl.DataFrame | None = None, steps: pl.DataFrame | None = None) -> None:
+                 sessions: pl.DataFrame | None = None, steps: pl.DataFrame | None = None,
+                 cut: pl.DataFrame | None = None) -> None:
         self.ok = ok
         self.run = run
         self.confidence = confidence
         self.sessions = sessions
         self.steps = steps
+        self.cut = cut
 
-    def values(self, metric: str) -> pl.Series:
+    def censored(self, metric: str, limit: float | None) -> int:
+        """The cancelled requests whose wait already exceeds ``limit`` of ``metric``: each a miss of it."""
+        if limit is None or metric not in CENSORED or self.cut is None or self.cut.is_empty():
+            return 0
+        waits = self.cut.select(censored_wait_ms(metric, self.cut.columns).alias("w"))["w"]
+        return int((waits > limit).sum())
+
+    def values(self, metric: str, limit: float | None = None) -> pl.Series:
         """One value per sample of a request, session or step metric (sessions and steps whose calls all
-        succeeded)."""
+        succeeded); with ``limit``, +inf for each cancelled request that had waited past it."""
+        over = self.censored(metric, limit)
+        base = self._values(metric)
+        return pl.concat([base.cast(pl.Float64), pl.Series(metric, [math.inf] * over, dtype=pl.Float64)]) \
+            if over else base
+
+    def _values(self, metric: str) -> pl.Series:
         basis = METRICS[metric].basis
         if basis in ("session", "step"):
             frame = self.sessions if basis == "session" else self.steps
@@ -48,20 +82,22 @@ class ObjectiveSamples:
             return waits.zip_with(never_answered(self.ok), self.ok[metric].cast(pl.Float64))
         return self.ok[metric]
 
-    def misses(self, metric: str) -> int:
-        """Samples of ``metric``'s objectives that are a miss whatever the limit: the requests that reasoned and
-        never answered, for ``ttft_answer_ms`` (the summary's percentiles leave them out); 0 otherwise."""
-        return int(never_answered(self.ok).sum()) if metric == UNANSWERED_MISS else 0
+    def misses(self, metric: str, limit: float | None = None) -> int:
+        """Samples of ``metric``'s objectives that are a miss: the requests that reasoned and never answered,
+        for ``ttft_answer_ms``, whatever the limit (the summary's percentiles leave them out); with ``limit``, the
+        cancelled requests that had waited past it too (``censored``)."""
+        unanswered = int(never_answered(self.ok).sum()) if metric == UNANSWERED_MISS else 0
+        return unanswered + self.censored(metric, limit)
 
-    def estimate(self, metric: str, stat: str, described: float | None) -> float | None:
+    def estimate(self, metric: str, stat: str, described: float | None, limit: float | None = None) -> float | None:
         """``stat`` of ``metric``'s objective samples: the summary's figure (``described``) unless some samples
         are misses (then over every sample, misses as +inf: the percentile is linear between ranks as the
         summary's, +inf once it reaches a miss; the mean and max are +inf)."""
-        if not self.misses(metric):
+        if not self.misses(metric, limit):
             return described
         if stat not in QUANTILES:
             return math.inf
-        x = np.sort(self.values(metric).drop_nulls().cast(pl.Float64).to_numpy())
+        x = np.sort(self.values(metric, limit).drop_nulls().cast(pl.Float64).to_numpy())
         x = x[~np.isnan(x)]
         return at_rank(x, (len(x) - 1) * QUANTILES[stat] + 1)
 
@@ -75,9 +111,9 @@ class ObjectiveSamples:
             if stat == "mean":
                 return oi.token_mean(run, name, limit, c)
             return oi.token_quantile(run, name, QUANTILES[stat], estimate, limit, c)
-        values = self.values(metric).cast(pl.Float64).to_numpy()
+        values = self.values(metric, limit).cast(pl.Float64).to_numpy()
         if stat == "mean":
-            if self.misses(metric):  # a mean over a +inf sample: no interval brings it under any limit
+            if self.misses(metric, limit):  # a mean over a +inf sample: no interval brings it under any limit
                 return oi.observed(math.inf, limit, "<=")
             return oi.mean(values, limit, c)
         return oi.quantile(values, QUANTILES[stat], limit, c)
