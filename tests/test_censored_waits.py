@@ -14,6 +14,7 @@ from loadgen import api
 from loadgen.analysis.summary import summarize
 from loadgen.core.records import RequestRecord
 from loadgen.records.schema import chunks_frame, requests_frame
+from loadgen.report.wording import interval_words, value_words
 from tests.conftest import scenario_file
 from tests.run_helpers import run_cli, summary
 
@@ -52,6 +53,10 @@ def test_twelve_requests_cut_after_waiting_past_the_limit_fail_it(tmp_path: Path
     assert "12 request(s) cancelled after waiting longer than the limit: counted as misses (+inf)" in ttft["note"]
     assert s["reasons"][0].startswith("ttft_ms.p99 = ")
     assert s["misses"]["requests"] == 12 and s["misses"]["of"] == 12
+    # summary.json writes +inf as null (JSON has none) and says which nulls are +inf; the views show ∞, never
+    # the "unbounded below" of a null lower end
+    assert ttft["value"] is None and {"value", "ci_low"} <= set(ttft["infinite"])
+    assert (value_words(ttft), interval_words(ttft)) == ("∞", "[∞, ∞)")
 
 
 def test_only_the_requests_whose_wait_passed_the_limit_count(tmp_path: Path) -> None:
@@ -74,5 +79,5 @@ def test_a_dead_endpoint_fails_with_each_request_that_waited_past_the_limit_miss
     waited = [o for o in s["slo"] if o["objective"] == "ttft_ms.p99"][0]
     assert res.returncode == 1 and s["verdict"] == "fail", res.stdout
     assert s["requests"]["cancelled"] == 12 and waited["decision"] == "fail"
-    assert "none of 12 requests missed a limit" not in res.stdout
+    assert "none of 12 requests missed a limit" not in res.stdout and "(−∞" not in res.stdout
     assert s["misses"]["requests"] == waited["samples"] >= 8  # those due in the first 4 s waited > 2 s

@@ -70,6 +70,7 @@ class SloResult(TypedDict):
     margin: NotRequired[Optional[float]]  # room to the limit (positive) or the miss (negative), value's unit
     margin_pct: NotRequired[Optional[float]]  # margin as a percentage of the limit
     needed: NotRequired[Optional[float]]  # samples (tokens for a stall rate) at which it would be decided
+    infinite: NotRequired[list[str]]  # the fields above written null because they were +inf (misses counted as +inf)
 
 
 class StallFigures(TypedDict, total=False):

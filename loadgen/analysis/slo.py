@@ -70,15 +70,18 @@ class Objective:
     def as_dict(self) -> dict[str, Any]:
         """summary.json's form: the name, then its parts (``metric``, ``stat``, ``scope`` when it has one), its
         evidence (interval, margin, decision). An infinite value, bound or margin (a statistic that reached a
-        miss counted as +inf) is null: JSON has no infinity."""
+        miss counted as +inf) is null, as JSON has no infinity, and named in ``infinite``."""
         out: dict[str, Any] = {"objective": str(self.id), **{k: v for k, v in asdict(self).items() if k != "id"},
                                "metric": self.id.metric, "stat": self.id.stat, "decision": self.decision,
                                "margin": self.margin,
                                "margin_pct": None if self.margin is None or not self.threshold
                                else 100 * self.margin / self.threshold}
-        for key in ("value", "ci_low", "ci_high", "margin", "margin_pct"):
-            if isinstance(out[key], float) and not math.isfinite(out[key]):
-                out[key] = None
+        infinite = [key for key in ("value", "ci_low", "ci_high", "margin", "margin_pct")
+                    if isinstance(out[key], float) and not math.isfinite(out[key])]
+        for key in infinite:
+            out[key] = None
+        if infinite:  # which nulls stand for ±inf (a miss counted as +inf), not for "none"
+            out["infinite"] = infinite
         return out | ({"scope": self.id.scope} if self.id.scope else {})
 
 

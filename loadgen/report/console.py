@@ -13,7 +13,7 @@ from loadgen.core.vocabulary import METRICS
 from loadgen.core.engines import RECOGNISED
 from loadgen.plan.prompt_model import ALL_MATCHED
 from loadgen.report.writers import COLS, fmt, rows_of
-from loadgen.report.wording import decision_words, interval_words, margin_words
+from loadgen.report.wording import decision_words, interval_words, margin_words, value_words
 from loadgen.analysis.figures import result_line
 from loadgen.analysis.result import RunResult
 from loadgen.report.conversation_report import print_conversations
@@ -54,7 +54,7 @@ def slo_table(result: RunResult) -> Table:
         slo.add_column(col, justify="left" if col in ("objective", "result") else "right", no_wrap=True)
     for o in result.slo:  # the samples are in summary.md; an inconclusive one's reason says how many
         state = {True: "[green]pass", False: "[red]FAIL", None: "[yellow]inconclusive"}[o["passed"]]
-        slo.add_row(o["objective"], compact(o["value"]), interval_words(dict(o)),
+        slo.add_row(o["objective"], value_words(dict(o), compact), interval_words(dict(o)),
                     f"{o['comparison']} {fmt(o['threshold'])}", margin_words(dict(o)), state)
     return slo
 

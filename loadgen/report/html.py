@@ -25,7 +25,8 @@ from loadgen.report.writers import COLS, culprit_words, fmt, rows_of, target_lin
 from loadgen.core.vocabulary import METRICS
 from loadgen.report.fit import legend
 from loadgen.analysis.figures import result_line
-from loadgen.report.wording import decision_words, interval_words, margin_words, throughput_words
+from loadgen.report.wording import (decision_words, interval_words, margin_words, throughput_words,
+                                    value_words)
 from loadgen.analysis.result import RunResult
 
 CSS = """
@@ -80,7 +81,7 @@ def slo_table(result: RunResult) -> str:
     rows = []
     for o in result.slo:
         state = {True: "pass", False: "fail", None: "inconclusive"}[o["passed"]]
-        rows.append(f"<tr><td><code>{e(o['objective'])}</code></td><td>{e(fmt(o['value']))}</td>"
+        rows.append(f"<tr><td><code>{e(o['objective'])}</code></td><td>{e(value_words(dict(o)))}</td>"
                     f"<td>{e(interval_words(dict(o)))}</td>"
                     f"<td>{e(o['comparison'])} {e(fmt(o['threshold']))}</td><td>{e(margin_words(dict(o)))}</td>"
                     f"<td>{e(o['samples'])}</td>"

@@ -3,7 +3,7 @@ summary.json's ``stall_headline`` all say it the same way)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from loadgen.core.vocabulary import METRICS, QUANTILES, ObjectiveId
 
@@ -54,12 +54,21 @@ def with_headline(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def interval_words(o: dict[str, Any]) -> str:
-    """An objective's interval as a table cell: '[15.2, 98.6]', '[15.2, ∞)' where it has no upper end, '–'
-    where it has none (decided on its value)."""
+    """An objective's interval as a table cell: '[15.2, 98.6]', '[15.2, ∞)' where it has no upper end, '[∞, ∞)'
+    where even its lower end is a miss counted as +inf, '–' where it has none (decided on its value)."""
     if o.get("basis") != "interval" or o.get("confidence") is None:
         return "–"
-    low = "(−∞" if o.get("ci_low") is None else f"[{fmt(o['ci_low'], 3)}"
+    infinite = o.get("infinite") or ()
+    low = "[∞" if "ci_low" in infinite else "(−∞" if o.get("ci_low") is None else f"[{fmt(o['ci_low'], 3)}"
     return f"{low}, ∞)" if o.get("ci_high") is None else f"{low}, {fmt(o['ci_high'], 3)}]"
+
+
+def value_words(o: dict[str, Any], compact: Callable[[Any], str] | None = None) -> str:
+    """An objective's value as a table cell: '∞' where misses counted as +inf reached the statistic (summary.json
+    writes it null and names it in ``infinite``), else the number (``compact``: the console's format)."""
+    if "value" in (o.get("infinite") or ()):
+        return "∞"
+    return compact(o["value"]) if compact is not None else fmt(o["value"])
 
 
 def margin_words(o: dict[str, Any]) -> str:

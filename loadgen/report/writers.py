@@ -17,7 +17,7 @@ from loadgen.report.session_report import sessions_markdown
 from loadgen.report.fit import EXPLAIN, legend
 from loadgen.analysis.figures import result_line
 from loadgen.report.wording import (LIFT_WORDS, decision_words, fmt, interval_words, margin_words, samples_words,
-                                    throughput_words)
+                                    throughput_words, value_words)
 
 ROWS = tuple(METRICS)  # one table row per metric (core/vocabulary.py)
 COLS = ("count", "mean", "p50", "p90", "p95", "p99", "p999", "max")
@@ -51,7 +51,7 @@ def summary_markdown(result: RunResult, name: str, images: list[tuple[str, str]]
                   "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for o in result.slo:
             state = {True: "pass", False: "**FAIL**", None: "inconclusive"}[o["passed"]]
-            lines.append(f"| `{o['objective']}` | {fmt(o['value'])} | {interval_words(dict(o))} | "
+            lines.append(f"| `{o['objective']}` | {value_words(dict(o))} | {interval_words(dict(o))} | "
                          f"{o['comparison']} {fmt(o['threshold'])} | {margin_words(dict(o))} | {samples_words(o)} | "
                          f"{state} |")
         lines.append("")
