@@ -19,7 +19,12 @@ replay, and with evidence. Pure.
   the limit, does not hold however good its point value.
 - **The rule.** A replay *holds* when every objective keeps the margin and passes; a candidate qualifies when
   at least ``REQUIRED_SHARE`` of its replays hold. Replays stop once too many have failed for it to qualify
-  (the figures then cover the replays run).
+  (the figures then cover the replays run; ``Headroom.stopped`` says which way it ended).
+- **What the replay cannot move.** The replay models the server's scheduler and nothing else: every request
+  completes (no errors, no timeouts, no network; ``replay.py``) and none reasons. An objective of a metric in
+  ``ON_RUN_ONLY`` would come out the same under every setting (``error_rate``: 0 of N, a limit it can only
+  leave undecided on a short run) or not at all (the answer phase), so it is judged once, on the measured run,
+  and never vetoes a setting: the replays judge the others (``replay_judges``).
 """
 
 from __future__ import annotations
@@ -29,12 +34,24 @@ from typing import Any
 
 from loadgen.analysis.advice_result import Headroom, ObjectiveHeadroom
 from loadgen.analysis.spikes import config_from
+from loadgen.core.vocabulary import ObjectiveId
 from loadgen.plan.scenario import Scenario
 
 DEFAULT_MARGIN = 0.10
 DEFAULT_SEEDS = 20
 REQUIRED_SHARE = 0.95
 MIN_SPIKE_FACTOR = 1.0001  # the scenario's own lower bound on spike_factor is > 1
+NO_REASONING = "the replay has no reasoning phase"
+# metric → why the replay cannot move it: judged on the measured run alone
+ON_RUN_ONLY = {"error_rate": "the replay does not model errors, timeouts or the network",
+               "ttft_answer_ms": NO_REASONING, "tpot_answer_ms": NO_REASONING, "itl_answer_ms": NO_REASONING}
+# Headroom.stopped: every replay asked was run, or they stopped once more had failed than the rule allows
+ALL_RUN, CANNOT_QUALIFY = "all_replays", "cannot_qualify"
+
+
+def replay_judges(o: dict[str, Any]) -> bool:
+    """The replay can move this objective (its metric is not in ``ON_RUN_ONLY``)."""
+    return ObjectiveId.of(o).metric not in ON_RUN_ONLY
 
 
 def required(seeds: int) -> int:
@@ -103,5 +120,6 @@ def headroom_of(replays: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]
                                      sum(not (decided_pass(n) and keeps_margin(j, margin)) for n, j in pairs),
                                      sum(not decided_pass(n) for n, _ in pairs), replays[0][0][i].get("samples"),
                                      max(needed) if needed else None))
-    return Headroom(margin, seeds, len(replays), sum(holds(n, j, margin) for n, j in replays), required(seeds),
-                    out)
+    held = sum(holds(n, j, margin) for n, j in replays)
+    return Headroom(margin, seeds, len(replays), held, required(seeds), out,
+                    ALL_RUN if len(replays) >= seeds else CANNOT_QUALIFY)

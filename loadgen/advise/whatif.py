@@ -4,7 +4,8 @@
    under the server's setting: predicted against measured TTFT, ITL, worst gap and prefill-induced stalls show
    how far the model can be trusted.
 2. **Counterfactuals**: the same plan under each candidate setting (``settings.py``), every objective of the
-   scenario judged on the replay by the same analysis as a measured run.
+   scenario that the replay can move judged on the replay by the same analysis as a measured run; the others
+   (``headroom.ON_RUN_ONLY``: the error rate, the answer phase) are the measured run's own judgment, once.
 3. **Headroom**: each candidate replayed under ``seeds`` step-noise seeds, every replay judged with the margin
    (``headroom.py``: the stall threshold lowered by it, every objective keeping it and passing with evidence).
 4. **Recommend** the candidate that keeps the margin in 95 % of its replays with the most goodput, with its flags
@@ -22,8 +23,8 @@ import polars as pl
 
 from local_target.sim.config import EngineConfig
 from loadgen.advise.capacity import MAX_FACTOR, plan_span_ns, search, tiled
-from loadgen.advise.headroom import (DEFAULT_MARGIN, DEFAULT_SEEDS, headroom_of, holds, keeps_margin, required,
-                                    stressed)
+from loadgen.advise.headroom import (DEFAULT_MARGIN, DEFAULT_SEEDS, ON_RUN_ONLY, headroom_of, holds, keeps_margin,
+                                    replay_judges, required, stressed)
 from loadgen.advise.replay import ReplayLoad, ReplayRequest, replay
 from loadgen.advise.settings import (ENGINE_DEFAULTS, KNOBS, Candidate, budgets_between, candidates, label_of,
                                     simulator_flags)
@@ -34,6 +35,7 @@ from loadgen.records.schema import chunks_frame, requests_frame
 from loadgen.analysis.metrics import with_request_metrics
 from loadgen.analysis.result import RunResult
 from loadgen.analysis.summary import summarize
+from loadgen.core.vocabulary import ObjectiveId
 from loadgen.plan.scenario import Scenario
 from loadgen.report.wording import with_headline
 from loadgen.errors import AdviceError as AdviceError
@@ -135,7 +137,8 @@ class _Replayer:
                frames: tuple[pl.DataFrame, pl.DataFrame] | None = None,
                scenario: Scenario | None = None) -> RunResult:
         requests, chunks = frames or self.frames(settings, reqs)
-        return result_of(scenario or self.data.scenario, requests, chunks, requests.height)
+        r = result_of(scenario or self.data.scenario, requests, chunks, requests.height)
+        return replace(r, slo=[o for o in r.slo if replay_judges(dict(o))])  # the objectives it can move
 
     def headroom(self, cand: Candidate, opts: AdviseOptions, first: tuple[pl.DataFrame, pl.DataFrame],
                  progress: Callable[[str], None]) -> Headroom:
@@ -218,7 +221,22 @@ def advise(data: RunData, opts: AdviseOptions, progress: Callable[[str], None] =
     notes = list(cal.notes) + _notes(source, engine, data, opts)
     return Advice(data.run_dir, engine, source, current, cal.as_dict(), fit, results, chosen,
                   costs_of(results[chosen], results[0]) if chosen is not None else [], notes, opts.margin,
-                  opts.seeds, closest(results) if chosen is None else None)
+                  opts.seeds, closest(results) if chosen is None else None,
+                  [o["objective"] for o in results[0].objectives], on_run(measured))
+
+
+ON_RUN_KEYS = ("objective", "comparison", "threshold", "value", "decision", "samples", "needed", "note")
+
+
+def on_run(measured: RunResult) -> list[dict[str, Any]]:
+    """The measured run's judgment of each objective the replay cannot move, and why it cannot."""
+    out = []
+    for o in (dict(x) for x in measured.slo):
+        if not replay_judges(o):
+            decision = o.get("decision") or {True: "pass", False: "fail"}.get(o.get("passed"), "inconclusive")
+            out.append({**{k: o.get(k) for k in ON_RUN_KEYS}, "decision": decision,
+                        "why": ON_RUN_ONLY[ObjectiveId.of(o).metric]})
+    return out
 
 
 def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list[str]:
@@ -234,7 +252,6 @@ def _notes(source: str, engine: str, data: RunData, opts: AdviseOptions) -> list
                    "setting the server ran with (a wrong one shows as a poor replay of the run)")
     if data.scenario.load.arrival == "concurrency" and data.scenario.load.max_rate_per_s:
         out.append("the replay's closed-loop users are not held to load.max_rate_per_s")
-    out.append("errors, timeouts and the network are not modelled: the replays complete every request")
     if data.requests["cached_tokens"].fill_null(0).sum() > 0:
         out.append("the server's prefix cache held part of some prompts: the replay prefills only the rest "
                    "(the tokens it computed), and its cache is not modelled for the candidates either")

@@ -2,9 +2,11 @@
 measurement, every candidate setting's predicted figures and objectives, the recommendation and what it costs,
 and the exit code. ``advice.json`` is ``to_dict``.
 
-Exit codes: 0 when a candidate is predicted to meet every objective with the margin asked, in at least 95 % of
-its replays (the recommendation; it may be the current setting), 1 when none is (``closest`` then names the
-one nearest to it), 2 for bad input (before any replay). The headroom rule: ``loadgen/advise/headroom.py``.
+Exit codes: 0 when a candidate is predicted to meet every objective the replay judges (``covers``) with the
+margin asked, in at least 95 % of its replays (the recommendation; it may be the current setting), 1 when none
+is (``closest`` then names the one nearest to it), 2 for bad input (before any replay). The objectives the
+replay cannot move (``on_run``: the measured run's own judgment of them) never decide it. The headroom rule:
+``loadgen/advise/headroom.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Optional
 
 from loadgen.analysis.result import RunResult
 
-SCHEMA_VERSION = 2  # 2: each candidate's headroom over seeded replays; margin, seeds, closest
+SCHEMA_VERSION = 3  # 2: each candidate's headroom over seeded replays; margin, seeds, closest. 3: covers, on_run,
+# headroom.stopped
 # (label, metric, statistic) of the figures compared between the measured run and its replay
 FIGURES = (("TTFT p50", "ttft_ms", "p50"), ("TTFT p99", "ttft_ms", "p99"), ("ITL p50", "itl_ms", "p50"),
            ("ITL p99", "itl_ms", "p99"), ("ITL p99.9", "itl_ms", "p999"), ("worst gap", "chunk_gap_ms", "max"))
@@ -84,6 +87,13 @@ class Headroom:
     held: int  # replays in which every objective kept the margin and passed
     required: int  # replays that must hold (95 % of seeds)
     objectives: list[ObjectiveHeadroom]
+    stopped: str = "all_replays"  # "all_replays": every one asked was run; "cannot_qualify": stopped once more
+    # replays had failed than the rule allows (seeds − required)
+
+    @property
+    def allowed(self) -> int:
+        """Replays that may fail to hold."""
+        return self.seeds - self.required
 
     @property
     def qualifies(self) -> bool:
@@ -169,6 +179,10 @@ class Advice:
     margin: float = 0.0  # the margin asked, a share of each limit
     seeds: int = 1  # replays per candidate
     closest: Optional[int] = None  # when none qualifies: the candidate nearest to the margin
+    covers: list[str] = field(default_factory=list)  # the objectives the replays judge (the recommendation's)
+    # the objectives the replay cannot move, as the measured run judged them: objective, comparison, threshold,
+    # value, decision, samples, needed, note, and why (what the replay does not model)
+    on_run: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def recommendation(self) -> Optional[CandidateResult]:
@@ -186,7 +200,7 @@ class Advice:
                 "recommended": self.recommended,
                 "recommendation": None if self.recommendation is None else self.recommendation.label,
                 "costs": self.costs, "notes": self.notes, "margin": self.margin, "seeds": self.seeds,
-                "closest": self.closest, "exit_code": self.exit_code}
+                "closest": self.closest, "covers": self.covers, "on_run": self.on_run, "exit_code": self.exit_code}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Advice":
@@ -196,7 +210,7 @@ class Advice:
                  for c in d["candidates"]]
         return cls(d["run_dir"], d["engine"], d["settings_source"], d["current"], d["calibration"], fit, cands,
                    d["recommended"], d.get("costs", []), d.get("notes", []), d.get("margin", 0.0),
-                   d.get("seeds", 1), d.get("closest"))
+                   d.get("seeds", 1), d.get("closest"), d.get("covers", []), d.get("on_run", []))
 
 
 def recommend(cands: list[CandidateResult], goodput_tie: float = 0.01) -> Optional[int]:

@@ -36,12 +36,13 @@ def advise(
     png: bool = typer.Option(True, "--png/--no-png", help="re-render the report's PNG charts too"),
 ) -> None:
     """Fit the simulator's cost model to a run, replay the run's own plan under each candidate server setting
-    (--replays times each) and recommend the one that keeps --margin on every objective in 95 % of its replays
-    with the most goodput, with its flags; when none does, say so and show the closest. Writes advice.json and
-    advice.md in RUN_DIR and adds an advice section to its report.html. Exit 0: a setting keeps the margin;
-    1: none does; 2: bad input."""
+    (--replays times each) and recommend the one that keeps --margin on every objective the replay can move in
+    95 % of its replays with the most goodput, with its flags; when none does, say so and show the closest. The
+    error rate (errors, timeouts and the network are not modelled) is judged once, on the measured run, and
+    rules no setting out. Writes advice.json and advice.md in RUN_DIR and adds an advice section to its
+    report.html. Exit 0: a setting keeps the margin; 1: none does; 2: bad input."""
     from loadgen import api  # here, not at the top: `loadgen --help` starts without the analysis (cli/app.py)
-    from loadgen.report.advice_report import console_tables, headline
+    from loadgen.report.advice_report import console_lines, console_tables, recommendation_lines
 
     try:
         with console.status("advise: fitting the cost model") as status:
@@ -53,9 +54,17 @@ def advise(
     for table in console_tables(result):
         console.print(table)
         console.print()
+    for line in console_lines(result):
+        console.print(line, markup=False, highlight=False)
+    if result.costs:
+        console.print("what it changes against the current setting (both replayed):")
     for line in result.costs:
-        console.print(f"  {line}")
+        console.print(f"  {line}", markup=False, highlight=False)
     for note in result.notes:
-        console.print(f"note: {note}")
-    console.print(f"[bold]{headline(result)}[/bold]  ({run_dir / 'advice.md'})")
+        console.print(f"note: {note}", markup=False, highlight=False)
+    first, *rest = recommendation_lines(result)
+    console.print(first, style="bold", markup=False, highlight=False)
+    for line in rest:
+        console.print(line, markup=False, highlight=False)
+    console.print(f"({run_dir / 'advice.md'})", markup=False, highlight=False)
     raise typer.Exit(result.exit_code)

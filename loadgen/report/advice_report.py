@@ -7,16 +7,18 @@ from typing import Any, Optional
 
 from rich.table import Table
 
-from loadgen.analysis.advice_result import Advice, CandidateResult, Headroom, ObjectiveHeadroom
+from loadgen.analysis.advice_result import Advice, CandidateResult, ObjectiveHeadroom
+from loadgen.report.advice_words import (candidate_line, headline, least, margin_pct, num, on_run_lines, plural,
+                                         recommendation_lines, required_of, rule, undecided)
 from loadgen.report.fit import Fitted
+
+__all__ = ["console_lines", "console_tables", "headline", "html_section", "markdown", "recommendation_lines"]
 
 COLUMNS = ("TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap")
 
 
 def _num(value: Optional[float], digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.{digits}f}" if abs(value) < 100 else f"{value:,.0f}"
+    return num(value, digits)
 
 
 def _pct(value: Optional[float]) -> str:
@@ -28,61 +30,25 @@ def _mark(c: CandidateResult, chosen: Optional[CandidateResult]) -> str:
 
 
 def _outcome(c: CandidateResult) -> str:
-    return "meets all" if c.meets_all else "fails " + ", ".join(c.failed)
-
-
-def _margin_pct(value: Optional[float]) -> str:
-    return "–" if value is None else f"{value * 100:.1f} %"
-
-
-def _least(h: Headroom) -> str:
-    """The objective that limits the candidate: its margin kept in 95 % of the replays."""
-    least = h.least
-    return "–" if least is None else f"{least.objective} {_margin_pct(least.kept)}"
-
-
-def _undecided(h: Headroom) -> str:
-    """The objectives not passed with evidence (the scenario's own judgment) in too many replays, and how much
-    longer a run would have to be for the verdict to decide them."""
-    out = []
-    for o in h.failing:
-        if o.undecided > h.seeds - h.required:
-            longer = (f" (needs {o.needed:,.0f} samples, has {o.samples:,.0f}: a run ~{o.needed / o.samples:.1f}× as long)"
-                      if o.needed and o.samples else "")
-            out.append(f"{o.objective} in {o.undecided} of {h.replays}{longer}")
-    return "; not passed with evidence: " + ", ".join(out) if out else ""
+    """The replay under the scenario's seed, on its point values (no margin, no interval)."""
+    return "within every limit" if c.meets_all else "over: " + ", ".join(c.failed)
 
 
 def _rule(a: Advice) -> str:
-    return f"a {a.margin * 100:g} % margin on every objective in 95 % of {a.seeds} replays"
+    return rule(a)
 
 
-def headline(a: Advice) -> str:
-    rec = a.recommendation
-    if rec is None:
-        near = a.candidates[a.closest] if a.closest is not None else None
-        if near is None or near.headroom is None:
-            return f"no candidate setting keeps {_rule(a)}"
-        h = near.headroom
-        short = f", {h.shortfall * 100:.1f} points short" if h.shortfall > 0 else ""
-        return (f"no candidate setting keeps {_rule(a)}; the closest: {near.label} (held in {h.held} of "
-                f"{h.replays}; least margin kept {_least(h)}{short}{_undecided(h)}) — {' '.join(near.flags)}")
-    kept = f" (least margin kept: {_least(rec.headroom)})" if rec.headroom is not None else ""
-    if a.recommended == 0:
-        return f"keep the current setting ({rec.label.removesuffix(' (current)')}): it keeps {_rule(a)}{kept}"
-    return f"recommended: {rec.label} — keeps {_rule(a)}{kept} — {' '.join(rec.flags)}"
-
-
-def _held(c: CandidateResult, short: bool = False) -> str:
+def _held(c: CandidateResult) -> str:
+    """The replays held of those run, and why they stopped."""
     h = c.headroom
     if h is None:
         return "–"
-    return f"{h.held}/{h.replays}" + ("" if h.replays == h.seeds or short else " (stopped)")
+    return f"held in {h.held} of {h.replays} (" + ("all run" if h.replays >= h.seeds else "decided early") + ")"
 
 
 def _cell(o: ObjectiveHeadroom, margin: float) -> str:
     ok = "✓" if o.kept is not None and o.kept >= margin - 1e-12 and not o.short else "✗" if o.short else "·"
-    return f"{_margin_pct(o.kept)} / {_margin_pct(o.worst)} {ok}"
+    return f"{margin_pct(o.kept)} / {margin_pct(o.worst)} {ok}"
 
 
 def headroom_head(a: Advice) -> list[str]:
@@ -111,19 +77,21 @@ def _capacity(c: CandidateResult) -> str:
 
 
 def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
+    """Each candidate's replayed figures (the scenario's seed); the full form adds its point values against the
+    limits, its replays and its least margin (the console says those in sentences: ``candidate_line``)."""
     rec = a.recommendation
     return [[_mark(c, rec) + c.label, *(_num(c.figures.get(k)) for k in COLUMNS),
              _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
              *([_capacity(c)] if _has_capacity(a) else []),
-             ("meets all" if c.meets_all else f"fails {len(c.failed)}") if short else _outcome(c),
-             _held(c, short), *([] if short else ["–" if c.headroom is None else _least(c.headroom)
-                                           + _undecided(c.headroom)])]
+             *([] if short else [_outcome(c), _held(c), "–" if c.headroom is None else least(c.headroom)
+                                 + undecided(c.headroom)])]
             for c in a.candidates]
 
 
 def candidate_head(a: Advice, short: bool = False) -> list[str]:
-    head, tail = (SHORT_HEAD, 2) if short else (CANDIDATE_HEAD, 3)
-    return head[:-tail] + (["capacity" if short else "capacity req/s"] if _has_capacity(a) else []) + head[-tail:]
+    head, tail = (SHORT_HEAD, 0) if short else (CANDIDATE_HEAD, 3)
+    capacity = ["capacity" if short else "capacity req/s"] if _has_capacity(a) else []
+    return head[:len(head) - tail] + capacity + head[len(head) - tail:]
 
 
 def objective_head(a: Advice) -> list[str]:
@@ -138,9 +106,8 @@ def objective_lines(a: Advice) -> list[list[str]]:
 
 
 CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s",
-                  "objectives (scenario's seed)", "replays held", "least margin kept"]
-SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput", "SLOs",
-              "held"]
+                  "values (scenario's seed)", "replays", "least margin kept"]
+SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput"]
 FIT_HEAD = ["figure", "measured", "replayed", "error"]
 HEADROOM_NOTE = ("Each cell: the margin kept in 95 % of the replays / the worst, as a share of the limit; the stall "
                  "objectives count the gaps within the margin of the stall threshold (docs/verdicts.md).")
@@ -151,14 +118,17 @@ def markdown(a: Advice) -> str:
         return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + \
                ["| " + " | ".join(r) + " |" for r in rows]
 
-    lines = [f"# Advice for {a.run_dir}", "", f"**{headline(a)}**", ""]
+    lines = [f"# Advice for {a.run_dir}", ""] + [f"**{line}**  " for line in recommendation_lines(a)] + [""]
     if a.costs:
         lines += ["What it changes against the current setting (both replayed):", ""] + \
                  [f"- {c}" for c in a.costs] + [""]
     lines += [f"Engine: {a.engine}; the server's settings (from {a.settings_source}): "
               + ", ".join(f"{k}={v}" for k, v in a.current.items()), "",
               "## How well the fitted model replays the run", ""] + table(FIT_HEAD, fit_lines(a))
-    lines += ["", "## Every candidate, replayed", ""] + table(candidate_head(a), candidate_lines(a))
+    alone = on_run_lines(a)
+    lines += ["", alone[0], ""] + [f"- {line.strip()}" for line in alone[1:]] + [""] if alone else []
+    lines += ["", "## Every candidate, replayed", ""] + [f"- {candidate_line(c)}" for c in a.candidates] + [""]
+    lines += table(candidate_head(a), candidate_lines(a))
     lines += ["", "## Every objective per candidate", ""] + table(objective_head(a), objective_lines(a))
     lines += ["", f"## Headroom: {_rule(a)}", "", HEADROOM_NOTE, ""] + table(headroom_head(a), headroom_lines(a))
     cost = a.calibration.get("cost", {})
@@ -177,10 +147,17 @@ def console_tables(a: Advice) -> list[Any]:
         fit.add_row(*row)
     cands = Table(title="every candidate, replayed (ms; goodput req/s)", title_justify="left", box=None)
     for h in candidate_head(a, short=True):
-        cands.add_column(h, justify="left" if h in ("setting", "SLOs") else "right", no_wrap=h == "setting")
+        cands.add_column(h, justify="left" if h == "setting" else "right", no_wrap=h == "setting")
     for row in candidate_lines(a, short=True):
         cands.add_row(*row)
-    return [Fitted(fit, ("figure",)), Fitted(cands, ("setting", "SLOs"))] + _margins_table(a)
+    return [Fitted(fit, ("figure",)), Fitted(cands, ("setting",))] + _margins_table(a)
+
+
+def console_lines(a: Advice) -> list[str]:
+    """After the tables: one sentence per candidate, then the objectives judged on the measured run alone."""
+    head = (f"each candidate (it holds when {required_of(a)} of its {plural(a.seeds, 'replay')} keep a "
+            f"{a.margin * 100:g} % margin; its replays stop once it cannot):")
+    return [head] + [f"  {candidate_line(c)}" for c in a.candidates] + on_run_lines(a)
 
 
 def _margins_table(a: Advice) -> list[Any]:
@@ -190,12 +167,13 @@ def _margins_table(a: Advice) -> list[Any]:
     if c is None or c.headroom is None:
         return []
     h = c.headroom
-    t = Table(title=f"{c.label}: margins over {h.replays} replays (needed: {a.margin * 100:g} % in 95 %)",
+    t = Table(title=f"{c.label}: margins over {plural(h.replays, 'replay')} run (needed: {a.margin * 100:g} % in "
+                    f"{h.required} of {h.seeds})",
               title_justify="left", box=None)
     for head in ("objective", "limit", "kept in 95 %", "worst", "short", "undecided"):
         t.add_column(head, justify="left" if head == "objective" else "right")
     for o in h.objectives:
-        t.add_row(o.objective, f"{o.comparison} {_num(o.limit, 2)}", _margin_pct(o.kept), _margin_pct(o.worst),
+        t.add_row(o.objective, f"{o.comparison} {_num(o.limit, 2)}", margin_pct(o.kept), margin_pct(o.worst),
                   str(o.short), str(o.undecided))
     return [Fitted(t, ("objective",))]
 
@@ -210,10 +188,13 @@ def html_section(a: Advice) -> str:
     costs = "".join(f"<li>{html.escape(c)}</li>" for c in a.costs)
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in a.notes)
     return ("<section id=\"advice\"><h2>Advice: what to change</h2>"
-            f"<p><strong>{html.escape(headline(a))}</strong></p>"
+            + "".join(f"<p><strong>{html.escape(line)}</strong></p>" for line in recommendation_lines(a))
             + (f"<ul>{costs}</ul>" if costs else "")
+            + "".join(f"<p>{html.escape(line)}</p>" for line in on_run_lines(a))
             + "<h3>The fitted model's replay of the run</h3>" + table(FIT_HEAD, fit_lines(a))
-            + "<h3>Every candidate, replayed</h3>" + table(candidate_head(a), candidate_lines(a))
+            + "<h3>Every candidate, replayed</h3>"
+            + "<ul>" + "".join(f"<li>{html.escape(candidate_line(c))}</li>" for c in a.candidates) + "</ul>"
+            + table(candidate_head(a), candidate_lines(a))
             + "<h3>Every objective per candidate</h3>" + table(objective_head(a), objective_lines(a))
             + f"<h3>Headroom: {html.escape(_rule(a))}</h3><p>{html.escape(HEADROOM_NOTE)}</p>"
             + table(headroom_head(a), headroom_lines(a))
