@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from loadgen.analysis.capacity import Backlog, Call, Probe, interval
+from loadgen.analysis.capacity_curve import CurvePoint, CurveCapacity, ObjectiveCurve, capacity_of_curves, curves_of
 from loadgen.analysis.result import RunResult
 
 SCHEMA_VERSION = 1
@@ -50,7 +51,8 @@ class Step:
     jobs_per_hour: Optional[float] = None  # sessions completed with every call OK (a run of agentic sessions)
     session_attainment: Optional[float] = None  # share of good sessions
     run_dir: str = ""
-    phase: str = ""  # fixed | bracket | bisect | again: why the step ran (docs/verdicts.md, "sweep")
+    phase: str = ""  # fixed | bracket | bisect | narrow | again: why the step ran (docs/verdicts.md, "sweep")
+    curve: list[CurvePoint] = field(default_factory=list, repr=False, compare=False)  # not in sweep.json
 
     @classmethod
     def from_result(cls, r: RunResult, load: float, duration_s: float, attempt: int, wall_s: float,
@@ -160,16 +162,23 @@ def _n(value: Optional[float]) -> str:
 class Capacity:
     low: Optional[float]  # the highest load that met the objectives, below the lowest that did not
     high: Optional[float]  # the lowest load that did not (None: none failed)
-    decided: bool  # a passing load sits below a failing one
+    decided: bool  # a passing load sits below a failing one (curve: both ends of the interval are known)
+    estimate: Optional[float] = None  # the curve's crossing (method "curve"; at a flat limit, the interval's low)
+    objective: str = ""  # the objective whose crossing is lowest (method "curve")
+    method: str = "steps"  # "curve": the objectives' curves over the load; "steps": the steps' own calls
+    flat: str = ""  # the limiting objective flat at its limit over a range, in words ("" if not)
 
     def text(self, unit: str) -> str:
         if self.low is None and self.high is None:
-            return "unknown (no step decided)"
+            return "unknown (no step decided)" if self.method == "steps" else "unknown (no curve crossed)"
         if self.low is None:
-            return f"below {self.high:g} {unit} (no load passed)"
+            return f"below {self.high:.4g} {unit} (no load passed)"
         if self.high is None:
-            return f"at least {self.low:g} {unit} (no load failed)"
-        return f"{self.low:g}–{self.high:g} {unit} ({self.width_share:.0%} of its upper end)"
+            return f"at least {self.low:.4g} {unit} (no load failed)"
+        span = f"{self.low:.4g}–{self.high:.4g} {unit} ({self.width_share:.0%} of its upper end)"
+        if self.method != "curve" or self.estimate is None:
+            return span
+        return f"{self.estimate:.4g} {unit}, interval {span}, where {self.objective} crosses its limit"
 
     @property
     def width_share(self) -> Optional[float]:
@@ -195,10 +204,11 @@ class SweepResult:
     exit_code: int
     reasons: list[str] = field(default_factory=list)
     out_dir: Optional[Path] = field(default=None, compare=False)
+    curves: list[dict[str, Any]] = field(default_factory=list)  # per objective: ObjectiveCurve.as_dict
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "out_dir"}
-        out["steps"] = [asdict(s) for s in self.steps]
+        out["steps"] = [{f.name: getattr(s, f.name) for f in fields(s) if f.name != "curve"} for s in self.steps]
         out["capacity"] = asdict(self.capacity)
         out["attainment_capacity"] = asdict(self.attainment_capacity) if self.attainment_capacity else None
         return {**out, "schema_version": SCHEMA_VERSION}
@@ -222,6 +232,27 @@ def capacity_of(steps: list[Step], call_of: Any) -> Capacity:
     """[highest pass below the lowest failure, lowest failure]: saturation counts as failure."""
     span = interval([Probe(s.load, call_of(s), s.saturated) for s in final_steps(steps)])
     return Capacity(span.low, span.high, span.bracketed)
+
+
+def curve_capacity(steps: list[Step], curves: list[ObjectiveCurve], confidence: float,
+                   unit: str) -> Optional[Capacity]:
+    """The capacity from the objectives' curves (analysis/capacity_curve.py), none above the lowest load that
+    saturated or failed an objective the curves do not reach (a scoped or session objective: judged per step)."""
+    found: Optional[CurveCapacity] = capacity_of_curves(curves, confidence, unit)
+    if found is None:
+        return None
+    on_curve = {c.objective for c in curves}
+    stops = [s.load for s in final_steps(steps) if s.saturated or any(
+        o.get("call") == "fail" and o.get("objective") not in on_curve for o in s.objectives)]
+    cap = min(stops, default=None)
+    low, high, estimate = found.low, found.high, found.estimate
+
+    def capped(x: Optional[float]) -> Optional[float]:
+        return cap if cap is not None and (x is None or x > cap) else x
+    low, high, estimate = (None if low is None else capped(low)), capped(high), (
+        None if estimate is None else capped(estimate))
+    return Capacity(low, high, low is not None and high is not None, estimate, found.objective, "curve",
+                    found.flat)
 
 
 def knee_of(steps: list[Step]) -> Optional[float]:
@@ -261,7 +292,10 @@ def exit_code(cap: Capacity, require: Optional[float], calls: Optional[list[Call
 def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[float], tolerance: float,
                     confidence: float, stop_reason: str, wall_s: float, out_dir: Optional[Path],
                     interrupted: bool = False, fixed: bool = False) -> SweepResult:
+    unit = "req/s" if mode == "rate" else "users"
+    curves = curves_of([p for s in steps for p in s.curve], confidence)
     cap = capacity_of(steps, lambda s: s.call)
+    cap = (curve_capacity(steps, curves, confidence, unit) or cap) if not fixed else cap
     has_attainment = any(s.attainment is not None for s in steps)
     attain = capacity_of(steps, lambda s: s.attainment) if has_attainment else None
     calls = [s.call if not s.saturated else "fail" for s in final_steps(steps)] if fixed else None
@@ -274,7 +308,10 @@ def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[f
         code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
     saturated = [s.load for s in final_steps(steps) if s.saturated]
     reasons += [stop_reason] if stop_reason and code == 3 else []
+    if cap.flat and cap.low is not None:
+        reasons.append(f"{cap.flat}: the capacity is the interval's low end, {cap.low:.4g} {unit}, at "
+                       f"{confidence:.0%} confidence")
     reasons += [exit_line(code, reasons, steps, fixed and not interrupted)] if code else []
-    return SweepResult(name, mode, "req/s" if mode == "rate" else "users", steps, cap, attain, knee_of(steps),
-                       min(saturated) if saturated else None, require, tolerance, confidence, stop_reason, wall_s,
-                       code, reasons, out_dir)
+    return SweepResult(name, mode, unit, steps, cap, attain, knee_of(steps), min(saturated) if saturated else None,
+                       require, tolerance, confidence, stop_reason, wall_s, code, reasons, out_dir,
+                       [c.as_dict() for c in curves])

@@ -121,7 +121,8 @@ def sweep(
 ) -> None:
     """Run the scenario at several loads and find the highest that meets its SLOs. Fixed steps run exactly
     the duration given (longer only with --until decided); a search brackets with short steps, then bisects
-    with steps sized to decide their objectives, within --budget. Writes every step's run directory,
+    and places each next step where it narrows the capacity most: the load where each objective's curve,
+    fitted monotone over every step, crosses its limit, with an interval, within --budget. Writes every step's run directory,
     sweep.json, summary.md, junit.xml and sweep.html. Without a scenario: run's quick start. Exit 0: capacity
     meets --require (without one: fixed steps all passed, a search bracketed it); 1: below it, a step failed or
     no load passed; 2: bad input; 3: not decided, not a failure (a step had too few samples: the last line

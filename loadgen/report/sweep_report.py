@@ -14,6 +14,7 @@ from loadgen.core.vocabulary import ObjectiveId
 from loadgen.analysis.sweep_result import SweepResult, final_steps, undecided_text
 from loadgen.report.charts import WIDE, Chart
 from loadgen.report.html import chart_section, e, page
+from loadgen.report.sweep_curves import curve_charts, curve_lines
 from loadgen.report.writers import fmt, md_escape
 
 LATENCY = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT"))
@@ -176,6 +177,7 @@ def sweep_charts(r: SweepResult, pareto: list[Any] | None = None) -> list[Chart]
     charts += [Chart(f"latency_{m}", f"{label} percentiles vs load", latency_chart(r, m, label),
                      "Red dashed lines: the scenario's SLO limits, each named.") for m, label in LATENCY]
     charts.append(Chart("stalls", "Stalls per 1k output tokens vs load", stalls_chart(r)))
+    charts += curve_charts(r)
     frame = pareto_frame(r, pareto or [])
     if pareto and (frame["set"] == "Pareto front").any():
         charts.append(Chart("pareto", "Pareto front: tokens/s per user vs output tokens/s", pareto_chart(frame),
@@ -232,6 +234,8 @@ def render_html(r: SweepResult, pareto: list[Any] | None = None) -> str:
            f"</h1><p class=\"meta\">{len(r.steps)} steps in {r.wall_s:.0f} s; each objective judged at "
            f"{r.confidence:.0%} confidence; {e(points_text(r))}; "
            f"stopped: {e(r.stop_reason)}</p>" + (f"<ul>{reasons}</ul>" if reasons else ""))
+    curves = "".join(f"<li>{e(x)}</li>" for x in curve_lines(r))
+    top += f"<h2>Capacity curves</h2><ul id=\"curves\">{curves}</ul>" if curves else ""
     table = f"<h2>Steps</h2><table id=\"steps\"><tr>{head}</tr>{''.join(body)}</table>"
     return page(f"loadgen sweep: {r.name}", top + table + "".join(chart_section(c) for c in sweep_charts(r, pareto)))
 
@@ -239,7 +243,9 @@ def render_html(r: SweepResult, pareto: list[Any] | None = None) -> str:
 def summary_markdown(r: SweepResult) -> str:
     lines = [f"# loadgen sweep: {md_escape(r.name)}", "", f"**{md_escape(headline(r))}** (exit {r.exit_code})", ""]
     lines += [f"- {md_escape(x)}" for x in r.reasons]
-    lines += [f"- {md_escape(points_text(r))}; stopped: {md_escape(r.stop_reason)}", "",
+    lines += [f"- {md_escape(points_text(r))}; stopped: {md_escape(r.stop_reason)}"]
+    lines += [f"- curve: {md_escape(x)}" for x in curve_lines(r)]
+    lines += ["",
               "| " + " | ".join(STEP_HEAD) + " |", "|" + "---|" * len(STEP_HEAD)]
     lines += ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in steps_table_rows(r)]
     return "\n".join(lines) + "\n"

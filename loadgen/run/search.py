@@ -16,8 +16,17 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
    undecided load left inside an interval still wider than the tolerance runs again, if the planner
    gives it at least 1.5× its last duration.
 
+4. **Narrow the curve** (``CurveSpan``, analysis/capacity_curve.py): once the objectives' curves over the load
+   give the crossing an interval with both ends, that interval replaces the bisection: the next step goes to
+   the middle of the interval's wider side (between its low end and the crossing, or the crossing and its high
+   end), where the replicates' crossings that make that side lie, so its samples shrink the widest side; a load
+   already probed runs again and its samples pool with the earlier step's. The search stops when the interval
+   is within the tolerance, or when the limiting objective is flat at its limit over a range of probed loads
+   that holds the interval (more samples there would not move the crossing), or when the budget is spent.
+
 Capacity is the interval [highest pass below the lowest failure, lowest failure]; undecided loads stay inside
-it. A saturated step counts as failed, so the search never climbs past saturation.
+it — or, where the steps have records, the curve's crossing and its interval (analysis/sweep_result.py). A
+saturated step counts as failed, so the search never climbs past saturation.
 
 **The planner** (``StepPlanner``) sizes a step by what its objectives need to be decided: an objective's
 seconds at a probed load are the samples it needs there (``needed``; for a decided objective, the samples a
@@ -36,10 +45,10 @@ from typing import Callable, Literal
 
 from loadgen.analysis.capacity import Call, Interval, Probe, interval
 
-__all__ = ["CapacitySearch", "Interval", "Need", "Phase", "Probe", "StepPlanner", "Trial", "interval",
+__all__ = ["CapacitySearch", "CurveSpan", "Interval", "Need", "Phase", "Probe", "StepPlanner", "Trial", "interval",
            "final_trials", "steps_left"]
 
-Phase = Literal["bracket", "bisect", "again"]
+Phase = Literal["bracket", "bisect", "narrow", "again"]
 AGAIN_FACTOR = 1.5  # a load runs again only this many times longer than its last step, or not at all
 MARGIN = 1.25  # a planned step runs this much longer than its objectives' estimate needs
 FLOOR_ROOM = 0.2  # an objective this far inside its limit and undecided lacks samples, not margin
@@ -71,6 +80,17 @@ class Trial:
     @property
     def probe(self) -> Probe:
         return Probe(self.load, self.call, self.saturated)
+
+
+@dataclass(frozen=True)
+class CurveSpan:
+    """What the objectives' curves say so far: the crossing's interval (an end None: beyond the probed loads),
+    its point estimate and, where the limiting objective is flat at its limit, the loads over which it is."""
+
+    low: float | None
+    high: float | None
+    estimate: float | None = None
+    flat: tuple[float, float] | None = None
 
 
 def final_trials(trials: list[Trial]) -> list[Trial]:
@@ -173,14 +193,17 @@ class CapacitySearch:
     integer: bool = False
     factor: float = 2.0
 
-    def next_step(self, trials: list[Trial], plan: Plan,
-                  decisive: Callable[[float], bool] = lambda load: True) -> tuple[float | None, Phase, str]:
+    def next_step(self, trials: list[Trial], plan: Plan, decisive: Callable[[float], bool] = lambda load: True,
+                  curve: CurveSpan | None = None) -> tuple[float | None, Phase, str]:
         """The next load, its phase, or None and why the search stops. ``plan``: the duration a step would get
         (a load runs again only if it would get ``AGAIN_FACTOR`` × its last duration); ``decisive``: whether
-        that duration covers all its objectives need (the low end is certified on such a load first)."""
+        that duration covers all its objectives need (the low end is certified on such a load first);
+        ``curve``: the curves' crossing so far (with both ends, it places the step: ``_narrow_curve``)."""
         final = final_trials(trials)
         probes = [t.probe for t in final]
         span = interval(probes)
+        if curve is not None and curve.low is not None and curve.high is not None:
+            return self._narrow_curve(curve, {t.load for t in final})
         if span.high is not None and span.low is None:  # failures, no pass below: certify a load below first
             undecided = [t for t in final if t.call == "undecided" and not t.probe.failed and t.load < span.high]
             order = sorted(undecided, key=lambda t: (t.lean == "fail", not decisive(t.load), -t.load))
@@ -199,6 +222,26 @@ class CapacitySearch:
             why = (f"the loads inside {span.low:g}–{span.high:g} stay undecided: deciding them needs longer "
                    f"steps than the budget and --max-step-duration allow") if inside else why
         return None, "bisect", why
+
+    def _narrow_curve(self, curve: CurveSpan, tried: set[float]) -> tuple[float | None, Phase, str]:
+        """The middle of the crossing interval's wider side (a load already tried within a quarter of the
+        tolerance of it instead: 25.26 beside 25.24 adds nothing a second step at 25.24 would not), or None when
+        it is within the tolerance or the limiting objective is flat at its limit over the probed loads that
+        hold it."""
+        low, high = curve.low, curve.high
+        assert low is not None and high is not None
+        if self._narrow(low, high):
+            return None, "narrow", "within tolerance"
+        if curve.flat is not None and curve.flat[0] * (1 - self.tolerance) <= low \
+                and high <= curve.flat[1] * (1 + self.tolerance):
+            return None, "narrow", (f"the limiting objective is flat at its limit from {curve.flat[0]:g} to "
+                                    f"{curve.flat[1]:g}: more samples there would not narrow the crossing")
+        mid = curve.estimate if curve.estimate is not None and low <= curve.estimate <= high else (low + high) / 2
+        load = self._fit((low + mid) / 2 if mid - low >= high - mid else (mid + high) / 2)
+        near = min(tried, key=lambda t: abs(t - load), default=None)
+        if near is not None and abs(near - load) <= self.tolerance / 4 * load:
+            load = near  # as good as a load already tried: run it again, its steps pool on the curve
+        return load, "narrow", ""
 
     def _again(self, candidates: list[Trial], plan: Plan) -> float | None:
         return next((t.load for t in candidates if plan(t.load, "again") >= AGAIN_FACTOR * t.duration_s), None)

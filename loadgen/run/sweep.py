@@ -11,10 +11,8 @@ step again, as long as the planner says its objectives need (at least 1.5× its 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,14 +22,12 @@ from typing import Any, Callable, Literal
 from rich.console import Console
 
 from loadgen.analysis.figures import pareto_steps
-from loadgen.analysis.capacity import ObjectiveCall, attainment_call, backlog, judge, step_call
-from loadgen.analysis.metrics import measured, with_request_metrics
-from loadgen.analysis.result import RunResult, SloResult
-from loadgen.analysis.sweep_result import Step, SweepResult, summarize_sweep
+from loadgen.analysis.result import RunResult
+from loadgen.analysis.capacity_curve import curves_of
+from loadgen.analysis.sweep_result import Step, SweepResult, curve_capacity, summarize_sweep
 from loadgen.plan.scenario import Scenario, ScenarioError
-from loadgen.plan.scenario_file import load_scenario
-from loadgen.run.comparison import load_run_frames
-from loadgen.run.search import AGAIN_FACTOR, CapacitySearch, Need, Phase, StepPlanner, Trial, steps_left
+from loadgen.run.search import AGAIN_FACTOR, CapacitySearch, CurveSpan, Phase, StepPlanner, Trial, steps_left
+from loadgen.run.sweep_steps import judge_step, room, step_scenario, trial_of, with_evidence  # noqa: F401 (API)
 from loadgen.run.target import TargetError
 
 Mode = Literal["rate", "concurrency"]
@@ -39,8 +35,6 @@ Until = Literal["time", "decided"]
 MAX_FACTOR = 1024.0  # a search goes at most this far above or below its start
 MAX_STEP_FACTOR = 8.0  # default --max-step-duration: this many times the step duration
 MIN_STEP_S = 10.0  # default --min-step-duration (or the step duration, if shorter)
-SATURATION_MIN_SENT = 300  # fewer sends in the backlog's window: 10 % of them is within the in-flight noise
-UNKNOWN_NEED_FACTOR = 4  # an undecided objective without a stated need: 4× its samples halve its interval
 
 
 @dataclass
@@ -230,7 +224,7 @@ class Sweep:
             return self.planner.duration_s(load, trials, phase, self._allowed_s(k, need))
         def decisive(load: float) -> bool:
             return plan(load, "again") >= self.planner.needed_s(load, trials)[0]
-        load, phase, reason = search.next_step(trials, plan, decisive)
+        load, phase, reason = search.next_step(trials, plan, decisive, self._curve_span())
         if load is None:
             self.stop_reason = reason
             return
@@ -242,6 +236,15 @@ class Sweep:
         self._guarded(self._step, load, duration, phase, attempt)
         if self.opts.until == "decided" and self.steps and self.steps[-1].load == load and not self.stop_reason:
             self._decide_again(self.steps[-1])
+
+    def _curve_span(self) -> CurveSpan | None:
+        """What the objectives' curves say so far (None: no step has records for them)."""
+        curves = curves_of([p for s in self.steps for p in s.curve], self.opts.confidence)
+        cap = curve_capacity(self.steps, curves, self.opts.confidence, self.opts.mode)
+        if cap is None:
+            return None
+        flat = next((c.flat for c in curves if c.objective == cap.objective), None) if cap.flat else None
+        return CurveSpan(cap.low, cap.high, cap.estimate, flat)
 
     def _decide_again(self, step: Step) -> None:
         """--until decided in a search: an undecided step runs again while the planner can give it longer."""
@@ -278,79 +281,6 @@ class Sweep:
         for lower, upper in zip(done, done[1:]):
             if upper.load >= 1.25 * lower.load and upper.requests_per_s <= 1.05 * lower.requests_per_s:
                 upper.saturated = True
-
-
-def room(o: dict[str, Any]) -> float | None:
-    """How far an objective's point estimate is inside its limit, as a share of the limit (< 0: outside)."""
-    value, limit = o.get("value"), o.get("threshold")
-    sign = 1 if o.get("comparison") == ">=" else -1
-    return None if value is None or not limit else sign * (value - limit) / limit
-
-
-def trial_of(step: Step) -> Trial:
-    """A step as the search and the planner see it: its call, duration and each undecided objective's need."""
-    needs = tuple(Need(o["objective"], int(o.get("samples") or 0), o.get("needed") if o.get("call") ==
-                       "undecided" else None, o.get("call") != "undecided", room(o)) for o in step.objectives)
-    misses = any((room(o) or 0.0) < 0 for o in step.objectives)
-    lean = ("fail" if misses else "pass") if step.call == "undecided" else None
-    return Trial(step.load, step.call, step.saturated, step.duration_s, needs, lean)
-
-
-def step_scenario(sc: Scenario, mode: Mode, load: float, duration_s: float) -> Scenario:
-    """The scenario at one step's load and duration (validated again; the file it came from is kept, so Locust
-    workers load the same step)."""
-    if mode == "concurrency":
-        update: dict[str, Any] = {"concurrency": int(load)}
-    elif sc.load.arrival == "concurrency":
-        update = {"max_rate_per_s": load}
-    else:
-        update = {"rate_per_s": load}
-    update.update(duration_s=duration_s, requests=None)  # a step lasts its duration, whatever its rate
-    if sc.source is not None:
-        path, items = sc.source
-        return load_scenario(path, items + [f"load.{k}={json.dumps(v)}" for k, v in update.items()])
-    data = sc.model_dump(mode="json", by_alias=False, exclude_none=True)
-    data["load"].update(update)
-    try:
-        return Scenario.model_validate(data)
-    except ValueError as exc:
-        raise ScenarioError(f"the step at {load:g}: {exc}") from None
-
-
-def judge_step(result: RunResult, sc: Scenario, opts: SweepOptions, load: float, duration_s: float,
-               attempt: int, wall_s: float) -> Step:
-    """One finished step: its objectives called with confidence, its backlog, its figures."""
-    assert result.run_dir is not None
-    _, requests, samples = load_run_frames(result.run_dir)
-    calls = judge(result.slo, samples, sc.slo.goodput, opts.confidence, opts.replicates, seed=sc.seed)
-    log = backlog(measured(with_request_metrics(requests))) if sc.load.arrival != "concurrency" else None
-    if log is not None and log.saturated and log.sent < SATURATION_MIN_SENT:  # too short to tell
-        log = dataclasses.replace(log, saturated=False)
-    offered = load if opts.mode == "rate" else None  # closed loop with a ceiling: at most this
-    objectives = [with_evidence(c, result.slo) for c in calls]
-    return Step.from_result(result, load, duration_s, attempt, wall_s, objectives, step_call(calls),
-                            attainment_call(calls), log, offered)
-
-
-def with_evidence(call: ObjectiveCall, slo: list[SloResult]) -> dict[str, Any]:
-    """The call's dict with ``samples`` and, when undecided, ``needed``: the call's own, else the run's
-    summary (its ``needed``, or the "needs >= N samples" of a percentile with too few), else an estimate of
-    UNKNOWN_NEED_FACTOR × its samples. Read defensively: a key may be missing or None."""
-    out = call.as_dict()
-    row: dict[str, Any] = next((dict(o) for o in slo if o.get("objective") == call.objective), {})
-    if not out.get("samples") and row.get("samples") is not None:  # 0: the call did not count them
-        out["samples"] = row["samples"]
-    if call.call != "undecided":
-        out.setdefault("needed", None)
-        return out
-    needed = out.get("needed") if out.get("needed") is not None else row.get("needed")
-    if needed is None:
-        found = re.search(r"needs >= (\d+) samples", str(row.get("note") or ""))
-        needed = int(found.group(1)) if found else None
-    if needed is None and out["samples"]:
-        needed = UNKNOWN_NEED_FACTOR * int(out["samples"])
-    out["needed"] = math.ceil(needed) if needed is not None else None
-    return out
 
 
 def sweep_dir(sc: Scenario, out: Path | None, reports_dir: Path) -> Path:
@@ -391,10 +321,13 @@ def run_sweep(sc: Scenario, opts: SweepOptions, out: Path, run_step: RunStep, co
     console.print(announce(sc, opts, out), highlight=False)
     result = Sweep(sc, opts, out, run_step, console).execute()
     write_sweep(result)
+    from loadgen.report.sweep_curves import curve_lines
     from loadgen.report.sweep_report import headline, points_text
 
     console.print(f"[bold]{headline(result)}[/]; {points_text(result)}; {len(result.steps)} steps in "
                   f"{result.wall_s:.0f} s → {out / 'sweep.html'}", highlight=False)
+    for line in curve_lines(result):
+        console.print(f"  {line}", highlight=False, markup=False)
     for reason in result.reasons:
         console.print(f"  {reason}", highlight=False)
     return result
