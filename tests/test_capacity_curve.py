@@ -4,21 +4,29 @@ said in words, and the search placing its next step inside the crossing's interv
 
 from __future__ import annotations
 
+import io
+import json
 import types
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, strategies as st
+from rich.console import Console
 from scipy.optimize import isotonic_regression
 
 from loadgen.analysis.capacity_curve import (CurvePoint, capacity_of_curves, crossings, curves_of, isotonic,
                                              objective_curve, step_points)
-from loadgen.analysis.compare import RunSamples
+from loadgen.analysis.compare import RunSamples, censored_waits
+from loadgen.plan.scenario import Scenario
 from loadgen.analysis.sweep_result import Step, SweepResult, summarize_sweep
 from loadgen.report.sweep_curves import curve_lines
 from loadgen.report.sweep_report import headline, render_html, summary_markdown
+from loadgen.run import sweep as sweep_mod
 from loadgen.run.search import CapacitySearch, CurveSpan, Trial
+from loadgen.run.sweep import SweepOptions, run_sweep
 
 
 def point(load: float, value: float, weight: float = 1000.0, objective: str = "ttft_ms.p99", level: float = 0.01,
@@ -147,6 +155,8 @@ def test_a_flat_limiting_objective_stops_the_search_instead_of_spending_the_budg
     search = CapacitySearch(6, 0.1, 1000, tolerance=0.05)
     load, _, why = search.next_step([], lambda x, p: 60.0, curve=CurveSpan(22.0, 28.0, 22.0, (21.8, 28.5)))
     assert load is None and "flat at its limit from 21.8 to 28.5" in why
+    assert "the interval 22–28: 21% of its upper end, wider than the tolerance 5% because more samples in a " \
+        "flat range do not narrow it" in why
 
 
 def _step(load: float, value: float, call: str) -> Step:
@@ -184,8 +194,136 @@ def test_fixed_steps_stay_slo_tests_and_steps_without_records_keep_the_calls() -
     assert (cap.method, cap.low, cap.high) == ("steps", 10, 40)
 
 
-def test_saturation_caps_the_curves_capacity() -> None:
+def test_a_saturated_step_bounds_the_capacity_from_above_and_the_low_end_stays_below_it() -> None:
+    """The curves meet their limits up to 30 req/s but the step at 30 saturated: the capacity lies below 30 — a
+    bound, not a crossing — and its low end is the highest load below 30 the curves meet, never 30–30 (0 %)."""
     steps = [_step(10, 0.0, "pass"), _step(20, 0.001, "pass"), _step(30, 0.002, "pass")]
     steps[2].saturated = True
+    r = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None)
+    cap = r.capacity
+    assert (cap.low, cap.high, cap.estimate, cap.decided, r.exit_code) == (20, 30, 30, True, 0)
+    assert headline(r) == ("capacity at most 30 req/s (the step at 30 req/s saturated), interval 20–30 req/s "
+                           "(33% of its upper end)")
+    assert any("wider than --tolerance 5%" in x for x in r.reasons)  # the search is not done "within tolerance"
+
+
+def test_a_failed_objective_the_curves_do_not_cover_bounds_the_capacity_below_the_crossing() -> None:
+    steps = [_step(10, 0.0, "pass"), _step(20, 0.006, "pass"), _step(30, 0.014, "pass"), _step(40, 0.04, "fail")]
+    steps[1].objectives.append({"objective": "session_ms.p90", "call": "pass"})
+    steps[2].objectives.append({"objective": "session_ms.p90", "call": "fail"})
     cap = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None).capacity
-    assert cap.high == 30 and types.SimpleNamespace(ok=cap.estimate is None or cap.estimate <= 30).ok
+    assert (cap.low, cap.high) == (20, 30) and cap.estimate == pytest.approx(25.0) and not cap.bound
+    steps[1].objectives[-1]["call"] = "fail"  # now at 20, below the crossing's low end: 10–20, a bound
+    r = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None)
+    assert (r.capacity.low, r.capacity.high, r.capacity.estimate) == (10, 20, 20)
+    assert headline(r).startswith("capacity at most 20 req/s (session_ms.p90 failed at 20 req/s), interval 10–20")
+
+
+def test_an_uncovered_objective_left_undecided_holds_the_low_end_down_or_leaves_it_undecided() -> None:
+    """A scoped objective the curves cannot reach, undecided at 20 (the curves' low end): the low end is the
+    highest load at which it passed (10); undecided at every load the curves meet: not decided, exit 3."""
+    scoped = "ttft_ms[1-512 prompt tokens].p99"
+    steps = [_step(10, 0.0, "pass"), _step(20, 0.006, "undecided"), _step(30, 0.014, "undecided"),
+             _step(40, 0.04, "fail")]
+    for s, call in zip(steps, ("pass", "undecided", "undecided", "undecided")):
+        s.objectives.append({"objective": scoped, "call": call})
+    r = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None)
+    assert (r.capacity.low, r.capacity.high, r.capacity.decided) == (10, 30, True)
+    assert f"{scoped} undecided at 20 req/s: the capacity's low end is 10 req/s" in " ".join(r.reasons)
+    steps[0].objectives[-1]["call"] = "undecided"
+    r = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None)
+    assert (r.capacity.low, r.capacity.decided, r.exit_code) == (None, False, 3)
+    assert headline(r) == f"capacity below 30 req/s (not decided: {scoped} undecided at 10 and 20 req/s)"
+    assert r.reasons[-1].startswith("exit 3: not decided")
+
+
+def test_a_request_cancelled_past_a_limit_counts_above_it_on_the_curve_as_in_the_step() -> None:
+    """Two requests answered in 100 ms, two cancelled after waiting 3 s and 0.5 s (no first token), one stream
+    that reasoned and never answered: against ttft_ms.p99 <= 2000 the 3-s wait is one sample above the limit
+    (the 0.5-s one is no sample), as objective_samples counts it; ttft_answer_ms counts the unanswered one too."""
+    ms = 1_000_000
+    req = pl.DataFrame({"ok": [True, True, False, False, True], "error_kind": [None, None, "cancelled", "cancelled",
+                                                                                None],
+                        "t_intended_ns": [0] * 5, "t_sent_ns": [0] * 5, "t_done_ns": [900 * ms, 900 * ms,
+                                                                                       3000 * ms, 500 * ms, 900 * ms],
+                        "t_first_token_ns": [100 * ms, 100 * ms, None, None, 100 * ms],
+                        "t_first_answer_ns": [100 * ms, 100 * ms, None, None, None],
+                        "reasoning_tokens": [0, 0, 0, 0, 30]})
+    censored = censored_waits(req)
+    assert censored["ttft_ms"][2:4].tolist() == [3000.0, 500.0] and np.isnan(censored["ttft_ms"][[0, 1, 4]]).all()
+    assert censored["ttft_answer_ms"][4] == np.inf
+    n, zeros = 5, np.zeros(5)
+    ok = req["ok"].to_numpy()
+    s = RunSamples(np.array([100.0, 100, np.nan, np.nan, 100]), zeros, zeros, ok, np.zeros(n, bool), ok, zeros,
+                   zeros, np.zeros(0), np.zeros(0, int), 10.0, np.arange(n),
+                   ttft_answer_ms=np.array([100.0, 100, np.nan, np.nan, np.nan]), censored_ms=censored)
+    slo = [{"objective": "ttft_ms.p99", "threshold": 2000.0, "comparison": "<="},
+           {"objective": "ttft_answer_ms.p99", "threshold": 2000.0, "comparison": "<="}]
+    pts = {p.objective: p for p in step_points(slo, s, 12.0, replicates=50)}
+    assert (pts["ttft_ms.p99"].value, pts["ttft_ms.p99"].weight) == (pytest.approx(1 / 4), 4.0)
+    # ttft_answer_ms: the 3-s wait (no answer token either) and the stream never answered
+    assert (pts["ttft_answer_ms.p99"].value, pts["ttft_answer_ms.p99"].weight) == (pytest.approx(2 / 4), 4.0)
+
+
+def test_the_headline_at_a_flat_limit_says_the_capacity_is_the_intervals_low_end_and_where_it_crosses() -> None:
+    def step(load: float, value: float, own: float) -> Step:
+        s = _step(load, value, "undecided")
+        s.objectives[0]["objective"] = "itl_ms.p99"
+        s.curve = [point(load, value, objective="itl_ms.p99", threshold=100.0, spread=0.002, own=own,
+                         seed=int(load))]
+        return s
+    steps = [step(x, v, ms) for x, v, ms in ((12, 0.002, 60), (21.8, 0.0095, 97), (25, 0.0099, 99.5),
+                                             (28.5, 0.0104, 103), (40, 0.05, 300))]
+    r = summarize_sweep("s", "rate", steps, None, 0.05, 0.95, "", 1.0, None)
+    cap = r.capacity
+    assert cap.estimate == cap.low and cap.crossing is not None and cap.crossing > cap.low
+    assert headline(r) == (f"capacity {cap.low:.4g} req/s (the interval's low end: itl_ms.p99 is flat at its "
+                           f"limit from 21.8 to 28.5 and crosses at {cap.crossing:.4g} req/s), interval "
+                           f"{cap.low:.4g}–{cap.high:.4g} req/s ({cap.width_share:.0%} of its upper end)")
+    assert SweepResult.from_dict(json.loads(json.dumps(r.to_dict()))).capacity == cap
+
+
+class Clock:
+    """Virtual time: a step's run takes its warm-up, duration and 6 s; judging it 30 s; fitting the curves 20 s."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def run_step(self, sc: Any, run_dir: Any) -> Any:
+        self.now += sc.load.warmup_s + sc.load.duration_s + 6.0
+        return types.SimpleNamespace(interrupted=False, run_dir=run_dir)
+
+    def judge(self, result: Any, sc: Any, opts: Any, load: float, duration_s: float, attempt: int,
+              wall_s: float) -> Step:
+        self.now += 30.0
+        step = _step(load, 0.0, "pass")
+        step.duration_s, step.wall_s, step.curve = duration_s, wall_s, []
+        return step
+
+    def fit(self, points: Any, confidence: float) -> list[Any]:
+        self.now += 20.0
+        return []
+
+
+def test_the_sweep_counts_judging_and_the_curves_fit_against_its_budget(monkeypatch: pytest.MonkeyPatch,
+                                                                        tmp_path: Path) -> None:
+    """Each step costs 5 + 10 + 6 s to run, 30 s to judge and 20 s to fit the curves after it: 71 s. A budget of
+    200 s pays for two such steps and not a third (which would end at 213 s)."""
+    clock = Clock()
+    monkeypatch.setattr(sweep_mod.time, "monotonic", clock)
+    monkeypatch.setattr(sweep_mod, "judge_step", clock.judge)
+    monkeypatch.setattr(sweep_mod, "curves_of", clock.fit)
+    monkeypatch.setattr(sweep_mod, "write_sweep", lambda result: None)
+    sc = Scenario.model_validate({
+        "name": "virtual", "target": {"base_url": "embedded"}, "seed": 1,
+        "load": {"arrival": "poisson", "rate_per_s": 6, "duration_s": 10, "warmup_s": 5},
+        "workload": {"classes": [{"name": "c", "prompt_tokens": {"dist": "fixed", "value": 16},
+                                  "output_tokens": {"dist": "fixed", "value": 8}}]},
+        "slo": {"ttft_ms": {"p99": 1500}}})
+    result = run_sweep(sc, SweepOptions("rate", budget_s=200), tmp_path / "sweep", clock.run_step,
+                       Console(file=io.StringIO()))
+    assert [s.wall_s for s in result.steps] == [51.0, 51.0]  # run and judging
+    assert clock.now <= 200 and "--budget 200 s spent" in result.stop_reason

@@ -9,6 +9,10 @@ steps together can. Each objective is one curve over the load:
 * a percentile objective ``metric.pQ <= limit`` as its **exceedance share**, the share of the step's samples
   above the limit: pQ <= limit exactly when that share is <= 1 − Q, so the curve crosses 1 − Q where the
   percentile crosses the limit. Per-token metrics (``itl_ms``) count every token, clustered by its request;
+* a request whose value is unknown but already past the limit counts as one sample above it, as every
+  step's own objective counts it (analysis/objective_samples.py): a measured request cancelled after waiting
+  longer than a ``ttft_ms``, ``e2e_ms`` or ``ttft_answer_ms`` limit, a stream that reasoned and never answered
+  (``ttft_answer_ms``) — at an overloaded step the curve would otherwise see only the fast survivors;
 * the other objectives as their statistic itself: a mean, the error rate, the goodput ratio, stalls per 1k
   tokens — each a ratio of per-request sums (``ratio_terms``).
 
@@ -93,8 +97,10 @@ def ratio_terms(o: dict[str, Any], s: RunSamples) -> Optional[tuple[np.ndarray, 
         if values is None:
             return None
         seen = ok & ~np.isnan(values)
-        return (seen & (np.nan_to_num(values) > limit)).astype(float), seen.astype(float), \
-            1.0 - QUANTILES[oid.stat], "exceedance"
+        over = seen & (np.nan_to_num(values) > limit)
+        missed = _missed(s, oid.metric, limit)  # a miss the step's own objective counts: one sample, above
+        return (over | missed).astype(float), (seen | missed).astype(float), 1.0 - QUANTILES[oid.stat], \
+            "exceedance"
     if oid.stat == "mean" and oid.metric in _PER_REQUEST and getattr(s, oid.metric, None) is not None:
         values = getattr(s, oid.metric)
         seen = ok & ~np.isnan(values)
@@ -107,6 +113,16 @@ def ratio_terms(o: dict[str, Any], s: RunSamples) -> Optional[tuple[np.ndarray, 
               ("goodput", "min_ratio"): (okf, np.ones(s.n))}  # the good share: ``good`` replaces okf
     terms = ratios.get((oid.metric, oid.stat))
     return None if terms is None else (terms[0], terms[1], limit, "statistic")
+
+
+def _missed(s: RunSamples, metric: str, limit: float) -> np.ndarray:
+    """Per request: a value unknown but already past ``limit`` (``RunSamples.censored_ms``: a request cancelled
+    after waiting longer, a stream never answered) — a miss of ``metric``'s objective, as every step counts it
+    (analysis/objective_samples.py)."""
+    at_least = (s.censored_ms or {}).get(metric)
+    if at_least is None:
+        return np.zeros(s.n, dtype=bool)
+    return at_least > limit  # NaN (known): never
 
 
 _PER_REQUEST = ("ttft_ms", "tpot_ms", "e2e_ms", "ttft_answer_ms", "tpot_reasoning_ms", "tpot_answer_ms")
@@ -250,6 +266,13 @@ class ObjectiveCurve:
         return (f"{self.objective} within ±{FLAT_SHARE * 100:g} % of its limit from {self.flat[0]:g} to "
                 f"{self.flat[1]:g} {unit}")
 
+    def meets(self, load: float) -> bool:
+        """Whether the monotone fit meets the level at the probed ``load`` (True where it has no point there)."""
+        if load not in self.loads:
+            return True
+        fitted = self.fitted[self.loads.index(load)]
+        return fitted >= self.level if self.comparison == ">=" else fitted <= self.level
+
     def as_dict(self) -> dict[str, Any]:
         """sweep.json's ``curves`` entry (docs/verdicts.md, "sweep")."""
         return {"objective": self.objective, "comparison": self.comparison, "threshold": self.threshold,
@@ -331,6 +354,9 @@ class CurveCapacity:
     high: Optional[float]
     objective: str  # the objective whose crossing is lowest
     flat: str  # that objective's flat range in words ("" if none)
+    crossing: Optional[float] = None  # that objective's crossing (at a flat limit the estimate is not it)
+    flat_range: Optional[tuple[float, float]] = None  # the loads over which it is flat at its limit
+    side: str = "inside"  # that objective's side: "inside" | "below" | "above" (ObjectiveCurve.side)
 
 
 def capacity_of_curves(curves: list[ObjectiveCurve], confidence: float, unit: str) -> Optional[CurveCapacity]:
@@ -343,4 +369,5 @@ def capacity_of_curves(curves: list[ObjectiveCurve], confidence: float, unit: st
     low, high = interval_of(reps[0], confidence)[0], interval_of(reps[1], confidence)[1]
     if lowest.flat is not None:  # flat at its limit: the capacity is the range's edge at the confidence asked
         estimate = low if low is not None else estimate
-    return CurveCapacity(estimate, low, high, lowest.objective, lowest.flat_text(unit))
+    return CurveCapacity(estimate, low, high, lowest.objective, lowest.flat_text(unit), lowest.crossing,
+                         lowest.flat, lowest.side)

@@ -35,6 +35,8 @@ import polars as pl
 from loadgen.analysis import metrics as m
 from loadgen.core.vocabulary import QUANTILES, ObjectiveId
 from loadgen.analysis.run_analysis import RunAnalysis, itl_per_token
+from loadgen.analysis.objective_samples import CENSORED, UNANSWERED_MISS, censored_wait_ms
+from loadgen.analysis.reasoning import never_answered
 from loadgen.analysis.sessions import SESSION_KEY, session_calls, session_table, step_table
 
 
@@ -95,6 +97,9 @@ class RunSamples:
     tpot_reasoning_ms: np.ndarray | None = None  # per request (None: no request reasoned), as ttft_answer_ms
     tpot_answer_ms: np.ndarray | None = None
     reasoning_tokens: np.ndarray | None = None  # per request, 0 where none (the reasoning share's numerator)
+    # per metric of objective_samples.CENSORED, per request: what its unknown value is at least (a cancelled
+    # request's censored wait; +inf for ttft_answer_ms of a stream that reasoned and never answered), NaN: known
+    censored_ms: dict[str, np.ndarray] | None = None
 
     @property
     def n(self) -> int:
@@ -135,7 +140,18 @@ def run_samples(requests: pl.DataFrame, chunks: pl.DataFrame | pl.LazyFrame, sta
                       dict(figures or {}), n_induced.to_numpy().astype(float),
                       col("ttft_answer_ms") if reasoned else None, sessions, owner_of,
                       col("tpot_reasoning_ms") if reasoned else None, col("tpot_answer_ms") if reasoned else None,
-                      req["reasoning_tokens"].fill_null(0).to_numpy().astype(float) if reasoned else None)
+                      req["reasoning_tokens"].fill_null(0).to_numpy().astype(float) if reasoned else None,
+                      censored_waits(req))
+
+
+def censored_waits(req: pl.DataFrame) -> dict[str, np.ndarray]:
+    """``RunSamples.censored_ms`` of the measured requests ``req``, by objective_samples' own definitions (the
+    misses every step's objectives count: a wait past the limit, a stream never answered)."""
+    out = {k: req.select(censored_wait_ms(k, req.columns).alias("w"))["w"].cast(pl.Float64).fill_null(np.nan)
+           .to_numpy() for k in CENSORED}
+    unanswered = (never_answered(req) & req["ok"]).to_numpy()
+    out[UNANSWERED_MISS] = np.where(unanswered, np.inf, out[UNANSWERED_MISS])
+    return out
 
 
 def session_samples(req: pl.DataFrame, not_finished: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -189,7 +205,9 @@ def pool_samples(runs: list[RunSamples]) -> RunSamples:
                       np.concatenate([r.prefill_stalls if r.prefill_stalls is not None else np.zeros(r.n)
                                       for r in runs]),
                       optional("ttft_answer_ms"), optional("session_ms"), optional("session_owner", shift=True),
-                      optional("tpot_reasoning_ms"), optional("tpot_answer_ms"), optional("reasoning_tokens"))
+                      optional("tpot_reasoning_ms"), optional("tpot_answer_ms"), optional("reasoning_tokens"),
+                      {k: np.concatenate([r.censored_ms[k] for r in runs]) for k in runs[0].censored_ms}
+                      if all(r.censored_ms is not None for r in runs) else None)  # type: ignore[union-attr]
 
 
 # ---- weighted statistics: w has shape (replicates, requests) --------------------------------------------

@@ -167,17 +167,28 @@ class Capacity:
     objective: str = ""  # the objective whose crossing is lowest (method "curve")
     method: str = "steps"  # "curve": the objectives' curves over the load; "steps": the steps' own calls
     flat: str = ""  # the limiting objective flat at its limit over a range, in words ("" if not)
+    crossing: Optional[float] = None  # where the limiting objective's curve crosses its limit (method "curve")
+    flat_range: Optional[list[float]] = None  # [from, to]: the loads over which it is flat at its limit
+    bound: str = ""  # why the estimate is a bound, not a crossing: a step saturated or failed an uncovered objective
+    pending: str = ""  # objectives the curves do not cover left undecided at loads the curves meet, in words
 
     def text(self, unit: str) -> str:
         if self.low is None and self.high is None:
             return "unknown (no step decided)" if self.method == "steps" else "unknown (no curve crossed)"
         if self.low is None:
-            return f"below {self.high:.4g} {unit} (no load passed)"
+            why = f"not decided: {self.pending}" if self.pending else "no load passed"
+            return f"below {self.high:.4g} {unit} ({why})"
         if self.high is None:
             return f"at least {self.low:.4g} {unit} (no load failed)"
         span = f"{self.low:.4g}–{self.high:.4g} {unit} ({self.width_share:.0%} of its upper end)"
         if self.method != "curve" or self.estimate is None:
             return span
+        if self.bound:
+            return f"at most {self.estimate:.4g} {unit} ({self.bound}), interval {span}"
+        if self.flat_range and self.estimate == self.low:
+            crosses = "" if self.crossing is None else f" and crosses at {self.crossing:.4g} {unit}"
+            return (f"{self.estimate:.4g} {unit} (the interval's low end: {self.objective} is flat at its limit "
+                    f"from {self.flat_range[0]:g} to {self.flat_range[1]:g}{crosses}), interval {span}")
         return f"{self.estimate:.4g} {unit}, interval {span}, where {self.objective} crosses its limit"
 
     @property
@@ -236,23 +247,56 @@ def capacity_of(steps: list[Step], call_of: Any) -> Capacity:
 
 def curve_capacity(steps: list[Step], curves: list[ObjectiveCurve], confidence: float,
                    unit: str) -> Optional[Capacity]:
-    """The capacity from the objectives' curves (analysis/capacity_curve.py), none above the lowest load that
-    saturated or failed an objective the curves do not reach (a scoped or session objective: judged per step)."""
+    """The capacity from the objectives' curves (analysis/capacity_curve.py), bounded by what they do not reach.
+    A saturated step, or one that failed an objective the curves do not cover (scoped, session, chunk gaps),
+    lies above the capacity: ``high`` is at most that load and so is the estimate (then a bound, not a
+    crossing). ``low`` is a probed load below it that the curves meet — the curves' own low end while it lies
+    below that load — at which every uncovered objective passed: one undecided there holds ``low`` down to the
+    highest load where all passed (none: not decided, ``pending`` says which and where)."""
     found: Optional[CurveCapacity] = capacity_of_curves(curves, confidence, unit)
     if found is None:
         return None
-    on_curve = {c.objective for c in curves}
-    stops = [s.load for s in final_steps(steps) if s.saturated or any(
-        o.get("call") == "fail" and o.get("objective") not in on_curve for o in s.objectives)]
-    cap = min(stops, default=None)
-    low, high, estimate = found.low, found.high, found.estimate
+    on_curve, final = {c.objective for c in curves}, final_steps(steps)
+    stop = next((s for s in final if s.saturated or _uncovered(s, on_curve, "fail")), None)
+    cap = stop.load if stop is not None else math.inf
+    high = cap if found.high is None or found.high > cap else found.high
+    if found.low is None:
+        candidates: list[Step] = []
+    elif found.low < cap:
+        candidates = [s for s in final if s.load <= found.low]
+    else:  # the curves' low end is at or above the bound: the highest load below it the curves meet
+        candidates = [s for s in final if s.load < cap and all(c.meets(s.load) for c in curves)]
+    low = max((s.load for s in candidates if not _uncovered(s, on_curve, "undecided")), default=None)
+    held = [s for s in candidates if low is None or s.load > low]
+    pending = sorted({o for s in held for o in _uncovered(s, on_curve, "undecided")})
+    bounded = stop is not None and found.side != "below" and (found.estimate is None or found.estimate >= cap)
+    estimate = cap if bounded else low if found.flat else found.estimate
+    return Capacity(low, None if math.isinf(high) else high, low is not None and not math.isinf(high), estimate,
+                    found.objective, "curve", found.flat, found.crossing,
+                    list(found.flat_range) if found.flat_range else None,
+                    _bound_text(stop, on_curve, unit) if bounded else "",
+                    f"{', '.join(pending)} undecided at {_loads_text(held, unit)}" if pending else "")
 
-    def capped(x: Optional[float]) -> Optional[float]:
-        return cap if cap is not None and (x is None or x > cap) else x
-    low, high, estimate = (None if low is None else capped(low)), capped(high), (
-        None if estimate is None else capped(estimate))
-    return Capacity(low, high, low is not None and high is not None, estimate, found.objective, "curve",
-                    found.flat)
+
+def _uncovered(step: Step, on_curve: set[str], call: str) -> list[str]:
+    """The objectives of ``step`` that the curves do not cover and whose call is ``call``."""
+    return [str(o.get("objective")) for o in step.objectives
+            if o.get("call") == call and o.get("objective") not in on_curve]
+
+
+def _bound_text(stop: Optional[Step], on_curve: set[str], unit: str) -> str:
+    """Why the capacity is below ``stop``'s load, in words."""
+    if stop is None:
+        return ""
+    if stop.saturated:
+        return f"the step at {stop.load:.4g} {unit} saturated"
+    return f"{', '.join(_uncovered(stop, on_curve, 'fail'))} failed at {stop.load:.4g} {unit}"
+
+
+def _loads_text(steps: list[Step], unit: str) -> str:
+    """Steps' loads in words: "25.24 and 26.74 req/s"."""
+    loads = [f"{s.load:.4g}" for s in steps]
+    return (", ".join(loads[:-1]) + " and " + loads[-1] if len(loads) > 1 else "".join(loads)) + f" {unit}"
 
 
 def knee_of(steps: list[Step]) -> Optional[float]:
@@ -284,6 +328,8 @@ def exit_code(cap: Capacity, require: Optional[float], calls: Optional[list[Call
         return 3, [f"--require {require:g} lies within the capacity interval: undecided"]
     if cap.decided:
         return 0, []
+    if cap.low is None and cap.high is not None and cap.pending:
+        return 3, [f"{cap.pending}: no load the curves meet is decided on every objective"]
     if cap.low is None and cap.high is not None:
         return 1, [f"no load passed: the capacity is below {cap.high:g}"]
     return 3, ["the capacity is not bracketed: no passing load sits below a failing one"]
@@ -308,6 +354,9 @@ def summarize_sweep(name: str, mode: str, steps: list[Step], require: Optional[f
         code, reasons = 3, ["the sweep was interrupted: " + (reasons[0] if reasons else cap.text("")).strip()]
     saturated = [s.load for s in final_steps(steps) if s.saturated]
     reasons += [stop_reason] if stop_reason and code == 3 else []
+    if cap.pending and cap.low is not None:
+        reasons.append(f"{cap.pending}: the capacity's low end is {cap.low:.4g} {unit}, the highest load the "
+                       f"curves meet at which every objective they do not cover passed")
     if cap.flat and cap.low is not None:
         reasons.append(f"{cap.flat}: the capacity is the interval's low end, {cap.low:.4g} {unit}, at "
                        f"{confidence:.0%} confidence")

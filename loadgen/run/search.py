@@ -22,7 +22,8 @@ The search spends its budget where the verdict changes (docs/verdicts.md, "sweep
    end), where the replicates' crossings that make that side lie, so its samples shrink the widest side; a load
    already probed runs again and its samples pool with the earlier step's. The search stops when the interval
    is within the tolerance, or when the limiting objective is flat at its limit over a range of probed loads
-   that holds the interval (more samples there would not move the crossing), or when the budget is spent.
+   that holds the interval (within ± the tolerance, however wide the interval: more samples in a flat range
+   do not narrow it, and the stop reason gives the interval's width and says so), or when the budget is spent.
 
 Capacity is the interval [highest pass below the lowest failure, lowest failure]; undecided loads stay inside
 it — or, where the steps have records, the curve's crossing and its interval (analysis/sweep_result.py). A
@@ -235,7 +236,9 @@ class CapacitySearch:
         if curve.flat is not None and curve.flat[0] * (1 - self.tolerance) <= low \
                 and high <= curve.flat[1] * (1 + self.tolerance):
             return None, "narrow", (f"the limiting objective is flat at its limit from {curve.flat[0]:g} to "
-                                    f"{curve.flat[1]:g}: more samples there would not narrow the crossing")
+                                    f"{curve.flat[1]:g}, which holds the interval {low:.4g}–{high:.4g}: "
+                                    f"{(high - low) / high:.0%} of its upper end, wider than the tolerance "
+                                    f"{self.tolerance:.0%} because more samples in a flat range do not narrow it")
         mid = curve.estimate if curve.estimate is not None and low <= curve.estimate <= high else (low + high) / 2
         load = self._fit((low + mid) / 2 if mid - low >= high - mid else (mid + high) / 2)
         near = min(tried, key=lambda t: abs(t - load), default=None)

@@ -125,6 +125,7 @@ class Sweep:
     stop_reason: str = ""
     interrupted: bool = False
     t0: float = 0.0
+    fit_s: float = 0.0  # the longest the curves' fit between two steps took (each step pays it again)
 
     def __post_init__(self) -> None:
         self.planner = StepPlanner(self.opts.min_s(self.scenario), self.opts.max_s(self.scenario))
@@ -169,9 +170,9 @@ class Sweep:
     # ---- time ------------------------------------------------------------------------------------------------
     def _overhead_s(self) -> float:
         """A step's wall time beyond its measured duration: its warm-up, plus the most any step took for start,
-        drain and analysis (5 s before the first)."""
+        drain, analysis and judging (5 s before the first), plus the longest fit of the curves between steps."""
         extra = max((s.wall_s - s.duration_s - self.scenario.load.warmup_s for s in self.steps), default=5.0)
-        return self.scenario.load.warmup_s + max(0.0, extra)
+        return self.scenario.load.warmup_s + max(0.0, extra) + self.fit_s
 
     def _left_s(self) -> float:
         """Measured seconds the budget leaves for one more step."""
@@ -239,8 +240,11 @@ class Sweep:
 
     def _curve_span(self) -> CurveSpan | None:
         """What the objectives' curves say so far (None: no step has records for them)."""
+        fit0 = time.monotonic()
         curves = curves_of([p for s in self.steps for p in s.curve], self.opts.confidence)
-        cap = curve_capacity(self.steps, curves, self.opts.confidence, self.opts.mode)
+        unit = "req/s" if self.opts.mode == "rate" else "users"
+        cap = curve_capacity(self.steps, curves, self.opts.confidence, unit)
+        self.fit_s = max(self.fit_s, time.monotonic() - fit0)
         if cap is None:
             return None
         flat = next((c.flat for c in curves if c.objective == cap.objective), None) if cap.flat else None
@@ -267,6 +271,7 @@ class Sweep:
         if result.interrupted:  # Ctrl-C or SIGTERM: this step is judged, no other starts
             self.interrupted, self.stop_reason = True, "interrupted"
         step = judge_step(result, sc, self.opts, load, duration_s, attempt, time.monotonic() - wall0)
+        step.wall_s = time.monotonic() - wall0  # judging (its curve points' bootstrap) is the step's time too
         step.run_dir, step.phase = str(run_dir.relative_to(self.out)), phase
         self.steps.append(step)
         self._mark_plateau()
