@@ -6,13 +6,29 @@ a dead endpoint FAILs. The overload and slow-client cases run the simulator's sc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from loadgen.analysis.generator_lag import cap_full_share, client_lag_ms, process_caps
+from loadgen import api
+from loadgen.analysis.generator_lag import cap_full_share, cap_note, client_lag_ms, lag_figures, process_caps
+from loadgen.analysis.summary import summarize
+from loadgen.core.records import RequestRecord
+from loadgen.records.schema import chunks_frame, requests_frame
+from tests.conftest import scenario_file
 from tests.virtual_truth import virtual_run
 
 MS = 1_000_000
+ONE_CLASS = """\
+name: one
+target: {base_url: "http://127.0.0.1:9/v1", model: m}
+load: {arrival: constant, rate_per_s: 1, duration_s: 10, warmup_s: 0}
+workload:
+  classes: [{name: c, prompt_tokens: {dist: fixed, value: 16}, output_tokens: {dist: fixed, value: 8}}]
+slo: {ttft_ms: {p99: 2000}, max_generator_lag_ms: 1000}
+"""
 
 
 def _frame(rows: list[tuple[int, int, int, int | None]]) -> pl.DataFrame:
@@ -92,3 +108,32 @@ def test_a_run_whose_loop_was_blocked_is_still_inconclusive_for_generator_lag() 
     assert s["verdict"] == "inconclusive"
     assert s["reasons"][0].startswith("the generator lagged: p99 client_lag_ms ")
     assert s["generator_lag"]["client_lag_p99_ms"] > 100 and s["generator_lag"]["cap_full_share"] == 0.0
+
+
+def test_a_process_with_more_in_flight_than_its_share_of_the_cap_counts_its_whole_queue_delay() -> None:
+    """Process 1's share of a cap of 3 over 2 processes is 1, yet it held 3 requests at once (its worker index not
+    the plan's, or the processes count missing): the cap model did not hold there, so none of its queue delay is
+    put down to a full cap; process 0 (within its share of 2) keeps the model, and the reasons say which did not."""
+    rows = [(0, 0, 0, 100), (0, 10, 10, 100), (0, 20, 100, 150),  # process 0: cap 2, full 10–100
+            (1, 0, 0, 100), (1, 0, 5, 100), (1, 0, 30, 100)]  # process 1: cap 1, 3 in flight by 30
+    frame = _frame(rows).with_columns(warmup=pl.lit(False), queue_delay_ms=pl.Series([0.0, 0, 80, 0, 5, 30]))
+    assert client_lag_ms(frame, 3, processes=2).to_list() == [0.0, 0.0, 0.0, 0.0, 5.0, 30.0]
+    figures = lag_figures(frame, 3, 2, 10.0)
+    assert figures["cap_exceeded_processes"] == [1]
+    note = cap_note(figures)
+    assert note is not None and note.startswith("sending process(es) 1 had more requests in flight than their "
+                                                "share of load.max_in_flight (3 over 2 process(es))")
+    assert "the per-process cap model did not hold" in note
+    roomy = lag_figures(frame, 6, 2, 10.0)  # shares of 3 and 3: the model holds
+    assert roomy["cap_exceeded_processes"] == [] and cap_note(roomy) is None
+
+
+def test_the_lag_blocks_queue_delay_p99_is_the_summarys_queue_delay_p99(tmp_path: Path) -> None:
+    """One figure, one value: summary.json's generator_lag.queue_delay_p99_ms is metrics.queue_delay_ms.p99 (both
+    linear between ranks), here 10 requests queued 0, 100, …, 900 ms: p99 891 ms, not the nearest rank's 900."""
+    records = [RequestRecord(i, "c", False, 1000 * i * MS, (1000 * i + 100 * i) * MS, (1000 * i + 100 * i + 5) * MS,
+                             (1000 * i + 100 * i + 9) * MS, (1000 * i + 100 * i + 10) * MS, 16, 16, "asked", 8, 8,
+                             "local", 2, http_status=200) for i in range(10)]
+    scenario = api.load_scenario(scenario_file(tmp_path, ONE_CLASS), ["load.steady_state=declared"])
+    s, _ = summarize(scenario, requests_frame(records), chunks_frame([]), len(records))
+    assert s["metrics"]["queue_delay_ms"]["p99"] == s["generator_lag"]["queue_delay_p99_ms"] == pytest.approx(891.0)

@@ -6,9 +6,13 @@ flight the request cannot go out: it waits for a slot the server holds (a reques
 — the server's lateness, which ``ttft_ms`` and ``e2e_ms`` already count from the intended send. The rest is the
 client's own: its loop, its CPU, the hand-off. So per request, ``client_lag_ms`` is ``t_sent − max(t_intended,
 F)``, F the last moment before ``t_sent`` when the in-flight count dropped below the cap (a slot came free),
-and 0 when the cap was still full just before ``t_sent``. The cap never full: F is before every send, and the
-client lag is the queue delay. A request the run's end cut before it was sent (``cancelled``, its send stamp its
-cancel stamp) has no send to be late: no client lag (null), and no slot held.
+and 0 when the cap was exactly full just before ``t_sent`` (the slot's end stamped after its release). The cap
+never full: F is before every send, and the client lag is the queue delay. A process with more requests in flight
+than its share of the cap (its worker index or the processes count not as the plan dealt them) breaks the model:
+its requests' client lag is their whole queue delay, and summary.json's ``generator_lag`` names the process in
+``cap_exceeded_processes`` (the reasons say so too). A request the run's end cut before it was sent
+(``cancelled``, its send stamp its cancel stamp) has no send to be late: no client lag (null: left out of the
+rule's p99), and no slot held.
 
 The in-flight count is over every request (warm-up and cancelled ones too: each held a slot from its send to
 its end; no end stamp: held to the records' end). The cap is per sending process: ``--workers N`` deals
@@ -43,8 +47,9 @@ def _events(t_sent: np.ndarray, t_done: np.ndarray) -> tuple[np.ndarray, np.ndar
     return times[order], np.cumsum(steps[order])
 
 
-def _lag_of_process(t_int: np.ndarray, t_sent: np.ndarray, t_done: np.ndarray, cap: int) -> np.ndarray:
-    """Client lag (ns, float) of one process's requests, in their order."""
+def _lag_of_process(t_int: np.ndarray, t_sent: np.ndarray, t_done: np.ndarray, cap: int) -> tuple[np.ndarray, bool]:
+    """Client lag (ns, float) of one process's requests, in their order, and whether the cap model held (no
+    send found more than ``cap`` requests in flight; else the lag is the whole queue delay)."""
     sends, dones = np.sort(t_sent), np.sort(t_done)
     times, count = _events(sends, dones)
     prior = np.concatenate([[0], count[:-1]])
@@ -54,7 +59,9 @@ def _lag_of_process(t_int: np.ndarray, t_sent: np.ndarray, t_done: np.ndarray, c
     last_free = freed[np.maximum(k, 0)] if len(freed) else np.zeros(len(t_sent), dtype=np.int64)
     last_free = np.where(k >= 0, last_free, np.iinfo(np.int64).min)
     start = np.maximum(t_int, last_free)
-    return np.where(flying >= cap, 0.0, (t_sent - start).astype(np.float64))
+    if np.any(flying > cap):
+        return (t_sent - t_int).astype(np.float64), False
+    return np.where(flying >= cap, 0.0, (t_sent - start).astype(np.float64)), True
 
 
 def _columns(rows: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -74,15 +81,22 @@ def _sent(requests: pl.DataFrame) -> pl.DataFrame:
 
 def client_lag_ms(requests: pl.DataFrame, max_in_flight: int, processes: int = 1) -> pl.Series:
     """Per request of ``requests`` (every request of the run), in order: its client lag in ms (null: no send
-    stamp)."""
+    stamp, or cut by the run's end before it was sent)."""
+    return _client_lags(requests, max_in_flight, processes)[0]
+
+
+def _client_lags(requests: pl.DataFrame, max_in_flight: int, processes: int) -> tuple[pl.Series, list[int]]:
+    """``client_lag_ms``, and the processes (worker index) whose in-flight count exceeded their share of the cap."""
     out = np.full(requests.height, np.nan)
     rows = _sent(requests.with_row_index("row")).filter(pl.col("t_intended_ns").is_not_null())
-    caps = process_caps(max_in_flight, processes)
-    for (worker,), part in rows.partition_by("worker", as_dict=True).items():
+    caps, exceeded = process_caps(max_in_flight, processes), []
+    for (worker,), part in sorted(rows.partition_by("worker", as_dict=True).items()):
         t_int, t_sent, t_done = _columns(part)
         cap = caps[int(worker)] if 0 <= int(worker) < len(caps) else caps[-1]
-        out[part["row"].to_numpy()] = _lag_of_process(t_int, t_sent, t_done, cap) / NS_PER_MS
-    return pl.Series("client_lag_ms", out, dtype=pl.Float64).fill_nan(None)
+        lag_ns, held = _lag_of_process(t_int, t_sent, t_done, cap)
+        out[part["row"].to_numpy()] = lag_ns / NS_PER_MS
+        exceeded += [] if held else [int(worker)]
+    return pl.Series("client_lag_ms", out, dtype=pl.Float64).fill_nan(None), exceeded
 
 
 def cap_full_share(requests: pl.DataFrame, max_in_flight: int, processes: int, start_ns: int, end_ns: int) -> float:
@@ -105,23 +119,48 @@ def cap_full_share(requests: pl.DataFrame, max_in_flight: int, processes: int, s
 def lag_figures(req: pl.DataFrame, max_in_flight: int, processes: int, limit_ms: float) -> dict[str, Any]:
     """summary.json's ``generator_lag``: the rule's figure (p99 ``client_lag_ms`` over the measured requests)
     beside the queue delay it is taken from, the cap and the share of the measured window it was full."""
-    lag = client_lag_ms(req, max_in_flight, processes)
+    lag, exceeded = _client_lags(req, max_in_flight, processes)
     measured = req.with_columns(client_lag_ms=lag).filter(~pl.col("warmup"))
-    p99 = measured["client_lag_ms"].quantile(0.99) if measured.height else None
-    queue = measured["queue_delay_ms"].quantile(0.99) if measured.height and "queue_delay_ms" in measured.columns \
-        else None
     share = 0.0
     if measured.height:
         start = int(measured["t_intended_ns"].min())  # type: ignore[arg-type]
-        end = int(measured.select(pl.max_horizontal("t_done_ns", "t_sent_ns")).to_series().max())  # type: ignore[arg-type]
-        share = cap_full_share(req, max_in_flight, processes, start, end)
-    return {"client_lag_p99_ms": p99, "queue_delay_p99_ms": queue, "limit_ms": limit_ms,
-            "max_in_flight": max_in_flight, "processes": max(1, processes), "cap_full_share": share}
+        ends = measured.select(pl.max_horizontal("t_done_ns", "t_sent_ns")).to_series()
+        share = cap_full_share(req, max_in_flight, processes, start, int(ends.max()))  # type: ignore[arg-type]
+    return {"client_lag_p99_ms": _p99(measured, "client_lag_ms"),
+            "queue_delay_p99_ms": _p99(measured, "queue_delay_ms"), "limit_ms": limit_ms,
+            "max_in_flight": max_in_flight, "processes": max(1, processes), "cap_full_share": share,
+            "cap_exceeded_processes": exceeded}
+
+
+def _p99(measured: pl.DataFrame, column: str) -> float | None:
+    """The p99 of ``column`` over the measured requests (nulls left out), linear between ranks as
+    metrics.describe's: the summary's ``queue_delay_ms.p99`` is the same figure."""
+    if column not in measured.columns or measured[column].drop_nulls().is_empty():
+        return None
+    return float(measured[column].quantile(0.99, interpolation="linear"))  # type: ignore[arg-type]
 
 
 def cap_note(figures: dict[str, Any]) -> str | None:
-    """The reason line when the cap, not loadgen, made the queue delay: the queue delay's p99 is over the
-    limit while the client lag's is not (None otherwise)."""
+    """The reason line on the cap (None: nothing to say): a process that held more requests than its share of
+    it (the cap model did not hold there), and when the cap, not loadgen, made the queue delay (its p99 over the
+    limit while the client lag's is not)."""
+    notes = [note for note in (_exceeded_note(figures), _full_note(figures)) if note]
+    return "; ".join(notes) if notes else None
+
+
+def _exceeded_note(figures: dict[str, Any]) -> str | None:
+    """The processes whose in-flight count passed their share of the cap: their whole queue delay was counted."""
+    exceeded = figures.get("cap_exceeded_processes") or []
+    if not exceeded:
+        return None
+    which = ", ".join(str(k) for k in exceeded)
+    return (f"sending process(es) {which} had more requests in flight than their share of load.max_in_flight "
+            f"({figures['max_in_flight']} over {figures['processes']} process(es)): the per-process cap model did "
+            "not hold, so their whole queue delay counts as loadgen's own lateness (client_lag_ms)")
+
+
+def _full_note(figures: dict[str, Any]) -> str | None:
+    """The reason line when the cap, not loadgen, made the queue delay (None otherwise)."""
     queue, own, limit = figures.get("queue_delay_p99_ms"), figures.get("client_lag_p99_ms"), figures["limit_ms"]
     if queue is None or queue <= limit or own is None or own > limit:
         return None

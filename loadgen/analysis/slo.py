@@ -198,7 +198,8 @@ def _on_metric(oid: ObjectiveId, row: dict[str, Any], limit: float, samples: "Ob
                mode: str) -> Objective:
     """An objective on a metric's statistic (``row``: the summary's metric row). Its samples may hold misses the
     row leaves out (``ObjectiveSamples.misses``: requests that reasoned and never answered, for
-    ``ttft_answer_ms``; requests cancelled after waiting past the limit, for the metrics a wait bounds): then its value and sample count are over them too, and its note says so."""
+    ``ttft_answer_ms``; requests cancelled after waiting past the limit, for the metrics a wait bounds): then its
+    value and sample count are over them too, and its note says so."""
     misses = samples.misses(oid.metric, limit) if samples is not None else 0
     value = samples.estimate(oid.metric, oid.stat, row[oid.stat], limit) if samples is not None else row[oid.stat]
     judged = samples.metric(oid.metric, oid.stat, value, limit) if samples is not None else None

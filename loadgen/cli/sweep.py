@@ -122,11 +122,12 @@ def sweep(
     """Run the scenario at several loads and find the highest that meets its SLOs. Fixed steps run exactly
     the duration given (longer only with --until decided); a search brackets with short steps, then bisects
     and places each next step where it narrows the capacity most: the load where each objective's curve,
-    fitted monotone over every step, crosses its limit, with an interval, within --budget. Writes every step's run directory,
-    sweep.json, summary.md, junit.xml and sweep.html. Without a scenario: run's quick start. Exit 0: capacity
-    meets --require (without one: fixed steps all passed, a search bracketed it); 1: below it, a step failed or
-    no load passed; 2: bad input; 3: not decided, not a failure (a step had too few samples: the last line
-    names the --step-duration that decides it; or no capacity bracketed within the budget)."""
+    fitted monotone over every step, crosses its limit, with an interval, within --budget. Writes every step's
+    run directory, sweep.json, summary.md, junit.xml and sweep.html. Without a scenario: run's quick start.
+    Exit 0: capacity meets --require (without one: fixed steps all passed, a search bracketed it); 1: below
+    it, a step failed or no load passed; 2: bad input; 3: not decided, not a failure (a step had too few
+    samples: the last line names the --step-duration that decides it; or no capacity bracketed within the
+    budget)."""
     from loadgen import api  # here, not at the top: `loadgen --help` starts without it (cli/app.py)
     if scenario is None and base_url is None:
         err.print(NO_ARGUMENT, highlight=False, markup=False, soft_wrap=True)

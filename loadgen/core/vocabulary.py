@@ -45,13 +45,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "generated token of any kind (reasoning, tool call or answer), as MLPerf LoadGen counts a reasoning "
            "fragment as the first token; ttft_answer_ms is the first answer token"),
     Metric("ttft_service_ms", "ms", "request", True, False, "time to first token from the actual send, so the "
-           "client's own lateness (queue_delay_ms) is left out; ttft_ms counts from the intended send"),
+           "queue delay (queue_delay_ms) is left out; ttft_ms counts from the intended send"),
     Metric("itl_ms", "ms", "token", True, True, "inter-token latency, one sample per token"),
     Metric("chunk_gap_ms", "ms", "token", True, False, "gap between consecutive streamed chunks, one sample per "
            "chunk (a chunk may carry several tokens); itl_ms spreads each gap over the chunk's tokens"),
     Metric("tpot_ms", "ms", "request", True, True, "time per output token after the first"),
     Metric("e2e_ms", "ms", "request", True, True, "intended send time to the last byte"),
-    Metric("queue_delay_ms", "ms", "request", False, False, "the client's own lateness: sent minus intended"),
+    Metric("queue_delay_ms", "ms", "request", False, False, "sent minus intended: the client's own lateness "
+           "and any wait for a slot of a full load.max_in_flight the server held (the lag rule judges the first "
+           "alone, client_lag_ms: docs/verdicts.md)"),
     # reasoning (issue 38): phases split at each request's first answer chunk (t_first_answer_ns)
     Metric("ttft_answer_ms", "ms", "request", True, True, "time to first answer token (answer text or tool call, "
            "not reasoning) from the intended send time", "reasoning"),
