@@ -81,3 +81,29 @@ def test_a_dead_endpoint_fails_with_each_request_that_waited_past_the_limit_miss
     assert s["requests"]["cancelled"] == 12 and waited["decision"] == "fail"
     assert "none of 12 requests missed a limit" not in res.stdout and "(−∞" not in res.stdout
     assert s["misses"]["requests"] == waited["samples"] >= 8  # those due in the first 4 s waited > 2 s
+
+
+@pytest.mark.parametrize("ttft", ["{buckets: [{max_prompt_tokens: 100, p99: 2000}]}",
+                                  "{base: 1000, per_prompt_token: 10, max_violation_ratio: 0.01}"])
+def test_a_dead_endpoint_judged_only_on_scoped_ttft_objectives_fails(tmp_path: Path, ttft: str) -> None:
+    """The prompt-aware objectives count the cancelled requests as the unscoped ones do: 12 cut after 5.6–10 s of
+    waiting have missed a 2 s bucket p99 (+inf in their bucket) and their own 1000 + 10 × 16 ms limit."""
+    records = [_cancelled(i, 400 * i, 10_000) for i in range(12)]
+    s = _summary(tmp_path, records, f"slo.ttft_ms={ttft}")
+    (o,) = [o for o in s["slo"] if o["metric"] == "ttft_ms"]
+    assert o["objective"] in ("ttft_ms[1-100 prompt tokens].p99", "ttft_ms.prompt_aware"), o["objective"]
+    assert s["verdict"] == "fail" and o["decision"] == "fail" and o["samples"] == 12
+    assert "12 request(s) cancelled after waiting longer than the limit: counted " in o["note"]
+
+
+def test_a_scoped_objective_counts_only_its_own_cut_requests_past_their_own_limit(tmp_path: Path) -> None:
+    """Bucket 1-16 holds the 16-token requests; bucket 17-100 none. Cut after 3 s: past the 1-16 bucket's 2 s p99,
+    past 1000 + 10 × 16 = 1160 ms each; cut after 1 s: unknown for both (it might have met them)."""
+    records = [_cancelled(i, 0, 3_000) for i in range(8)] + [_cancelled(8 + i, 0, 1_000) for i in range(4)]
+    buckets = "{max_prompt_tokens: 16, p99: 2000}, {max_prompt_tokens: 100, p99: 2000}"
+    by = {o["objective"]: o for o in _summary(tmp_path, records, f"slo.ttft_ms={{buckets: [{buckets}]}}")["slo"]}
+    assert by["ttft_ms[1-16 prompt tokens].p99"]["samples"] == 8
+    assert by["ttft_ms[17-100 prompt tokens].p99"]["samples"] == 0
+    objectives = _summary(tmp_path, records, "slo.ttft_ms={base: 1000, per_prompt_token: 10}")["slo"]
+    share = next(o for o in objectives if o["objective"] == "ttft_ms.prompt_aware")
+    assert share["samples"] == 8 and share["value"] == 1.0

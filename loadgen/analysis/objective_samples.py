@@ -52,12 +52,15 @@ class ObjectiveSamples:
         self.steps = steps
         self.cut = cut
 
-    def censored(self, metric: str, limit: float | None) -> int:
-        """The cancelled requests whose wait already exceeds ``limit`` of ``metric``: each a miss of it."""
+    def censored(self, metric: str, limit: float | pl.Expr | None, where: pl.Expr | None = None) -> int:
+        """The cancelled requests whose wait already exceeds ``limit`` of ``metric``: each a miss of it. A scoped
+        objective's: ``where`` picks its requests (a prompt-length bucket), ``limit`` may be each one's own (an
+        expression over the request's columns: the prompt-aware TTFT limit)."""
         if limit is None or metric not in CENSORED or self.cut is None or self.cut.is_empty():
             return 0
-        waits = self.cut.select(censored_wait_ms(metric, self.cut.columns).alias("w"))["w"]
-        return int((waits > limit).sum())
+        cut = self.cut.filter(where) if where is not None else self.cut
+        over = cut.select((censored_wait_ms(metric, cut.columns) > limit).fill_null(False).sum()).item()
+        return int(over or 0)
 
     def values(self, metric: str, limit: float | None = None) -> pl.Series:
         """One value per sample of a request, session or step metric (sessions and steps whose calls all
@@ -95,11 +98,7 @@ class ObjectiveSamples:
         summary's, +inf once it reaches a miss; the mean and max are +inf)."""
         if not self.misses(metric, limit):
             return described
-        if stat not in QUANTILES:
-            return math.inf
-        x = np.sort(self.values(metric, limit).drop_nulls().cast(pl.Float64).to_numpy())
-        x = x[~np.isnan(x)]
-        return at_rank(x, (len(x) - 1) * QUANTILES[stat] + 1)
+        return with_misses_estimate(self.values(metric, limit), stat)
 
     def metric(self, metric: str, stat: str, estimate: float | None, limit: float) -> oi.Judged:
         """The evidence on ``metric``'s ``stat`` against an upper ``limit``; ``estimate``: the summary's value."""
@@ -118,11 +117,24 @@ class ObjectiveSamples:
             return oi.mean(values, limit, c)
         return oi.quantile(values, QUANTILES[stat], limit, c)
 
-    def requests(self, values: pl.Series, stat: str, limit: float) -> oi.Judged:
-        """A statistic of one value per request (a bucket's TTFT, each request's worst gap)."""
-        x = values.cast(pl.Float64).to_numpy()
+    def requests(self, values: pl.Series, stat: str, limit: float, missed: int = 0) -> oi.Judged:
+        """A statistic of one value per request (a bucket's TTFT, each request's worst gap); ``missed``: the
+        scope's cancelled requests that waited past ``limit`` (``censored``), each a further +inf sample."""
+        x = np.concatenate([values.cast(pl.Float64).to_numpy(), np.full(missed, math.inf)])
         if stat == "max":
             return oi.observed(float(x.max()) if len(x) else None, limit, "<=")
         if stat == "mean":
+            if missed:  # a mean over a +inf sample: no interval brings it under any limit
+                return oi.observed(math.inf, limit, "<=")
             return oi.mean(x, limit, self.confidence)
         return oi.quantile(x, QUANTILES[stat], limit, self.confidence)
+
+
+def with_misses_estimate(values: pl.Series, stat: str) -> float | None:
+    """``stat`` over ``values`` that hold misses as +inf: a percentile linear between ranks as the summary's, +inf
+    once it reaches a miss; the mean and max are +inf."""
+    if stat not in QUANTILES:
+        return math.inf
+    x = np.sort(values.drop_nulls().cast(pl.Float64).to_numpy())
+    x = x[~np.isnan(x)]
+    return at_rank(x, (len(x) - 1) * QUANTILES[stat] + 1)

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import polars as pl
 
 from loadgen.analysis import objective_intervals as oi
 from loadgen.analysis.metrics import describe
-from loadgen.analysis.objective_samples import ObjectiveSamples
+from loadgen.analysis.objective_samples import ObjectiveSamples, with_misses_estimate
 from loadgen.analysis.slo import Objective, decided, min_samples
 from loadgen.core.vocabulary import ObjectiveId
 from loadgen.plan.slo_spec import Slo
@@ -78,27 +79,52 @@ def _stall_rate(oid: ObjectiveId, stalls: dict[str, Any], count: str, value: flo
 
 
 def _ttft_prompt_aware(slo: Slo, ok: pl.DataFrame, samples: ObjectiveSamples | None, mode: str) -> list[Objective]:
+    """The scoped TTFT objectives: the share over each request's own limit, and each prompt-length bucket's
+    statistics. A cancelled request that waited past its limit has missed it (``ObjectiveSamples.censored``, as
+    for the unscoped objectives): over its own limit, and +inf in its bucket."""
     t = slo.ttft_ms
     if t is None:
         return []
     out = []
     if t.base is not None and t.per_prompt_token is not None:
-        limit = t.base + t.per_prompt_token * pl.col("prompt_tokens")
-        over = int(ok.select((pl.col("ttft_ms") > limit).sum()).item()) if ok.height else 0
-        needed = -(-1 // t.max_violation_ratio) if t.max_violation_ratio else 1
-        judged = oi.proportion(over, ok.height, t.max_violation_ratio, "<=", slo.confidence) if samples else None
-        o = decided(ObjectiveId("ttft_ms", "prompt_aware"), over / ok.height if ok.height else None,
-                    t.max_violation_ratio, ok.height, judged, mode, int(needed))
-        o.note = o.note or f"share of requests over {t.base:g} + {t.per_prompt_token:g} ms/prompt token"
-        out.append(o)
+        out.append(_prompt_aware_share(slo, ok, samples, mode))
     low = 0
     for bucket in t.buckets or []:
-        sub = ok.filter((pl.col("prompt_tokens") > low) & (pl.col("prompt_tokens") <= bucket.max_prompt_tokens))
+        in_bucket = (pl.col("prompt_tokens") > low) & (pl.col("prompt_tokens") <= bucket.max_prompt_tokens)
+        sub = ok.filter(in_bucket)
         stats = describe(sub["ttft_ms"])
         for stat, limit in bucket.items():
             scope = f"{low + 1}-{bucket.max_prompt_tokens} prompt tokens"
-            judged = samples.requests(sub["ttft_ms"], stat, limit) if samples is not None else None
-            out.append(decided(ObjectiveId("ttft_ms", stat, scope), stats[stat], limit, stats["count"], judged,
-                               mode, min_samples(stat)))
+            cut = samples.censored("ttft_ms", limit, in_bucket) if samples is not None else 0
+            value = with_misses_estimate(pl.concat([sub["ttft_ms"].cast(pl.Float64), pl.Series([math.inf] * cut)]),
+                                         stat) if cut else stats[stat]
+            judged = samples.requests(sub["ttft_ms"], stat, limit, cut) if samples is not None else None
+            o = decided(ObjectiveId("ttft_ms", stat, scope), value, limit, stats["count"] + cut, judged, mode,
+                        min_samples(stat))
+            out.append(_with_cut_note(o, cut, "counted as misses (+inf)"))
         low = bucket.max_prompt_tokens
     return out
+
+
+def _prompt_aware_share(slo: Slo, ok: pl.DataFrame, samples: ObjectiveSamples | None, mode: str) -> Objective:
+    """The share of requests whose TTFT exceeded ``base + per_prompt_token × their prompt tokens``."""
+    t = slo.ttft_ms
+    assert t is not None and t.base is not None and t.per_prompt_token is not None
+    limit = t.base + t.per_prompt_token * pl.col("prompt_tokens")
+    cut = samples.censored("ttft_ms", limit) if samples is not None else 0
+    over = (int(ok.select((pl.col("ttft_ms") > limit).sum()).item()) if ok.height else 0) + cut
+    n = ok.height + cut
+    needed = -(-1 // t.max_violation_ratio) if t.max_violation_ratio else 1
+    judged = oi.proportion(over, n, t.max_violation_ratio, "<=", slo.confidence) if samples else None
+    o = decided(ObjectiveId("ttft_ms", "prompt_aware"), over / n if n else None, t.max_violation_ratio, n, judged,
+                mode, int(needed))
+    o.note = o.note or f"share of requests over {t.base:g} + {t.per_prompt_token:g} ms/prompt token"
+    return _with_cut_note(o, cut, "counted over their limit")
+
+
+def _with_cut_note(o: Objective, cut: int, counted: str) -> Objective:
+    """``o`` with its note counting the cancelled requests that waited past their limit (as slo._on_metric's)."""
+    if cut:
+        said = f"{cut} request(s) cancelled after waiting longer than the limit: {counted}"
+        o.note = (o.note + "; " if o.note else "") + said
+    return o
