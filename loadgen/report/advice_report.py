@@ -9,7 +9,8 @@ from rich.table import Table
 
 from loadgen.analysis.advice_result import Advice, CandidateResult, ObjectiveHeadroom
 from loadgen.report.advice_words import (candidate_line, headline, least, margin_pct, num, on_run_lines, plural,
-                                         recommendation_lines, required_of, rule, undecided)
+                                         recommendation_lines, required_of, rule, shortfalls, stopped_early,
+                                         undecided)
 from loadgen.report.fit import Fitted
 
 __all__ = ["console_lines", "console_tables", "headline", "html_section", "markdown", "recommendation_lines"]
@@ -30,8 +31,17 @@ def _mark(c: CandidateResult, chosen: Optional[CandidateResult]) -> str:
 
 
 def _outcome(c: CandidateResult) -> str:
-    """The replay under the scenario's seed, on its point values (no margin, no interval)."""
-    return "within every limit" if c.meets_all else "over: " + ", ".join(c.failed)
+    """Whether the candidate holds, as its console sentence says (``candidate_line``): "within every limit" only
+    of one that kept the margin in the replays the rule requires, else what missed; without seeded replays, the
+    one replay's point values (no margin, no interval)."""
+    h = c.headroom
+    over = "over: " + ", ".join(c.failed)
+    if h is None:
+        return "within every limit" if c.meets_all else over
+    if h.qualifies:
+        return "within every limit" if c.meets_all else f"holds; {over} under the scenario's seed"
+    missed = shortfalls(h)
+    return "fails: " + (missed or f"held in {h.held} of {h.replays}, {h.required} needed")
 
 
 def _rule(a: Advice) -> str:
@@ -43,7 +53,7 @@ def _held(c: CandidateResult) -> str:
     h = c.headroom
     if h is None:
         return "–"
-    return f"held in {h.held} of {h.replays} (" + ("all run" if h.replays >= h.seeds else "decided early") + ")"
+    return f"held in {h.held} of {h.replays} (" + ("decided early" if stopped_early(h) else "all run") + ")"
 
 
 def _cell(o: ObjectiveHeadroom, margin: float) -> str:
@@ -77,8 +87,9 @@ def _capacity(c: CandidateResult) -> str:
 
 
 def candidate_lines(a: Advice, short: bool = False) -> list[list[str]]:
-    """Each candidate's replayed figures (the scenario's seed); the full form adds its point values against the
-    limits, its replays and its least margin (the console says those in sentences: ``candidate_line``)."""
+    """Each candidate's replayed figures (the scenario's seed); the full form adds its outcome (within every limit
+    only if it held in the replays required, else what missed), its replays and its least margin (the console
+    says those in sentences: ``candidate_line``)."""
     rec = a.recommendation
     return [[_mark(c, rec) + c.label, *(_num(c.figures.get(k)) for k in COLUMNS),
              _num(c.figures.get("prefill-induced stalls per 1k tokens"), 2), _num(c.goodput_requests_per_s, 2),
@@ -106,7 +117,7 @@ def objective_lines(a: Advice) -> list[list[str]]:
 
 
 CANDIDATE_HEAD = ["setting", *(f"{k} (ms)" for k in COLUMNS), "induced /1k", "goodput req/s",
-                  "values (scenario's seed)", "replays", "least margin kept"]
+                  "outcome", "replays", "least margin kept"]
 SHORT_HEAD = ["setting", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "worst gap", "induced/1k", "goodput"]
 FIT_HEAD = ["figure", "measured", "replayed", "error"]
 HEADROOM_NOTE = ("Each cell: the margin kept in 95 % of the replays / the worst, as a share of the limit; the stall "

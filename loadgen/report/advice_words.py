@@ -62,9 +62,14 @@ def rule(a: Advice) -> str:
             f"replays")
 
 
+def stopped_early(h: Headroom) -> bool:
+    """The replays stopped once more had failed than the rule allows (``Headroom.stopped``)."""
+    return h.stopped == "cannot_qualify"
+
+
 def replays_run(h: Headroom) -> str:
     """How many replays ran and why they stopped."""
-    if h.replays < h.seeds:
+    if stopped_early(h):
         return (f"decided after {plural(h.replays, 'replay')}: {h.replays - h.held} missed, more than the "
                 f"{h.allowed} of {h.seeds} allowed")
     return f"ran all {plural(h.seeds, 'replay')}, held in {h.held} ({h.required} needed)"
@@ -91,10 +96,16 @@ def candidate_line(c: CandidateResult) -> str:
                                              "over the limit on " + ", ".join(c.failed))
     if h.qualifies:
         return f"{c.label}: holds — {replays_run(h)}; least margin kept: {least(h)}"
+    named = shortfalls(h)
+    return f"{c.label}: fails — {replays_run(h)}" + (f"; {named}" if named else "")
+
+
+def shortfalls(h: Headroom) -> str:
+    """What held a candidate back: the objectives short in the most replays, each why (``_short``); the rest
+    counted ("" when none was short)."""
     short = sorted((o for o in h.objectives if o.short), key=lambda o: -o.short)
     named = "; ".join(_short(o) for o in short[:MOST_NAMED])
-    rest = f"; {len(short) - MOST_NAMED} more" if len(short) > MOST_NAMED else ""
-    return f"{c.label}: fails — {replays_run(h)}" + (f"; {named}{rest}" if named else "")
+    return named + (f"; {len(short) - MOST_NAMED} more" if len(short) > MOST_NAMED else "")
 
 
 def headline(a: Advice) -> str:
