@@ -94,8 +94,9 @@ def test_sweep_html_renders_every_chart_in_chromium(searched: SweepResult, tmp_p
     seen = open_report(searched.out_dir / "sweep.html", tmp_path / "sweep.png")
     print(f"screenshot: {tmp_path / 'sweep.png'}")
     assert not seen["errors"] and not seen["blocked"], seen
-    assert [c[0] for c in seen["charts"]] == ["throughput", "latency_ttft_ms", "latency_itl_ms",
-                                              "latency_tpot_ms", "stalls", "pareto"]  # the front sweep.json holds
+    curves = [f"curve_{i}" for i in range(len(searched.curves))]  # each objective's curve over the load
+    assert curves and [c[0] for c in seen["charts"]] == ["throughput", "latency_ttft_ms", "latency_itl_ms",
+                                                         "latency_tpot_ms", "stalls", *curves, "pareto"]
     assert all(rendered == "yes" and svgs >= 1 for _, rendered, svgs in seen["charts"]), seen["charts"]
     assert cg.problems(seen["geometry"]) == []  # a real sweep's axes: no labels run together, no empty plot
     assert seen["verdict"].startswith("capacity ")
