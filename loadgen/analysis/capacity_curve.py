@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
+from scipy.optimize import isotonic_regression
 
 from loadgen.analysis.compare import RunSamples
 from loadgen.core.vocabulary import QUANTILES, ObjectiveId
@@ -184,18 +185,10 @@ def step_points(slo: list[dict[str, Any]], s: RunSamples, load: float, goodput: 
 # ---- the fit: monotone in the load, every replicate at once ------------------------------------------------
 def isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The non-decreasing weighted least-squares fit of each row of ``y`` (replicates × loads; weights ``w`` > 0
-    per load), by the max–min formula: fit_i = max over j <= i of min over l >= i of the weighted mean of
-    y[j..l]. O(loads²) per row, vectorised over the rows (a sweep has a few tens of steps)."""
+    per load): scipy's pool-adjacent-violators, row by row (a sweep has a few tens of steps, a thousand rows)."""
     y = np.atleast_2d(np.asarray(y, dtype=float))
-    k = y.shape[1]
-    cw = np.concatenate([[0.0], np.cumsum(w)])
-    cs = np.concatenate([np.zeros((y.shape[0], 1)), np.cumsum(y * w, axis=1)], axis=1)
-    j, ell = np.arange(k)[:, None], np.arange(k)[None, :]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (cs[:, None, 1:] - cs[:, :-1, None]) / (cw[1:][None, :] - cw[:-1][:, None])  # [row, j, l]
-    mean = np.where(ell >= j, mean, np.inf)
-    lowest = np.minimum.accumulate(mean[:, :, ::-1], axis=2)[:, :, ::-1]  # [row, j, i]: min over l >= i
-    return np.where(j <= ell, lowest, -np.inf).max(axis=1)  # [row, i]: max over j <= i
+    weights = np.asarray(w, dtype=float)
+    return np.array([isotonic_regression(row, weights=weights).x for row in y]).reshape(y.shape)
 
 
 def crossings(loads: np.ndarray, fitted: np.ndarray, level: float) -> np.ndarray:
